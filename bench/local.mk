@@ -1,0 +1,9 @@
+# make bench: run every bench/bench-*.sh against the built tree and print its report.
+EXTRA_DIST += $(wildcard $(srcdir)/bench/*.sh) $(wildcard $(srcdir)/bench/*.py)
+bench: all
+	@set -e; for b in $(srcdir)/bench/bench-*.sh; do \
+	  [ -e "$$b" ] || continue; \
+	  echo "== $$b"; \
+	  top_srcdir='$(abs_top_srcdir)' top_builddir='$(abs_top_builddir)' MPIEXEC='$(MPIEXEC)' $(SHELL) "$$b"; \
+	done
+.PHONY: bench

@@ -1,0 +1,1 @@
+# dcpfs: the FUSE driver (empty for now)

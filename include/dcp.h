@@ -1,0 +1,243 @@
+/* libdcp: read PyTorch Distributed Checkpoints (DCP) without Python.
+ *
+ * The public API. Every function that can fail returns 0 on success and -1 on
+ * failure, filling a caller-provided dcp_error with an errno-like code and a
+ * message that names the file, the key and the reason. Nothing in libdcp calls
+ * exit() or abort(), and nothing here knows of FUSE, MPI or CUDA.
+ *
+ * Thread safety: a dcp_checkpoint may be shared by any number of threads once
+ * opened; planning and reading are thread-safe. Plans are owned by one thread.
+ */
+#ifndef DCP_H
+#define DCP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DCP_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------- errors */
+
+#define DCP_ERRMSG_MAX 1024
+
+typedef struct dcp_error {
+    int code;                   /* errno value: ENOENT, EIO, EINVAL, ENOMEM, ... */
+    char msg[DCP_ERRMSG_MAX];   /* "<file>: <key>: <reason>" */
+} dcp_error;
+
+/* ---------------------------------------------------------------- dtypes */
+
+typedef enum dcp_dtype {
+    DCP_DTYPE_INVALID = 0,
+    DCP_FLOAT64, DCP_FLOAT32, DCP_FLOAT16, DCP_BFLOAT16,
+    DCP_COMPLEX128, DCP_COMPLEX64, DCP_COMPLEX32,
+    DCP_INT64, DCP_INT32, DCP_INT16, DCP_INT8,
+    DCP_UINT64, DCP_UINT32, DCP_UINT16, DCP_UINT8,
+    DCP_BOOL,
+    DCP_FLOAT8_E4M3FN, DCP_FLOAT8_E5M2, DCP_FLOAT8_E4M3FNUZ, DCP_FLOAT8_E5M2FNUZ,
+    DCP_FLOAT8_E8M0FNU, DCP_FLOAT4_E2M1FN_X2,
+    DCP_QINT8, DCP_QUINT8, DCP_QINT32, DCP_QUINT4X2, DCP_QUINT2X4,
+    DCP_BITS8, DCP_BITS16, DCP_BITS1X8, DCP_BITS2X4, DCP_BITS4X2,
+    DCP_DTYPE_COUNT
+} dcp_dtype;
+
+/* The torch name ("float32", "bfloat16"), or NULL for an invalid dtype. */
+const char *dcp_dtype_name(dcp_dtype dt);
+/* Bytes per element (container bytes for packed types); 0 if invalid. */
+size_t dcp_dtype_size(dcp_dtype dt);
+/* Parse a torch name ("float32"; a leading "torch." is accepted). */
+dcp_dtype dcp_dtype_from_name(const char *name);
+/* torch.<X>Storage class name ("FloatStorage") to dtype, as torch.save writes it. */
+dcp_dtype dcp_dtype_from_storage(const char *storage_class);
+/* The typed storage class torch.save uses for dt, or NULL when dt needs
+ * UntypedStorage and _rebuild_tensor_v3 (float8, uint16/32/64, ...). */
+const char *dcp_dtype_storage(dcp_dtype dt);
+/* safetensors dtype string ("F32", "BF16"), or NULL when safetensors has none. */
+const char *dcp_dtype_safetensors(dcp_dtype dt);
+dcp_dtype dcp_dtype_from_safetensors(const char *name);
+/* numpy array-protocol descr ("<f4", "|b1"), or NULL when numpy has none
+ * (bfloat16, float8, complex32, quantized and bit types). */
+const char *dcp_dtype_numpy(dcp_dtype dt);
+/* Size of one real component for byte swapping (8 for complex128, 4 for float32). */
+size_t dcp_dtype_swap_unit(dcp_dtype dt);
+
+/* ---------------------------------------------------------------- model */
+
+typedef enum dcp_kind { DCP_KIND_TENSOR = 1, DCP_KIND_BYTES = 2 } dcp_kind;
+
+/* Stream transforms a blob may carry (_StorageInfo.transform_descriptors). */
+enum { DCP_TRANSFORM_ZSTD = 1u << 0 };
+
+/* One _StorageInfo: a byte range of a data file. */
+typedef struct dcp_blob {
+    uint32_t file;         /* index into the checkpoint's file table */
+    uint32_t transforms;   /* DCP_TRANSFORM_* */
+    uint64_t offset;       /* absolute offset in the file */
+    uint64_t length;       /* bytes */
+} dcp_blob;
+
+/* One stored box of a global tensor. */
+typedef struct dcp_chunk {
+    const int64_t *offsets;    /* ndim values */
+    const int64_t *sizes;      /* ndim values */
+    dcp_blob blob;
+    int has_blob;              /* 0 when storage_data has no entry for it */
+} dcp_chunk;
+
+typedef struct dcp_entry {
+    const char *key;           /* the flattened state-dict key (non-str keys in decimal) */
+    dcp_kind kind;
+    dcp_dtype dtype;           /* tensors */
+    int ndim;                  /* tensors; 0 for a 0-d tensor */
+    const int64_t *shape;      /* ndim values */
+    size_t nchunks;
+    const dcp_chunk *chunks;
+    dcp_blob blob;             /* bytes items */
+    int has_blob;
+} dcp_entry;
+
+/* Where a tensor chunk's elements are, found by the record locator. */
+enum {
+    DCP_RECORD_BIG_ENDIAN = 1u << 0,   /* archive/byteorder says "big" */
+    DCP_RECORD_CONJ = 1u << 1,         /* conj bit set: conjugate on read */
+    DCP_RECORD_NEG = 1u << 2,          /* neg bit set: negate on read */
+    DCP_RECORD_DECODED = 1u << 3       /* data_offset is inside the decoded (zstd) blob */
+};
+
+typedef struct dcp_record {
+    uint64_t data_offset;      /* absolute file offset of storage element 0
+                                  (offset in the decoded blob with DCP_RECORD_DECODED) */
+    uint64_t data_length;      /* bytes of the storage record */
+    int64_t storage_offset;    /* elements */
+    const int64_t *stride;     /* ndim values, in elements */
+    dcp_dtype dtype;           /* the stored dtype (trusted over metadata) */
+    uint32_t flags;            /* DCP_RECORD_* */
+} dcp_record;
+
+/* What kind of checkpoint was recognised, from its content. */
+typedef struct dcp_info {
+    const char *generation;     /* e.g. "torch 1.13 (torch.distributed._shard.checkpoint)" */
+    const char *serialization;  /* "torch_save", "safetensors", "hf_safetensors" */
+    const char *layout;         /* "global .metadata", "rank-local __R.metadata", "huggingface" */
+    const char *version;        /* Metadata.version, or NULL */
+    const char *checkpoint_id;  /* StorageMeta.checkpoint_id, or NULL */
+    const char *save_id;        /* StorageMeta.save_id, or NULL */
+    int has_planner_data;
+    int megatron;               /* metadata.json names a Megatron-Core backend */
+    uint64_t metadata_bytes;    /* size of the metadata file(s) */
+} dcp_info;
+
+typedef struct dcp_checkpoint dcp_checkpoint;
+
+/* Open flags. */
+enum {
+    DCP_OPEN_DEFAULT = 0
+};
+
+/* Open the checkpoint folder at path: a global .metadata, rank-local
+ * __R.metadata files, or a Hugging Face safetensors layout. The folder is
+ * never written to. */
+int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err);
+void dcp_close(dcp_checkpoint *ck);
+
+const char *dcp_path(const dcp_checkpoint *ck);
+const dcp_info *dcp_get_info(const dcp_checkpoint *ck);
+size_t dcp_num_entries(const dcp_checkpoint *ck);
+const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);  /* metadata order */
+const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
+size_t dcp_num_files(const dcp_checkpoint *ck);
+const char *dcp_file_name(const dcp_checkpoint *ck, uint32_t file);  /* relative path */
+
+/* numel of a tensor (1 for 0-d); 0 for bytes items. */
+uint64_t dcp_entry_numel(const dcp_entry *e);
+/* Bytes a reader returns for the entry: numel*size for tensors, the stored
+ * (decoded) byte count for bytes items. -1 with err for a zstd bytes item
+ * whose decoded size cannot be known without reading it. */
+int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_error *err);
+
+/* Locate chunk i of tensor e: parse the blob's zip and data.pkl (once; the
+ * result is cached in ck and thread-safe). *out stays valid until dcp_close. */
+int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
+                     const dcp_record **out, dcp_error *err);
+
+/* ---------------------------------------------------------------- planner */
+
+/* One read: a contiguous byte range of a data file, placed in the region
+ * buffer either contiguously (dest_stride == elem_size) or one element every
+ * dest_stride bytes (a stored chunk whose strides differ from C order). */
+enum {
+    DCP_OP_DECODED = 1u << 0,    /* source is the decoded (zstd) blob of `blob` */
+    DCP_OP_BSWAP = 1u << 1,      /* swap each element's bytes by dcp_dtype_swap_unit */
+    DCP_OP_CONJ = 1u << 2,       /* negate the imaginary part */
+    DCP_OP_NEG = 1u << 3         /* negate every element */
+};
+
+typedef struct dcp_op {
+    uint32_t file;          /* index into the file table */
+    uint32_t flags;         /* DCP_OP_* */
+    uint64_t src_offset;    /* absolute file offset (or offset in the decoded blob) */
+    uint64_t length;        /* bytes read, a multiple of elem_size */
+    uint64_t dest_offset;   /* bytes from the start of the region buffer */
+    uint64_t dest_stride;   /* bytes between consecutive elements in the destination */
+    uint32_t elem_size;     /* bytes per element (1 for bytes items) */
+    uint32_t chunk;         /* chunk index within the entry (bytes items: 0) */
+    dcp_blob blob;          /* the blob the bytes come from (for decoding and errors) */
+} dcp_op;
+
+typedef struct dcp_plan {
+    const dcp_entry *entry;
+    dcp_op *ops;
+    size_t nops, cap;
+    uint64_t nbytes;        /* size of the region buffer */
+    int zero_fill;          /* some of the region is covered by no chunk: zero it first */
+    dcp_dtype dtype;        /* element type of the region */
+} dcp_plan;
+
+void dcp_plan_init(dcp_plan *plan);
+void dcp_plan_reset(dcp_plan *plan);      /* keep the allocation, drop the ops */
+void dcp_plan_free(dcp_plan *plan);
+
+/* Plan the box [offsets, offsets+lengths) of tensor e (ndim values each; both
+ * may be NULL for a 0-d tensor) into a C-order region buffer. Resolves chunk
+ * records as needed. Replaces the plan's content. */
+int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e,
+                    const int64_t *offsets, const int64_t *lengths,
+                    dcp_plan *plan, dcp_error *err);
+
+/* Plan bytes [offset, offset+length) of the entry's flat byte image (the
+ * global tensor in C order, or the bytes item's stored bytes). For tensors,
+ * offset and length must be multiples of the element size, except that the
+ * range may end at the end of the tensor. Replaces the plan's content. */
+int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e,
+                   uint64_t offset, uint64_t length,
+                   dcp_plan *plan, dcp_error *err);
+
+/* ---------------------------------------------------------------- reader */
+
+/* Execute a plan into dest (plan->nbytes bytes): ops sorted by file and
+ * offset, pread(2), bounded memory. Errors name the file and the key. */
+int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_error *err);
+
+/* The building blocks of dcp_plan_execute, for callers that move bytes
+ * themselves (the MPI loader): fetch an op's source bytes (op->length bytes,
+ * decoded and checked) into buf, and place fetched bytes into a region buffer
+ * applying dest_stride and flags. */
+int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err);
+void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dtype);
+
+/* A read-only file descriptor of data file `file` (kept open by ck; do not
+ * close). For zero-copy paths such as FUSE splice. */
+int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err);
+
+/* Read a whole entry (tensor or bytes item) into a malloc'd buffer.
+ * Convenience for small entries; callers of large ones should plan. */
+int dcp_read_entry(dcp_checkpoint *ck, const dcp_entry *e, void **buf, uint64_t *len, dcp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DCP_H */

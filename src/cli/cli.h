@@ -1,0 +1,35 @@
+/* The dcp command line tool: shared declarations. */
+#ifndef DCP_CLI_H
+#define DCP_CLI_H
+
+#include <stdio.h>
+#include <stdint.h>
+#include "dcp.h"
+
+/* Each subcommand: argc/argv start at the subcommand name. Returns the exit status. */
+int cmd_ls(int argc, char **argv);
+int cmd_cat(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_layout(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
+
+/* Print "dcp: <message>" to stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Open a checkpoint or print the error; NULL on failure. */
+dcp_checkpoint *cli_open(const char *path);
+/* Write s as a JSON string (with quotes). */
+void cli_json_string(FILE *f, const char *s);
+/* Write a shape as a JSON array "[a,b]". */
+void cli_json_shape(FILE *f, const int64_t *v, int n);
+/* fnmatch-style key pattern; a pattern without wildcards also matches every
+ * key under it as a dotted prefix ("model" matches "model.x.y"). */
+int cli_key_matches(const char *pattern, const char *key);
+/* Human-readable byte count ("1.5 MiB"). buf must hold 32 bytes. */
+const char *cli_human_bytes(uint64_t n, char *buf);
+/* Write all of buf to fd 1; -1 on error. */
+int cli_write_stdout(const void *buf, size_t len);
+
+#endif

@@ -1,0 +1,50 @@
+/* dcp: list, inspect, extract, verify, convert and write PyTorch Distributed Checkpoints. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct command {
+    const char *name;
+    int (*run)(int, char **);
+    const char *summary;
+} commands[] = {
+    {"ls", cmd_ls, "list keys with dtype, shape and size"},
+    {"cat", cmd_cat, "write a tensor (or a box of it) or a bytes item to stdout"},
+    {"info", cmd_info, "summarise the checkpoint: format, keys, chunks, files, bytes"},
+    {"layout", cmd_layout, "show which file and offset hold each chunk"},
+    {"verify", cmd_verify, "check structure and, with --record, content digests"},
+    {"diff", cmd_diff, "compare two checkpoints"},
+    {"convert", cmd_convert, "convert between DCP, torch.save and safetensors"},
+    {"synth", cmd_synth, "write a synthetic checkpoint"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dcp COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'dcp COMMAND --help' describes one command; man dcp describes them all.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version")) {
+        printf("dcp (dcpfs) %s\n", DCP_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    cli_error("unknown command '%s'", argv[1]);
+    usage(stderr);
+    return 2;
+}

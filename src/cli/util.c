@@ -1,0 +1,100 @@
+/* Helpers shared by the dcp subcommands. */
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("dcp: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+dcp_checkpoint *cli_open(const char *path)
+{
+    dcp_checkpoint *ck;
+    dcp_error err;
+    if (dcp_open(path, DCP_OPEN_DEFAULT, &ck, &err) < 0) {
+        cli_error("%s", err.msg);
+        return NULL;
+    }
+    return ck;
+}
+
+void cli_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+void cli_json_shape(FILE *f, const int64_t *v, int n)
+{
+    fputc('[', f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%lld", i ? "," : "", (long long)v[i]);
+    fputc(']', f);
+}
+
+int cli_key_matches(const char *pattern, const char *key)
+{
+    if (!pattern)
+        return 1;
+    if (fnmatch(pattern, key, 0) == 0)
+        return 1;
+    size_t n = strlen(pattern);
+    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
+}
+
+const char *cli_human_bytes(uint64_t n, char *buf)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, 32, "%llu B", (unsigned long long)n);
+    else
+        snprintf(buf, 32, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+int cli_write_stdout(const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(1, p, len);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}

@@ -1,0 +1,19 @@
+# libdcp: the core. No FUSE, MPI or CUDA here.
+lib_LTLIBRARIES += libdcp.la
+include_HEADERS += include/dcp.h
+noinst_HEADERS += src/internal.h src/pickle.h
+libdcp_la_SOURCES = \
+	src/util.c \
+	src/dtype.c \
+	src/model.c \
+	src/pickle.c \
+	src/metadata.c \
+	src/zip.c src/zip.h \
+	src/torchsave.c \
+	src/blob.c \
+	src/safetensors.c \
+	src/planner.c \
+	src/reader.c
+libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread
+libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
+libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -export-symbols-regex '^dcp_'

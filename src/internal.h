@@ -1,0 +1,144 @@
+/* libdcp internals shared by the core's source files. Not installed. */
+#ifndef DCP_INTERNAL_H
+#define DCP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcp.h"
+
+#define DCPI_MAX_NDIM 64          /* torch's own limit on tensor dimensions */
+
+/* ---------------------------------------------------------------- errors */
+
+/* Fill err (may be NULL) and return -1. */
+int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prefix an existing message: "<prefix>: <old message>". Returns -1. */
+int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ------------------------------------------------------- checked arithmetic */
+
+static inline bool dcpi_add_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_add_overflow(a, b, r); }
+static inline bool dcpi_mul_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+
+/* ---------------------------------------------------------------- arena */
+
+/* Bump allocator for data that lives as long as its owner. Not thread-safe. */
+typedef struct dcpi_arena {
+    struct dcpi_arena_block *head;
+    size_t total;
+} dcpi_arena;
+
+void dcpi_arena_init(dcpi_arena *a);
+void dcpi_arena_free(dcpi_arena *a);
+void *dcpi_arena_alloc(dcpi_arena *a, size_t n);             /* zeroed, 16-aligned; NULL on OOM */
+char *dcpi_arena_strndup(dcpi_arena *a, const char *s, size_t n);
+void *dcpi_arena_memdup(dcpi_arena *a, const void *p, size_t n);
+
+/* ------------------------------------------------------ string hash index */
+
+/* Open-addressing map from a byte string to a uint64 value. */
+typedef struct dcpi_strmap {
+    struct dcpi_strmap_slot *slots;
+    size_t cap, count;
+} dcpi_strmap;
+
+void dcpi_strmap_init(dcpi_strmap *m);
+void dcpi_strmap_free(dcpi_strmap *m);
+/* Insert or overwrite. The key bytes must outlive the map (arena-owned). */
+int dcpi_strmap_put(dcpi_strmap *m, const char *key, size_t len, uint64_t value);
+bool dcpi_strmap_get(const dcpi_strmap *m, const char *key, size_t len, uint64_t *value);
+uint64_t dcpi_hash_bytes(const void *p, size_t n);
+
+/* ------------------------------------------------------------ checkpoint */
+
+/* Lazily resolved record of one chunk. */
+typedef struct dcpi_record_slot {
+    int state;                 /* 0 unresolved, 1 resolved */
+    dcp_record rec;
+} dcpi_record_slot;
+
+struct dcpi_entry_priv {
+    dcp_chunk *chunks;         /* same array as entry.chunks, writable */
+    size_t chunk_cap;
+    dcpi_record_slot *records;  /* nchunks slots, allocated on first use */
+};
+
+/* Decoded (zstd) blob cache entry. */
+typedef struct dcpi_decoded {
+    uint32_t file;
+    uint64_t offset;
+    void *data;
+    uint64_t len;
+    uint64_t last_use;
+} dcpi_decoded;
+
+#define DCPI_DECODED_CACHE 4
+
+struct dcp_checkpoint {
+    char *path;                /* the folder as given */
+    int dirfd;                 /* O_PATH|O_DIRECTORY of the folder */
+    dcpi_arena arena;           /* keys, shapes, chunk boxes, strings */
+
+    dcp_entry *entries;
+    struct dcpi_entry_priv *priv;   /* parallel to entries */
+    size_t nentries, entry_cap;
+    dcpi_strmap keys;               /* key -> entry index */
+
+    char **files;                  /* relative paths, arena-owned */
+    size_t nfiles, file_cap;
+    dcpi_strmap file_index;         /* relative path -> file index */
+
+    dcp_info info;
+
+    pthread_mutex_t lock;          /* guards fds, records, arena after open, decoded cache */
+    int *fds;                      /* -1 until opened; nfiles values */
+    int64_t *file_sizes;           /* -1 until stat'ed */
+    dcpi_decoded decoded[DCPI_DECODED_CACHE];
+    uint64_t decode_clock;
+};
+
+/* Model building, used by the format loaders while opening. */
+int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
+/* Returns the entry index of key, creating it with `kind` if absent. A key
+ * that exists with another kind is an error. */
+int dcpi_model_entry(dcp_checkpoint *ck, const char *key, size_t len, dcp_kind kind,
+                    size_t *idx, dcp_error *err);
+int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim,
+                         const int64_t *shape, dcp_error *err);
+/* Append a chunk box (ndim must match the entry's). Returns its index in *ci. */
+int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
+                        const int64_t *sizes, size_t *ci, dcp_error *err);
+/* Check a relative path from metadata: not empty, not absolute, no "..". */
+int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
+const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
+
+/* Format loaders, each fills an empty ck from the folder. */
+int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
+int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
+int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
+
+/* Data-file access (reader.c). */
+int dcpi_ck_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err);
+int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err);
+/* pread exactly len bytes at off or fail naming the file (short read = EIO). */
+int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, uint64_t off,
+                   const char *key, dcp_error *err);
+
+/* Blobs (blob.c): read [off, off+len) of a blob, decoding transforms. */
+int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len, uint64_t off,
+                  const char *key, dcp_error *err);
+/* Decoded size of a blob (its length when it has no transform). */
+int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key,
+                  dcp_error *err);
+
+/* Record locator (torchsave.c): parse a tensor chunk's torch.save zip. */
+int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, size_t chunk, dcp_record *rec,
+                      dcp_error *err);
+
+#endif

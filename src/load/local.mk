@@ -1,0 +1,1 @@
+# libdcpload and dcpload: the MPI collective loader (empty for now)

@@ -1,0 +1,69 @@
+/* A pickle reader that builds plain data and never executes anything.
+ *
+ * Protocols 2 to 5, the opcodes PyTorch's .metadata and torch.save's data.pkl
+ * use. Globals become PK_GLOBAL nodes naming (module, name); REDUCE, NEWOBJ
+ * and BUILD become PK_CALL nodes holding callable, args and state. The
+ * interpretation of PyTorch classes lives in metadata.c and torchsave.c.
+ *
+ * Nodes may be shared (the memo) and, from hostile input, may form cycles:
+ * walkers must bound their depth.
+ */
+#ifndef DCP_PICKLE_H
+#define DCP_PICKLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "dcp.h"
+
+typedef enum pk_type {
+    PK_NONE, PK_BOOL, PK_INT, PK_BIGINT, PK_FLOAT, PK_STR, PK_BYTES,
+    PK_TUPLE, PK_LIST, PK_DICT, PK_SET, PK_FROZENSET,
+    PK_GLOBAL, PK_CALL, PK_PERSID
+} pk_type;
+
+typedef enum pk_call_kind { PK_REDUCE, PK_NEWOBJ } pk_call_kind;
+
+typedef struct pk_node pk_node;
+struct pk_node {
+    pk_type type;
+    union {
+        bool b;
+        int64_t i;                        /* PK_INT */
+        double f;                         /* PK_FLOAT */
+        struct { const char *p; size_t len; } s;     /* PK_STR (UTF-8), PK_BYTES, PK_BIGINT
+                                                        (little-endian two's complement) */
+        struct { pk_node **items; size_t n, cap; } seq;  /* TUPLE, LIST, SET, FROZENSET */
+        struct { pk_node **keys, **vals; size_t n, cap; } dict;   /* insertion order */
+        struct { const char *module, *name; } global;
+        struct {
+            pk_call_kind kind;
+            pk_node *callable;            /* usually a PK_GLOBAL */
+            pk_node *args;                /* a PK_TUPLE */
+            pk_node *state;               /* BUILD argument, or NULL */
+        } call;
+        struct { pk_node *pid; } persid;  /* BINPERSID / PERSID argument */
+    } u;
+};
+
+typedef struct pk_doc pk_doc;
+
+/* Parse one pickle (up to STOP). `what` names the source for error messages
+ * ("ckpt/.metadata"). The returned root is owned by *doc. */
+int pk_parse(const void *data, size_t len, const char *what,
+             pk_doc **doc, const pk_node **root, dcp_error *err);
+void pk_free(pk_doc *doc);
+
+/* Helpers for interpreters. All accept NULL and return false/NULL. */
+bool pk_is_global(const pk_node *n, const char *module, const char *name);
+/* The callable of a PK_CALL when it is a PK_GLOBAL, else NULL. */
+const pk_node *pk_call_global(const pk_node *n);
+/* dict lookup by string key */
+const pk_node *pk_dict_get(const pk_node *dict, const char *key);
+bool pk_int(const pk_node *n, int64_t *out);           /* PK_INT or PK_BOOL */
+bool pk_str(const pk_node *n, const char **p, size_t *len);
+size_t pk_len(const pk_node *n);                       /* seq/dict length, 0 otherwise */
+const pk_node *pk_item(const pk_node *n, size_t i);    /* seq item */
+
+#endif

@@ -1,0 +1,192 @@
+/* Errors as values, an arena for open-time data, and a string hash map. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->code = code;
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
+{
+    if (err) {
+        char prefix[DCP_ERRMSG_MAX], old[DCP_ERRMSG_MAX];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(prefix, sizeof prefix, fmt, ap);
+        va_end(ap);
+        memcpy(old, err->msg, sizeof old);
+        size_t n = strnlen(prefix, sizeof err->msg - 3);
+        memcpy(err->msg, prefix, n);
+        memcpy(err->msg + n, ": ", 2);
+        size_t room = sizeof err->msg - n - 3;
+        size_t m = strnlen(old, room);
+        memcpy(err->msg + n + 2, old, m);
+        err->msg[n + 2 + m] = 0;
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- arena */
+
+struct dcpi_arena_block {
+    struct dcpi_arena_block *next;
+    size_t used, cap;
+    _Alignas(16) unsigned char data[];
+};
+
+#define ARENA_BLOCK (64 * 1024)
+
+void dcpi_arena_init(dcpi_arena *a) { a->head = NULL; a->total = 0; }
+
+void dcpi_arena_free(dcpi_arena *a)
+{
+    struct dcpi_arena_block *b = a->head;
+    while (b) {
+        struct dcpi_arena_block *n = b->next;
+        free(b);
+        b = n;
+    }
+    a->head = NULL;
+    a->total = 0;
+}
+
+void *dcpi_arena_alloc(dcpi_arena *a, size_t n)
+{
+    size_t need = (n + 15) & ~(size_t)15;
+    if (need < n)
+        return NULL;
+    struct dcpi_arena_block *b = a->head;
+    if (!b || b->cap - b->used < need) {
+        size_t cap = need > ARENA_BLOCK / 4 ? need : ARENA_BLOCK;
+        if (cap > SIZE_MAX - sizeof *b)
+            return NULL;
+        struct dcpi_arena_block *nb = malloc(sizeof *nb + cap);
+        if (!nb)
+            return NULL;
+        nb->used = 0;
+        nb->cap = cap;
+        if (cap == need && b) {   /* a big one-off: keep the current block current */
+            nb->next = b->next;
+            b->next = nb;
+        } else {
+            nb->next = b;
+            a->head = nb;
+        }
+        a->total += cap;
+        b = nb;
+    }
+    void *p = b->data + b->used;
+    b->used += need;
+    memset(p, 0, n);
+    return p;
+}
+
+char *dcpi_arena_strndup(dcpi_arena *a, const char *s, size_t n)
+{
+    if (n == SIZE_MAX)
+        return NULL;
+    char *p = dcpi_arena_alloc(a, n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = 0;
+    }
+    return p;
+}
+
+void *dcpi_arena_memdup(dcpi_arena *a, const void *src, size_t n)
+{
+    void *p = dcpi_arena_alloc(a, n ? n : 1);
+    if (p && n)
+        memcpy(p, src, n);
+    return p;
+}
+
+/* ------------------------------------------------------------ string map */
+
+struct dcpi_strmap_slot {
+    const char *key;
+    size_t len;
+    uint64_t hash;
+    uint64_t value;
+};
+
+uint64_t dcpi_hash_bytes(const void *p, size_t n)
+{
+    /* FNV-1a, then a final mix: keys are short and this is not a checksum. */
+    const unsigned char *s = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 1099511628211ULL;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+void dcpi_strmap_init(dcpi_strmap *m) { m->slots = NULL; m->cap = m->count = 0; }
+void dcpi_strmap_free(dcpi_strmap *m) { free(m->slots); dcpi_strmap_init(m); }
+
+static struct dcpi_strmap_slot *find_slot(struct dcpi_strmap_slot *slots, size_t cap,
+                                         const char *key, size_t len, uint64_t h)
+{
+    size_t i = h & (cap - 1);
+    for (;;) {
+        struct dcpi_strmap_slot *s = &slots[i];
+        if (!s->key || (s->hash == h && s->len == len && memcmp(s->key, key, len) == 0))
+            return s;
+        i = (i + 1) & (cap - 1);
+    }
+}
+
+int dcpi_strmap_put(dcpi_strmap *m, const char *key, size_t len, uint64_t value)
+{
+    if ((m->count + 1) * 4 >= m->cap * 3) {
+        size_t ncap = m->cap ? m->cap * 2 : 64;
+        if (ncap > SIZE_MAX / sizeof(struct dcpi_strmap_slot))
+            return -1;
+        struct dcpi_strmap_slot *ns = calloc(ncap, sizeof *ns);
+        if (!ns)
+            return -1;
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->slots[i].key)
+                *find_slot(ns, ncap, m->slots[i].key, m->slots[i].len, m->slots[i].hash) = m->slots[i];
+        free(m->slots);
+        m->slots = ns;
+        m->cap = ncap;
+    }
+    uint64_t h = dcpi_hash_bytes(key, len);
+    struct dcpi_strmap_slot *s = find_slot(m->slots, m->cap, key, len, h);
+    if (!s->key)
+        m->count++;
+    s->key = key;
+    s->len = len;
+    s->hash = h;
+    s->value = value;
+    return 0;
+}
+
+bool dcpi_strmap_get(const dcpi_strmap *m, const char *key, size_t len, uint64_t *value)
+{
+    if (!m->cap)
+        return false;
+    struct dcpi_strmap_slot *s = find_slot(m->slots, m->cap, key, len, dcpi_hash_bytes(key, len));
+    if (!s->key)
+        return false;
+    if (value)
+        *value = s->value;
+    return true;
+}

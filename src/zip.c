@@ -1,0 +1,3 @@
+/* STUB: replaced by the zip reader. */
+#include "internal.h"
+#include "zip.h"

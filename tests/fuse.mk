@@ -1,0 +1,1 @@
+# fuse tests (none yet)

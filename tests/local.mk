@@ -1,0 +1,23 @@
+# Tests: Check unit tests (tests/unit) and integration scripts (tests/*.sh).
+# A test that cannot run here exits 77 (skip).
+TEST_EXTENSIONS = .sh
+SH_LOG_COMPILER = $(SHELL)
+AM_TESTS_ENVIRONMENT = \
+	top_srcdir='$(abs_top_srcdir)'; top_builddir='$(abs_top_builddir)'; \
+	MPIEXEC='$(MPIEXEC)'; \
+	export top_srcdir top_builddir MPIEXEC;
+
+# Unit tests link the core's objects directly so they can reach internals.
+UNIT_TEST_FLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
+UNIT_TEST_LIBS = libdcp.la $(CHECK_LIBS)
+
+EXTRA_DIST += tests/fixtures tests/lib.sh
+
+include tests/core.mk
+include tests/unit_pickle.mk
+include tests/unit_record.mk
+include tests/unit_planner.mk
+include tests/writer.mk
+include tests/catalog.mk
+include tests/fuse.mk
+include tests/load.mk

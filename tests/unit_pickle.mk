@@ -1,0 +1,1 @@
+# unit_pickle tests (none yet)

@@ -1,0 +1,1 @@
+# unit_planner tests (none yet)

@@ -1,0 +1,1 @@
+# unit_record tests (none yet)
