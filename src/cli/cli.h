@@ -31,5 +31,7 @@ int cli_key_matches(const char *pattern, const char *key);
 const char *cli_human_bytes(uint64_t n, char *buf);
 /* Write all of buf to fd 1; -1 on error. */
 int cli_write_stdout(const void *buf, size_t len);
+/* Fill err for a failed write to stdout; returns -1. */
+int cli_err_stdout(dcp_error *err);
 
 #endif

@@ -1,8 +1,116 @@
-/* STUB: dcp layout. */
+/* dcp layout: which file and offset hold each chunk (and where its elements are). */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "cli.h"
+
+static void usage(FILE *f) { fprintf(f, "usage: dcp layout [--json] CKPT [KEY]\n"); }
+
+static void print_vec(const int64_t *v, int n)
+{
+    putchar('[');
+    for (int i = 0; i < n; i++)
+        printf("%s%" PRId64, i ? "," : "", v[i]);
+    putchar(']');
+}
+
+static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
+{
+    int status = 0;
+    if (e->kind == DCP_KIND_BYTES) {
+        const char *file = e->has_blob ? dcp_file_name(ck, e->blob.file) : "-";
+        if (json) {
+            fputs("{\"key\":", stdout);
+            cli_json_string(stdout, e->key);
+            fputs(",\"kind\":\"bytes\",\"file\":", stdout);
+            cli_json_string(stdout, file);
+            printf(",\"offset\":%" PRIu64 ",\"length\":%" PRIu64 "%s}\n", e->blob.offset,
+                   e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? ",\"zstd\":true" : "");
+        } else {
+            printf("%s  bytes  %s @%" PRIu64 " +%" PRIu64 "%s\n", e->key, file, e->blob.offset,
+                   e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? " zstd" : "");
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < e->nchunks; i++) {
+        const dcp_chunk *c = &e->chunks[i];
+        const dcp_record *r = NULL;
+        dcp_error err;
+        if (dcp_chunk_record(ck, e, i, &r, &err) < 0) {
+            cli_error("%s", err.msg);
+            status = 1;
+        }
+        const char *file = c->has_blob ? dcp_file_name(ck, c->blob.file) : "-";
+        if (json) {
+            fputs("{\"key\":", stdout);
+            cli_json_string(stdout, e->key);
+            printf(",\"chunk\":%zu,\"offsets\":", i);
+            cli_json_shape(stdout, c->offsets, e->ndim);
+            fputs(",\"sizes\":", stdout);
+            cli_json_shape(stdout, c->sizes, e->ndim);
+            fputs(",\"file\":", stdout);
+            cli_json_string(stdout, file);
+            printf(",\"offset\":%" PRIu64 ",\"length\":%" PRIu64, c->blob.offset, c->blob.length);
+            if (r) {
+                printf(",\"data_offset\":%" PRIu64 ",\"data_length\":%" PRIu64 ",\"stride\":",
+                       r->data_offset, r->data_length);
+                cli_json_shape(stdout, r->stride, e->ndim);
+                printf(",\"storage_offset\":%" PRId64 ",\"stored_dtype\":\"%s\"", r->storage_offset,
+                       dcp_dtype_name(r->dtype));
+            }
+            fputs("}\n", stdout);
+        } else {
+            printf("%s  chunk %zu  offsets ", e->key, i);
+            print_vec(c->offsets, e->ndim);
+            fputs(" sizes ", stdout);
+            print_vec(c->sizes, e->ndim);
+            printf("  %s @%" PRIu64 " +%" PRIu64, file, c->blob.offset, c->blob.length);
+            if (r) {
+                printf("  data @%" PRIu64 " stride ", r->data_offset);
+                print_vec(r->stride, e->ndim);
+                if (r->flags & DCP_RECORD_DECODED)
+                    fputs(" (in decoded zstd blob)", stdout);
+            }
+            putchar('\n');
+        }
+    }
+    return status;
+}
+
 int cmd_layout(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    cli_error("layout: not implemented yet");
-    return 1;
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int json = 0, c;
+    while ((c = getopt_long(argc, argv, "jh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1 && optind != argc - 2) {
+        usage(stderr);
+        return 2;
+    }
+    dcp_checkpoint *ck = cli_open(argv[optind]);
+    if (!ck)
+        return 1;
+    int status = 0;
+    if (optind == argc - 2) {
+        const dcp_entry *e = dcp_find(ck, argv[optind + 1]);
+        if (!e) {
+            cli_error("%s: %s: no such key", argv[optind], argv[optind + 1]);
+            status = 1;
+        } else {
+            status = show(ck, e, json);
+        }
+    } else {
+        for (size_t i = 0; i < dcp_num_entries(ck); i++)
+            status |= show(ck, dcp_entry_at(ck, i), json);
+    }
+    dcp_close(ck);
+    return status;
 }

@@ -1,8 +1,87 @@
-/* STUB: dcp ls. */
+/* dcp ls: one line per key (a table, or JSON lines with --json). */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dcp ls [--json] [--keys PATTERN] CKPT\n");
+}
+
+static void shape_text(const dcp_entry *e, char *buf, size_t n)
+{
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < e->ndim && used < n; d++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+    if (used < n)
+        snprintf(buf + used, n - used, "]");
+}
+
 int cmd_ls(int argc, char **argv)
 {
-    (void)argc; (void)argv;
-    cli_error("ls: not implemented yet");
-    return 1;
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'}, {"keys", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int json = 0, c;
+    const char *pattern = NULL;
+    while ((c = getopt_long(argc, argv, "jk:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'k': pattern = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    dcp_checkpoint *ck = cli_open(argv[optind]);
+    if (!ck)
+        return 1;
+    int status = 0;
+    size_t n = dcp_num_entries(ck);
+    if (!json)
+        printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
+    for (size_t i = 0; i < n; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!cli_key_matches(pattern, e->key))
+            continue;
+        uint64_t nbytes = 0;
+        dcp_error err;
+        if (dcp_entry_nbytes(ck, e, &nbytes, &err) < 0) {
+            cli_error("%s", err.msg);
+            status = 1;
+            continue;
+        }
+        if (json) {
+            fputs("{\"key\":", stdout);
+            cli_json_string(stdout, e->key);
+            if (e->kind == DCP_KIND_TENSOR) {
+                printf(",\"kind\":\"tensor\",\"dtype\":\"%s\",\"shape\":", dcp_dtype_name(e->dtype));
+                cli_json_shape(stdout, e->shape, e->ndim);
+            } else {
+                fputs(",\"kind\":\"bytes\"", stdout);
+            }
+            printf(",\"nbytes\":%llu,\"chunks\":%zu}\n", (unsigned long long)nbytes,
+                   e->kind == DCP_KIND_TENSOR ? e->nchunks : (size_t)e->has_blob);
+        } else {
+            char shape[256], human[32];
+            if (e->kind == DCP_KIND_TENSOR)
+                shape_text(e, shape, sizeof shape);
+            else
+                snprintf(shape, sizeof shape, "-");
+            printf("%-48s %-10s %-20s %s\n", e->key,
+                   e->kind == DCP_KIND_TENSOR ? dcp_dtype_name(e->dtype) : "bytes", shape,
+                   cli_human_bytes(nbytes, human));
+        }
+    }
+    if (fflush(stdout) != 0) {
+        cli_error("writing the listing: %m");
+        status = 1;
+    }
+    dcp_close(ck);
+    return status;
 }

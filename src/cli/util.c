@@ -98,3 +98,10 @@ int cli_write_stdout(const void *buf, size_t len)
     }
     return 0;
 }
+
+int cli_err_stdout(dcp_error *err)
+{
+    err->code = errno;
+    snprintf(err->msg, sizeof err->msg, "writing to standard output: %s", strerror(errno));
+    return -1;
+}
