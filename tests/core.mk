@@ -1,4 +1,5 @@
 # Core and CLI integration tests.
-TESTS += tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh
-dist_check_SCRIPTS += tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh
-EXTRA_DIST += tests/check_fixture.py
+CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh tests/interop-dtensor.sh
+TESTS += $(CORE_TESTS)
+dist_check_SCRIPTS += $(CORE_TESTS)
+EXTRA_DIST += tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py

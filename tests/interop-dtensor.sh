@@ -1,0 +1,15 @@
+# PyTorch interop tier: 4-rank gloo saves of DTensors (rows, cols, 2x2 blocks, replicated),
+# plain tensors, nested dicts and non-tensor values, in each serialization PyTorch offers;
+# every key read back byte-exact by dcp.
+. "$top_srcdir/tests/lib.sh"
+need python3
+python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+scratch
+for variant in torch_save safetensors zstd; do
+    if [ "$variant" = zstd ] && ! python3 -c 'import zstandard' 2>/dev/null && ! python3 -c 'import pyzstd' 2>/dev/null; then
+        echo "zstd variant skipped: no zstandard/pyzstd module"; continue
+    fi
+    timeout 300 python3 "$top_srcdir/tests/interop/save_dtensor.py" "$SCRATCH/$variant" "$variant" \
+        >"$SCRATCH/$variant.log" 2>&1 || { cat "$SCRATCH/$variant.log"; fail "PyTorch save ($variant) failed"; }
+    python3 "$top_srcdir/tests/interop/check_truth.py" "$DCP" "$SCRATCH/$variant/ckpt" "$SCRATCH/$variant/truth.json"
+done
