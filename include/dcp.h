@@ -194,7 +194,8 @@ typedef struct dcp_plan {
     size_t nops, cap;
     uint64_t nbytes;        /* size of the region buffer */
     int zero_fill;          /* some of the region is covered by no chunk: zero it first */
-    dcp_dtype dtype;        /* element type of the region */
+    dcp_dtype dtype;        /* element type of the region: the stored dtype (same size as
+                               the metadata's); DCP_UINT8 for a bytes item */
 } dcp_plan;
 
 void dcp_plan_init(dcp_plan *plan);
@@ -203,23 +204,30 @@ void dcp_plan_free(dcp_plan *plan);
 
 /* Plan the box [offsets, offsets+lengths) of tensor e (ndim values each; both
  * may be NULL for a 0-d tensor) into a C-order region buffer. Resolves chunk
- * records as needed. Replaces the plan's content. */
+ * records as needed. Replaces the plan's content (the ops array is reused);
+ * on failure the plan is left empty. A box outside the shape is EINVAL. */
 int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e,
                     const int64_t *offsets, const int64_t *lengths,
                     dcp_plan *plan, dcp_error *err);
 
 /* Plan bytes [offset, offset+length) of the entry's flat byte image (the
- * global tensor in C order, or the bytes item's stored bytes). For tensors,
- * offset and length must be multiples of the element size, except that the
- * range may end at the end of the tensor. Replaces the plan's content. */
+ * global tensor in C order, or the bytes item's stored (decoded) bytes). For
+ * tensors, offset and length must be multiples of the element size, except
+ * that the range may end at the end of the tensor. A range past the end is
+ * clamped to it, as read(2) does: plan->nbytes is the clamped length (0 at or
+ * past the end). Replaces the plan's content; on failure the plan is empty.
+ * Allocates nothing beyond the plan's reused ops array (FUSE read path). */
 int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e,
                    uint64_t offset, uint64_t length,
                    dcp_plan *plan, dcp_error *err);
 
 /* ---------------------------------------------------------------- reader */
 
-/* Execute a plan into dest (plan->nbytes bytes): ops sorted by file and
- * offset, pread(2), bounded memory. Errors name the file and the key. */
+/* Execute a plan made by dcp_plan_* into dest (plan->nbytes bytes): ops in
+ * file and offset order, pread/preadv straight into dest where possible,
+ * otherwise through a per-thread buffer of at most 4 MiB. Errors name the
+ * file and the key (EIO for a short file, ENOENT for a missing one). Any
+ * number of threads may execute plans on one checkpoint at once. */
 int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_error *err);
 
 /* The building blocks of dcp_plan_execute, for callers that move bytes
@@ -227,14 +235,21 @@ int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_e
  * decoded and checked) into buf, and place fetched bytes into a region buffer
  * applying dest_stride and flags. */
 int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err);
+/* dtype (plan->dtype) gives BSWAP's unit (dcp_dtype_swap_unit) and what NEG
+ * and CONJ mean: NEG negates float16/bfloat16/float32/float64, complex (both
+ * halves) and integer elements, CONJ negates complex imaginary halves; other
+ * dtypes are copied unchanged. Assumes a little-endian host for BSWAP. */
 void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dtype);
 
-/* A read-only file descriptor of data file `file` (kept open by ck; do not
- * close). For zero-copy paths such as FUSE splice. */
+/* A read-only file descriptor of data file `file`, valid until dcp_close (ck
+ * owns it; do not close it). For zero-copy paths such as FUSE splice. Other
+ * data files' fds are cached and closed when idle to stay under
+ * RLIMIT_NOFILE; fds handed out here are never closed early. */
 int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err);
 
 /* Read a whole entry (tensor or bytes item) into a malloc'd buffer.
- * Convenience for small entries; callers of large ones should plan. */
+ * Convenience for small entries; callers of large ones should plan. An entry
+ * larger than physical memory is refused with EFBIG. */
 int dcp_read_entry(dcp_checkpoint *ck, const dcp_entry *e, void **buf, uint64_t *len, dcp_error *err);
 
 #ifdef __cplusplus

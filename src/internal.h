@@ -99,6 +99,7 @@ struct dcp_checkpoint {
     pthread_mutex_t lock;          /* guards fds, records, arena after open, decoded cache */
     int *fds;                      /* -1 until opened; nfiles values */
     int64_t *file_sizes;           /* -1 until stat'ed */
+    struct dcpi_fdtab *fdtab;      /* reader.c: fd use counts for eviction; arena-owned, lazy */
     dcpi_decoded decoded[DCPI_DECODED_CACHE];
     uint64_t decode_clock;
 };
@@ -123,7 +124,10 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
 
-/* Data-file access (reader.c). */
+/* Data-file access (reader.c). Files are opened lazily and cached; idle
+ * cached fds may be closed to stay under RLIMIT_NOFILE. dcpi_ck_fd (like
+ * dcp_file_fd) pins the fd: it stays open until dcp_close, so prefer
+ * dcpi_pread_full, which holds the fd only for the duration of the read. */
 int dcpi_ck_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err);
 int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err);
 /* pread exactly len bytes at off or fail naming the file (short read = EIO). */

@@ -7,9 +7,10 @@ AM_TESTS_ENVIRONMENT = \
 	MPIEXEC='$(MPIEXEC)'; \
 	export top_srcdir top_builddir MPIEXEC;
 
-# Unit tests link the core's objects directly so they can reach internals.
+# Unit tests link the core's objects directly so they can reach internals (dcpi_*),
+# which libdcp.so does not export; add EXTRA_<prog>_DEPENDENCIES = libdcp.la.
 UNIT_TEST_FLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
-UNIT_TEST_LIBS = libdcp.la $(CHECK_LIBS)
+UNIT_TEST_LIBS = $(libdcp_la_OBJECTS) $(libdcp_la_LIBADD) $(CHECK_LIBS)
 
 EXTRA_DIST += tests/fixtures tests/lib.sh
 

@@ -1,0 +1,486 @@
+/* Reader tests: placement flags (byte swap, negation, conjugation), short
+ * files and missing files with their messages, preadv batches and bounce
+ * pieces, the fd cache under a low RLIMIT_NOFILE, and 8 threads executing
+ * plans on one checkpoint at once. */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "planner_ck.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rnd64_r(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static uint64_t rnd_r(uint64_t *s, uint64_t n) { return n ? rnd64_r(s) % n : 0; }
+
+static void bswap_buf(unsigned char *p, size_t n, size_t unit)
+{
+    for (size_t i = 0; i + unit <= n; i += unit)
+        for (size_t a = i, b = i + unit - 1; a < b; a++, b--) {
+            unsigned char t = p[a]; p[a] = p[b]; p[b] = t;
+        }
+}
+
+/* A 1-d entry stored C-contiguous at the end of a growing file image. */
+struct img {
+    unsigned char *buf;
+    size_t len;
+};
+
+static uint64_t img_add(struct img *m, const void *data, size_t n)
+{
+    uint64_t off = m->len + 16;   /* a gap, as zip headers would be */
+    m->buf = realloc(m->buf, off + n);
+    memset(m->buf + m->len, 0x77, 16);
+    memcpy(m->buf + off, data, n);
+    m->len = off + n;
+    return off;
+}
+
+static size_t entry_1d(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int64_t n, uint32_t file,
+                       uint64_t off)
+{
+    int64_t shape[1] = {n}, zero[1] = {0};
+    size_t idx = tck_tensor(ck, key, dt, 1, shape);
+    tck_chunk(ck, idx, zero, shape, file, off, (uint64_t)n * dcp_dtype_size(dt));
+    return idx;
+}
+
+static void read_all(dcp_checkpoint *ck, size_t idx, void *out, size_t n)
+{
+    void *buf;
+    uint64_t len;
+    dcp_error err;
+    ck_assert_msg(dcp_read_entry(ck, &ck->entries[idx], &buf, &len, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(len, n);
+    memcpy(out, buf, n);
+    free(buf);
+}
+
+START_TEST(test_flags)
+{
+    struct img m = {0};
+    float f[4] = {1.5f, -2.25f, 3.0f, 0.0f}, fbe[4];
+    memcpy(fbe, f, sizeof f);
+    bswap_buf((unsigned char *)fbe, sizeof fbe, 4);
+    uint64_t o_fbe = img_add(&m, fbe, sizeof fbe);
+    uint64_t o_f = img_add(&m, f, sizeof f);
+    int32_t i32[3] = {5, -7, INT32_MIN};
+    uint64_t o_i = img_add(&m, i32, sizeof i32);
+    int16_t i16[2] = {300, -2}, i16be[2];
+    memcpy(i16be, i16, sizeof i16);
+    bswap_buf((unsigned char *)i16be, sizeof i16be, 2);
+    uint64_t o_i16 = img_add(&m, i16be, sizeof i16be);
+    uint16_t bf[2] = {0x3fc0 /* 1.5 */, 0xc000 /* -2 */};
+    uint64_t o_bf = img_add(&m, bf, sizeof bf);
+    float c64[4] = {1, 2, -3, 4};   /* (1+2i), (-3+4i) */
+    uint64_t o_c64 = img_add(&m, c64, sizeof c64);
+    double c128[2] = {1.25, -6.5}, c128be[2];
+    memcpy(c128be, c128, sizeof c128);
+    bswap_buf((unsigned char *)c128be, sizeof c128be, 8);
+    uint64_t o_c128 = img_add(&m, c128be, sizeof c128be);
+    /* a transposed 2x5 big-endian float32 chunk: the tiled scatter + swap path */
+    float t[10] = {0, 5, 1, 6, 2, 7, 3, 8, 4, 9}, tbe[10];   /* column-major of [[0..4],[5..9]] */
+    memcpy(tbe, t, sizeof t);
+    bswap_buf((unsigned char *)tbe, sizeof tbe, 4);
+    uint64_t o_t = img_add(&m, tbe, sizeof tbe);
+
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", m.buf, m.len);
+    size_t e_be = entry_1d(ck, "f_be", DCP_FLOAT32, 4, 0, o_fbe);
+    size_t e_neg = entry_1d(ck, "f_neg", DCP_FLOAT32, 4, 0, o_f);
+    size_t e_i = entry_1d(ck, "i_neg", DCP_INT32, 3, 0, o_i);
+    size_t e_i16 = entry_1d(ck, "i16_be_neg", DCP_INT16, 2, 0, o_i16);
+    size_t e_bf = entry_1d(ck, "bf_neg", DCP_BFLOAT16, 2, 0, o_bf);
+    size_t e_c64 = entry_1d(ck, "c64_conj", DCP_COMPLEX64, 2, 0, o_c64);
+    size_t e_c128 = entry_1d(ck, "c128_be_conj_neg", DCP_COMPLEX128, 1, 0, o_c128);
+    int64_t shape[2] = {2, 5}, zero[2] = {0, 0};
+    size_t e_t = tck_tensor(ck, "t_be", DCP_FLOAT32, 2, shape);
+    tck_chunk(ck, e_t, zero, shape, 0, o_t, 40);
+    tck_finish(ck);
+    int64_t s1[1] = {1}, st[2] = {1, 2};
+    tck_record(ck, e_be, 0, DCP_FLOAT32, o_fbe, 16, 0, s1, DCP_RECORD_BIG_ENDIAN);
+    tck_record(ck, e_neg, 0, DCP_FLOAT32, o_f, 16, 0, s1, DCP_RECORD_NEG);
+    tck_record(ck, e_i, 0, DCP_INT32, o_i, 12, 0, s1, DCP_RECORD_NEG);
+    tck_record(ck, e_i16, 0, DCP_INT16, o_i16, 4, 0, s1, DCP_RECORD_BIG_ENDIAN | DCP_RECORD_NEG);
+    tck_record(ck, e_bf, 0, DCP_BFLOAT16, o_bf, 4, 0, s1, DCP_RECORD_NEG);
+    tck_record(ck, e_c64, 0, DCP_COMPLEX64, o_c64, 16, 0, s1, DCP_RECORD_CONJ);
+    tck_record(ck, e_c128, 0, DCP_COMPLEX128, o_c128, 16, 0, s1,
+               DCP_RECORD_BIG_ENDIAN | DCP_RECORD_CONJ | DCP_RECORD_NEG);
+    tck_record(ck, e_t, 0, DCP_FLOAT32, o_t, 40, 0, st, DCP_RECORD_BIG_ENDIAN);
+
+    float fo[4];
+    read_all(ck, e_be, fo, 16);
+    ck_assert(fo[0] == 1.5f && fo[1] == -2.25f && fo[2] == 3.0f && fo[3] == 0.0f);
+    read_all(ck, e_neg, fo, 16);
+    ck_assert(fo[0] == -1.5f && fo[1] == 2.25f && fo[2] == -3.0f && fo[3] == 0.0f && signbit(fo[3]));
+    int32_t io[3];
+    read_all(ck, e_i, io, 12);
+    ck_assert(io[0] == -5 && io[1] == 7 && io[2] == INT32_MIN);
+    int16_t i16o[2];
+    read_all(ck, e_i16, i16o, 4);
+    ck_assert(i16o[0] == -300 && i16o[1] == 2);
+    uint16_t bfo[2];
+    read_all(ck, e_bf, bfo, 4);
+    ck_assert_uint_eq(bfo[0], 0xbfc0);
+    ck_assert_uint_eq(bfo[1], 0x4000);
+    float co[4];
+    read_all(ck, e_c64, co, 16);
+    ck_assert(co[0] == 1 && co[1] == -2 && co[2] == -3 && co[3] == -4);
+    double c128o[2];
+    read_all(ck, e_c128, c128o, 16);
+    ck_assert(c128o[0] == -1.25 && c128o[1] == -6.5);   /* -(conj(1.25-6.5i)) */
+    float to[10];
+    read_all(ck, e_t, to, 40);
+    for (int i = 0; i < 10; i++)
+        ck_assert(to[i] == (float)i);
+
+    /* dcp_op_place on its own: strided destination with negation */
+    int32_t src[3] = {1, 2, 3}, region[9] = {0};
+    dcp_op op = { .flags = DCP_OP_NEG, .length = 12, .dest_offset = 4, .dest_stride = 12, .elem_size = 4 };
+    dcp_op_place(&op, src, region, DCP_INT32);
+    ck_assert(region[1] == -1 && region[4] == -2 && region[7] == -3 && region[0] == 0 && region[2] == 0);
+    /* float16 negation flips the sign bit */
+    uint16_t h[1] = {0x3c00}, hr[1];
+    dcp_op oph = { .flags = DCP_OP_NEG | DCP_OP_BSWAP, .length = 2, .dest_stride = 2, .elem_size = 2 };
+    h[0] = 0x003c;   /* 1.0 big-endian */
+    dcp_op_place(&oph, h, hr, DCP_FLOAT16);
+    ck_assert_uint_eq(hr[0], 0xbc00);
+    free(m.buf);
+    tck_free(ck);
+}
+END_TEST
+
+START_TEST(test_short_and_missing)
+{
+    unsigned char data[100];
+    memset(data, 1, sizeof data);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, sizeof data);
+    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named by metadata, absent on disk */
+    size_t a = entry_1d(ck, "short.direct", DCP_FLOAT32, 10, 0, 80);
+    int64_t shape[2] = {2, 5}, zero[2] = {0, 0}, st[2] = {1, 2};
+    size_t b = tck_tensor(ck, "short.strided", DCP_FLOAT32, 2, shape);
+    tck_chunk(ck, b, zero, shape, 0, 80, 40);
+    size_t c = entry_1d(ck, "gone", DCP_FLOAT32, 4, 1, 0);
+    tck_finish(ck);
+    int64_t s1[1] = {1};
+    tck_record(ck, a, 0, DCP_FLOAT32, 80, 40, 0, s1, 0);
+    tck_record(ck, b, 0, DCP_FLOAT32, 80, 40, 0, st, 0);
+    tck_record(ck, c, 0, DCP_FLOAT32, 0, 16, 0, s1, 0);
+    void *buf = NULL;
+    uint64_t len;
+    dcp_error err;
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s/__0_0.distcp: short.direct: short read at offset 80 (wanted 40 bytes, file is 100 bytes)", ck->path);
+    ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[a], &buf, &len, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_ptr_null(buf);
+    ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[b], &buf, &len, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_msg(strstr(err.msg, "__0_0.distcp: short.strided: short read at offset 96 (wanted 8 bytes, file is 100 bytes)"), "%s", err.msg);
+    ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[c], &buf, &len, &err), -1);
+    ck_assert_int_eq(err.code, ENOENT);
+    ck_assert_msg(strstr(err.msg, "/__1_0.distcp: gone: ") && strstr(err.msg, "missing"), "%s", err.msg);
+    /* the internal helpers */
+    char small[8];
+    ck_assert_int_eq(dcpi_pread_full(ck, 0, small, 8, 96, "k", &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_int_eq(dcpi_pread_full(ck, 0, small, 8, 90, "k", &err), 0);
+    ck_assert_int_eq(dcpi_pread_full(ck, 0, small, 8, UINT64_MAX - 4, "k", &err), -1);
+    ck_assert_int_eq(dcpi_pread_full(ck, 7, small, 8, 0, "k", &err), -1);
+    ck_assert_int_eq(err.code, EINVAL);
+    uint64_t size;
+    ck_assert_int_eq(dcpi_ck_file_size(ck, 0, &size, &err), 0);
+    ck_assert_uint_eq(size, 100);
+    ck_assert_int_eq(dcpi_ck_file_size(ck, 1, &size, &err), -1);
+    ck_assert_int_eq(err.code, ENOENT);
+    int fd;
+    ck_assert_int_eq(dcp_file_fd(ck, 0, &fd, &err), 0);
+    ck_assert_int_eq(pread(fd, small, 1, 0), 1);
+    tck_free(ck);
+}
+END_TEST
+
+/* Many direct ops adjacent in the file (preadv batches), and one flagged op
+ * larger than the bounce buffer (read in pieces). */
+START_TEST(test_batches_and_pieces)
+{
+    const int64_t rows = 1300, cols = 4;
+    size_t n = (size_t)(rows * cols);
+    float *img = malloc(n * 4), *want = malloc(n * 4);
+    /* column-sharded: chunk j holds columns [2j, 2j+2), row-major */
+    for (int j = 0; j < 2; j++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int c = 0; c < 2; c++) {
+                float v = (float)(r * cols + 2 * j + c);
+                img[(size_t)j * (size_t)rows * 2 + (size_t)r * 2 + (size_t)c] = v;
+                want[r * cols + 2 * j + c] = v;
+            }
+    const size_t big = (size_t)3 << 20;   /* 12 MiB of big-endian int32 */
+    int32_t *bigv = malloc(big * 4), *bigbe = malloc(big * 4);
+    for (size_t i = 0; i < big; i++)
+        bigv[i] = (int32_t)(i * 2654435761u);
+    memcpy(bigbe, bigv, big * 4);
+    bswap_buf((unsigned char *)bigbe, big * 4, 4);
+
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", img, n * 4);
+    tck_file(ck, "__0_1.distcp", bigbe, big * 4);
+    int64_t shape[2] = {rows, cols}, csize[2] = {rows, 2};
+    size_t e = tck_tensor(ck, "embed", DCP_FLOAT32, 2, shape);
+    for (int j = 0; j < 2; j++) {
+        int64_t off[2] = {0, 2 * j};
+        tck_chunk(ck, e, off, csize, 0, (uint64_t)j * (uint64_t)rows * 8, (uint64_t)rows * 8);
+    }
+    size_t b = entry_1d(ck, "big", DCP_INT32, (int64_t)big, 1, 0);
+    tck_finish(ck);
+    int64_t st[2] = {2, 1}, s1[1] = {1};
+    for (int j = 0; j < 2; j++)
+        tck_record(ck, e, (size_t)j, DCP_FLOAT32, (uint64_t)j * (uint64_t)rows * 8, (uint64_t)rows * 8, 0, st, 0);
+    tck_record(ck, b, 0, DCP_INT32, 0, big * 4, 0, s1, DCP_RECORD_BIG_ENDIAN);
+
+    dcp_plan p;
+    dcp_plan_init(&p);
+    dcp_error err;
+    ck_assert_int_eq(dcp_plan_bytes(ck, &ck->entries[e], 0, n * 4, &p, &err), 0);
+    ck_assert_uint_eq(p.nops, (size_t)(2 * rows));
+    float *out = malloc(n * 4);
+    ck_assert_msg(dcp_plan_execute(ck, &p, out, &err) == 0, "%s", err.msg);
+    ck_assert(memcmp(out, want, n * 4) == 0);
+    ck_assert_int_eq(dcp_plan_bytes(ck, &ck->entries[b], 0, big * 4, &p, &err), 0);
+    ck_assert_uint_eq(p.nops, 1);
+    int32_t *bo = malloc(big * 4);
+    ck_assert_msg(dcp_plan_execute(ck, &p, bo, &err) == 0, "%s", err.msg);
+    ck_assert(memcmp(bo, bigv, big * 4) == 0);
+    dcp_plan_free(&p);
+    free(img), free(want), free(out), free(bigv), free(bigbe), free(bo);
+    tck_free(ck);
+}
+END_TEST
+
+/* ------------------------------------------------------------ threads */
+
+struct shared {
+    dcp_checkpoint *ck;
+    const dcp_entry *e;
+    const float *want;
+    int64_t rows, cols;
+    int failures;
+    char msg[DCP_ERRMSG_MAX];
+};
+
+static void *worker(void *arg)
+{
+    struct shared *s = arg;
+    uint64_t seed = (uint64_t)(uintptr_t)&seed ^ 0x1234567ull;
+    dcp_plan p;
+    dcp_plan_init(&p);
+    dcp_error err;
+    size_t cap = (size_t)(s->rows * s->cols) * 4;
+    float *buf = malloc(cap);
+    for (int it = 0; it < 150; it++) {
+        int64_t off[2], len[2];
+        off[0] = (int64_t)rnd_r(&seed, (uint64_t)s->rows);
+        off[1] = (int64_t)rnd_r(&seed, (uint64_t)s->cols);
+        len[0] = 1 + (int64_t)rnd_r(&seed, (uint64_t)(s->rows - off[0]));
+        len[1] = 1 + (int64_t)rnd_r(&seed, (uint64_t)(s->cols - off[1]));
+        int ok = dcp_plan_region(s->ck, s->e, off, len, &p, &err) == 0 &&
+                 dcp_plan_execute(s->ck, &p, buf, &err) == 0;
+        for (int64_t r = 0; ok && r < len[0]; r++)
+            ok = memcmp(buf + r * len[1], s->want + (off[0] + r) * s->cols + off[1], (size_t)len[1] * 4) == 0;
+        uint64_t bo = rnd_r(&seed, (uint64_t)(s->rows * s->cols)) * 4, bl = rnd_r(&seed, 1 << 14) * 4;
+        ok = ok && dcp_plan_bytes(s->ck, s->e, bo, bl, &p, &err) == 0 &&
+             dcp_plan_execute(s->ck, &p, buf, &err) == 0 &&
+             memcmp(buf, (const char *)s->want + bo, (size_t)p.nbytes) == 0;
+        if (!ok) {
+            __atomic_add_fetch(&s->failures, 1, __ATOMIC_RELAXED);
+            snprintf(s->msg, sizeof s->msg, "%s", err.msg);
+            break;
+        }
+    }
+    free(buf);
+    dcp_plan_free(&p);
+    return NULL;
+}
+
+/* A [rows, cols] float32 tensor in a 4x3 grid of chunks over `nfiles` files,
+ * every other chunk stored transposed; value = global index. */
+static dcp_checkpoint *threads_ck(int64_t rows, int64_t cols, int nfiles, float **want_out, size_t *idx)
+{
+    float *want = malloc((size_t)(rows * cols) * 4);
+    for (int64_t i = 0; i < rows * cols; i++)
+        want[i] = (float)i;
+    struct img files[8] = {{0}};
+    int64_t rb[5], cb[4];
+    for (int i = 0; i <= 4; i++) rb[i] = rows * i / 4;
+    for (int j = 0; j <= 3; j++) cb[j] = cols * j / 3;
+    struct { int64_t off[2], size[2], st[2]; uint32_t f; uint64_t pos; } ch[12];
+    for (int i = 0, k = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++, k++) {
+            int64_t h = rb[i + 1] - rb[i], w = cb[j + 1] - cb[j];
+            int tr = k % 2;
+            ch[k].off[0] = rb[i], ch[k].off[1] = cb[j], ch[k].size[0] = h, ch[k].size[1] = w;
+            ch[k].st[0] = tr ? 1 : w, ch[k].st[1] = tr ? h : 1;
+            float *v = malloc((size_t)(h * w) * 4);
+            for (int64_t r = 0; r < h; r++)
+                for (int64_t c = 0; c < w; c++)
+                    v[r * ch[k].st[0] + c * ch[k].st[1]] = want[(rb[i] + r) * cols + cb[j] + c];
+            ch[k].f = (uint32_t)(k % nfiles);
+            ch[k].pos = img_add(&files[ch[k].f], v, (size_t)(h * w) * 4);
+            free(v);
+        }
+    dcp_checkpoint *ck = tck_new();
+    for (int f = 0; f < nfiles; f++) {
+        char name[32];
+        snprintf(name, sizeof name, "__%d_0.distcp", f);
+        tck_file(ck, name, files[f].buf, files[f].len);
+        free(files[f].buf);
+    }
+    int64_t shape[2] = {rows, cols};
+    *idx = tck_tensor(ck, "layers.7.mlp.w", DCP_FLOAT32, 2, shape);
+    for (int k = 0; k < 12; k++)
+        tck_chunk(ck, *idx, ch[k].off, ch[k].size, ch[k].f, ch[k].pos, (uint64_t)(ch[k].size[0] * ch[k].size[1]) * 4);
+    tck_finish(ck);
+    for (int k = 0; k < 12; k++)
+        tck_record(ck, *idx, (size_t)k, DCP_FLOAT32, ch[k].pos, (uint64_t)(ch[k].size[0] * ch[k].size[1]) * 4,
+                   0, ch[k].st, 0);
+    *want_out = want;
+    return ck;
+}
+
+START_TEST(test_threads)
+{
+    float *want;
+    size_t idx;
+    struct shared s = { .rows = 96, .cols = 75 };
+    s.ck = threads_ck(s.rows, s.cols, 5, &want, &idx);
+    s.e = &s.ck->entries[idx];
+    s.want = want;
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, worker, &s), 0);
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_msg(s.failures == 0, "%d threads failed: %s", s.failures, s.msg);
+    tck_free(s.ck);
+    free(want);
+}
+END_TEST
+
+/* ------------------------------------------------------------ fd cache */
+
+struct many {
+    dcp_checkpoint *ck;
+    size_t n;
+    int failures;
+    char msg[DCP_ERRMSG_MAX + 64];
+};
+
+static void *many_worker(void *arg)
+{
+    struct many *m = arg;
+    uint64_t seed = (uint64_t)(uintptr_t)&seed;
+    dcp_error err;
+    for (int it = 0; it < 600; it++) {
+        size_t i = rnd_r(&seed, m->n);
+        void *buf;
+        uint64_t len;
+        if (dcp_read_entry(m->ck, &m->ck->entries[i], &buf, &len, &err) < 0 || len != 8 ||
+            ((uint32_t *)buf)[0] != (uint32_t)i || ((uint32_t *)buf)[1] != ~(uint32_t)i) {
+            __atomic_add_fetch(&m->failures, 1, __ATOMIC_RELAXED);
+            snprintf(m->msg, sizeof m->msg, "entry %zu: %s", i, err.msg);
+            return NULL;
+        }
+        free(buf);
+    }
+    return NULL;
+}
+
+/* 300 files under RLIMIT_NOFILE = 64: the cache closes idle fds, never one
+ * in use, and never a pinned one. */
+START_TEST(test_fd_cache)
+{
+    struct rlimit old, low;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+    const size_t n = 300;
+    dcp_checkpoint *ck = tck_new();
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        uint32_t v[2] = {(uint32_t)i, ~(uint32_t)i};
+        snprintf(name, sizeof name, "__%zu_0.distcp", i);
+        tck_file(ck, name, v, sizeof v);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "k%zu", i);
+        entry_1d(ck, key, DCP_UINT32, 2, (uint32_t)i, 0);
+    }
+    tck_finish(ck);
+    int64_t s1[1] = {1};
+    for (size_t i = 0; i < n; i++)
+        tck_record(ck, i, 0, DCP_UINT32, 0, 8, 0, s1, 0);
+    low = old;
+    low.rlim_cur = 64;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    dcp_error err;
+    int pinned;
+    ck_assert_msg(dcp_file_fd(ck, 5, &pinned, &err) == 0, "%s", err.msg);
+    struct many m = { .ck = ck, .n = n };
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, many_worker, &m), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    setrlimit(RLIMIT_NOFILE, &old);
+    ck_assert_msg(m.failures == 0, "%s", m.msg);
+    uint32_t v[2];
+    ck_assert_int_eq(pread(pinned, v, 8, 0), 8);
+    ck_assert_uint_eq(v[0], 5);
+    size_t open_now = 0;
+    for (size_t i = 0; i < n; i++)
+        open_now += ck->fds[i] >= 0;
+    ck_assert_uint_le(open_now, 32);
+    tck_free(ck);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("reader");
+    TCase *t = tcase_create("reader");
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, test_flags);
+    tcase_add_test(t, test_short_and_missing);
+    tcase_add_test(t, test_batches_and_pieces);
+    tcase_add_test(t, test_threads);
+    tcase_add_test(t, test_fd_cache);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+int main(void)
+{
+    (void)rng_state;
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
