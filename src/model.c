@@ -328,6 +328,10 @@ int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_
     }
     if (!e->has_blob)
         return dcpi_err(err, ENOENT, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
+    if (!e->blob.transforms) {   /* stored as is: no I/O needed */
+        *out = e->blob.length;
+        return 0;
+    }
     return dcpi_blob_size(ck, &e->blob, out, e->key, err);
 }
 
