@@ -80,6 +80,10 @@ typedef struct dcpi_decoded {
 
 #define DCPI_DECODED_CACHE 4
 
+/* Internal blob flag (beside the public DCP_TRANSFORM_*): the blob is the raw
+ * C-contiguous bytes of exactly its chunk (safetensors data). */
+#define DCPI_BLOB_RAW (1u << 31)
+
 struct dcp_checkpoint {
     char *path;                /* the folder as given */
     int dirfd;                 /* O_PATH|O_DIRECTORY of the folder */
