@@ -11,7 +11,7 @@ libdcp_la_SOURCES = \
 	src/zip.c src/zip.h \
 	src/torchsave.c \
 	src/blob.c \
-	src/safetensors.c \
+	src/safetensors.c src/safetensors.h \
 	src/planner.c \
 	src/reader.c
 libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread

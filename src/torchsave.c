@@ -12,10 +12,10 @@
 
 #include "internal.h"
 #include "pickle.h"
+#include "safetensors.h"
 #include "zip.h"
 
 #define PKL_MAX (64u << 20)            /* a tensor chunk's data.pkl is ~150 bytes */
-#define ST_HEADER_MAX (100u << 20)     /* safetensors' own limit */
 
 typedef struct loc {
     dcp_checkpoint *ck;
@@ -87,30 +87,14 @@ static int safetensors_record(loc *l, dcp_record *rec)
 {
     dcp_checkpoint *ck = l->ck;
     const dcp_blob *b = &l->c->blob;
-    unsigned char hl[8];
-    uint64_t fsize;
-    if (dcpi_ck_file_size(ck, b->file, &fsize, l->err) < 0 ||
-        dcpi_pread_full(ck, b->file, hl, 8, b->offset, l->e->key, l->err) < 0)
+    uint64_t fsize, data_start;
+    int fd;
+    char what[4096];
+    json_t *root;
+    snprintf(what, sizeof what, "%s/%s: %s", ck->path, ck->files[b->file], l->e->key);
+    if (dcpi_ck_file_size(ck, b->file, &fsize, l->err) < 0 || dcpi_ck_fd(ck, b->file, &fd, l->err) < 0 ||
+        dcpi_st_header(fd, b->offset, fsize, what, &root, &data_start, l->err) < 0)
         return -1;
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; i--)
-        n = (n << 8) | hl[i];
-    if (n > ST_HEADER_MAX || b->offset + 8 > fsize || n > fsize - b->offset - 8)
-        return LOCFAIL(l, EIO, "neither a torch.save archive nor a safetensors buffer");
-    char *hdr = malloc(n + 1);
-    if (!hdr)
-        return dcpi_err(l->err, ENOMEM, "%s: %s: out of memory", ck->path, l->e->key);
-    if (dcpi_pread_full(ck, b->file, hdr, n, b->offset + 8, l->e->key, l->err) < 0) {
-        free(hdr);
-        return -1;
-    }
-    json_error_t je;
-    json_t *root = json_loadb(hdr, n, 0, &je);
-    free(hdr);
-    if (!root || !json_is_object(root)) {
-        json_decref(root);
-        return LOCFAIL(l, EIO, "bad safetensors header: %s", root ? "not an object" : je.text);
-    }
     int rc;
     json_t *t = json_object_get(root, l->e->key);
     json_t *dts = json_object_get(t, "dtype"), *offs = json_object_get(t, "data_offsets");
@@ -125,7 +109,6 @@ static int safetensors_record(loc *l, dcp_record *rec)
         int same = nd == (size_t)l->e->ndim;
         for (size_t d = 0; same && d < nd; d++)
             same = json_integer_value(json_array_get(shape, d)) == l->c->sizes[d];
-        uint64_t data_start = b->offset + 8 + n;
         if (dt == DCP_DTYPE_INVALID)
             rc = LOCFAIL(l, EIO, "unknown safetensors dtype %s", json_string_value(dts));
         else if (!same)

@@ -1,11 +1,12 @@
 # PyTorch interop tier: 4-rank gloo saves of DTensors (rows, cols, 2x2 blocks, replicated),
-# plain tensors, nested dicts and non-tensor values, in each serialization PyTorch offers;
+# plain tensors, nested dicts and non-tensor values, in each serialization PyTorch offers
+# (torch.save records, SAFETENSORS shards, zstd, rank-local __R.metadata, the HF storage layout);
 # every key read back byte-exact by dcp.
 . "$top_srcdir/tests/lib.sh"
 need python3
 python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
 scratch
-for variant in torch_save safetensors zstd; do
+for variant in torch_save safetensors zstd ranklocal hf; do
     if [ "$variant" = zstd ] && ! python3 -c 'import zstandard' 2>/dev/null && ! python3 -c 'import pyzstd' 2>/dev/null; then
         echo "zstd variant skipped: no zstandard/pyzstd module"; continue
     fi

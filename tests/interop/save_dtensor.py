@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Write real multi-rank DCP checkpoints with PyTorch (gloo on loopback) and the ground truth.
 
-usage: save_dtensor.py OUT_DIR VARIANT    VARIANT: torch_save | safetensors | zstd
+usage: save_dtensor.py OUT_DIR VARIANT
+VARIANT: torch_save | safetensors | zstd | ranklocal (use_collectives=False: __R.metadata files) |
+         hf (HuggingFaceStorageWriter, save_distributed: per-rank .safetensors, no .metadata)
 
 Four processes save one state dict: DTensors sharded by rows, by columns, in 2x2 blocks and
 replicated, plain tensors, nested dicts, several dtypes, and non-tensor values. OUT_DIR/ckpt is
@@ -72,7 +74,7 @@ def worker(rank, port, out, variant):
     mesh1 = DeviceMesh("cpu", list(range(WORLD)))
     mesh2 = DeviceMesh("cpu", [[0, 1], [2, 3]])
     vals, plain = global_values(7)
-    if variant == "safetensors":  # safetensors refuses non-contiguous tensors
+    if variant in ("safetensors", "hf"):  # safetensors refuses non-contiguous tensors
         plain["buffers.transposed"] = plain["buffers.transposed"].contiguous()
     sd = {}
     for k, v in vals.items():
@@ -87,22 +89,32 @@ def worker(rank, port, out, variant):
             sd[k] = distribute_tensor(v, mesh1, [Replicate()], src_data_rank=None)
     sd.update(plain)
     state = nest(sd)
-    state["extra"] = {"epoch": 3, "name": "interop", "lr": 0.25, "tags": ["a", "b"]}
-    kwargs = {}
+    if variant != "hf":   # safetensors files hold tensors only
+        state["extra"] = {"epoch": 3, "name": "interop", "lr": 0.25, "tags": ["a", "b"]}
+    kwargs, save_kwargs = {}, {}
     if variant == "safetensors":
         from torch.distributed.checkpoint.filesystem import SerializationFormat
         kwargs["serialization_format"] = SerializationFormat.SAFETENSORS
     elif variant == "zstd":
         from torch.distributed.checkpoint._extension import ZStandard
         kwargs["_extensions"] = [ZStandard()]
-    dcp.save(state, storage_writer=FileSystemWriter(os.path.join(out, "ckpt"), **kwargs))
+    elif variant == "ranklocal":
+        save_kwargs["use_collectives"] = False
+    path = os.path.join(out, "ckpt")
+    if variant == "hf":
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        writer = HuggingFaceStorageWriter(path=path, save_distributed=True)
+    else:
+        writer = FileSystemWriter(path, **kwargs)
+    dcp.save(state, storage_writer=writer, **save_kwargs)
     if rank == 0:
         truth = {}
         for k, v in list(vals.items()) + list(plain.items()):
             truth[k] = {"kind": "tensor", "dtype": str(v.dtype).replace("torch.", ""),
                         "shape": list(v.shape), "sha256": hashlib.sha256(tensor_bytes(v)).hexdigest()}
-        for k in ("extra.epoch", "extra.name", "extra.lr", "extra.tags"):
-            truth[k] = {"kind": "bytes"}
+        if variant != "hf":
+            for k in ("extra.epoch", "extra.name", "extra.lr", "extra.tags"):
+                truth[k] = {"kind": "bytes"}
         with open(os.path.join(out, "truth.json"), "w") as f:
             json.dump(truth, f, indent=1)
     dist.barrier()
