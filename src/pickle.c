@@ -448,7 +448,8 @@ static int run(vm *m, pk_node **root)
             m->p += 8;
         sized:
             if (n > (uint64_t)(m->end - m->p))
-                return need(m, (size_t)-1);
+                return dcpi_err(m->err, EINVAL, "%s: truncated pickle (a %llu-byte string with %zu bytes left at offset %zu)",
+                                m->what, (unsigned long long)n, (size_t)(m->end - m->p), (size_t)(m->p - m->start));
             if (push(m, make_str(m, (op == 'C' || op == 'B' || op == 0x8e) ? PK_BYTES : PK_STR, m->p, n)) < 0)
                 return -1;
             m->p += n;

@@ -3,3 +3,11 @@ CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.
 TESTS += $(CORE_TESTS)
 dist_check_SCRIPTS += $(CORE_TESTS)
 EXTRA_DIST += tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
+
+# Pickle VM, metadata model and record locator (Check).
+check_PROGRAMS += tests/unit/test_core
+TESTS += tests/unit/test_core
+tests_unit_test_core_SOURCES = tests/unit/test_core.c
+tests_unit_test_core_CFLAGS = $(UNIT_TEST_FLAGS) $(JANSSON_CFLAGS)
+tests_unit_test_core_LDADD = $(UNIT_TEST_LIBS) $(JANSSON_LIBS)
+EXTRA_tests_unit_test_core_DEPENDENCIES = libdcp.la
