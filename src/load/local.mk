@@ -1,1 +1,0 @@
-# libdcpload and dcpload: the MPI collective loader (empty for now)

@@ -1,0 +1,1 @@
+# libdcpload and dcpload (issue 6)

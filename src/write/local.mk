@@ -1,0 +1,1 @@
+# writers, converters and synth (issue 4)
