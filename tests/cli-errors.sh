@@ -52,9 +52,9 @@ expect_fail "--box" "$DCP" cat --box 0:1 "$src" enc.weight
 expect_fail "enc.weight" "$DCP" cat --box 0:41,0:24 "$src" enc.weight
 
 # Reading never writes into the checkpoint folder.
-fresh; before=$(ls -la --time-style=full-iso "$SCRATCH/ck" | sha256sum)
+fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null
 "$DCP" cat "$SCRATCH/ck" enc.weight >/dev/null
-after=$(ls -la --time-style=full-iso "$SCRATCH/ck" | sha256sum)
+after=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 [ "$before" = "$after" ] || fail "the checkpoint folder changed while reading"
 echo "cli-errors: ok"

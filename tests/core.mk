@@ -11,3 +11,8 @@ tests_unit_test_core_SOURCES = tests/unit/test_core.c
 tests_unit_test_core_CFLAGS = $(UNIT_TEST_FLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_core_LDADD = $(UNIT_TEST_LIBS) $(JANSSON_LIBS)
 EXTRA_tests_unit_test_core_DEPENDENCIES = libdcp.la
+
+# Verification, digests, the catalog and diffs.
+INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh
+TESTS += $(INTEGRITY_TESTS)
+dist_check_SCRIPTS += $(INTEGRITY_TESTS)

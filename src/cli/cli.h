@@ -33,5 +33,7 @@ const char *cli_human_bytes(uint64_t n, char *buf);
 int cli_write_stdout(const void *buf, size_t len);
 /* Fill err for a failed write to stdout; returns -1. */
 int cli_err_stdout(dcp_error *err);
+/* dcp_progress_fn for a progress bar on stderr (a terminal only); ctx is a label string. */
+void cli_progress(void *label, uint64_t done, uint64_t total);
 
 #endif

@@ -1,0 +1,64 @@
+/* libdcp integrity: structural verification, content digests (XXH3-64 of each
+ * blob's stored bytes) kept in a SQLite catalog, and checkpoint diffs. */
+#ifndef DCP_INTEGRITY_H
+#define DCP_INTEGRITY_H
+
+#include <stdint.h>
+
+#include "dcp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Called once per problem found; msg names the key, file and offset. */
+typedef void (*dcp_problem_fn)(void *ctx, const char *msg);
+/* Called as bytes are hashed (for progress bars); may be NULL. */
+typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* Structure: every tensor's chunks cover its global shape exactly once (no
+ * gaps, no overlaps), every chunk's record lies inside its blob and shard
+ * file, every shard file exists and is long enough. Problems go to fn; the
+ * count to *nproblems. Returns -1 only when verification itself failed. */
+int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint64_t *nproblems,
+                         dcp_error *err);
+
+/* XXH3-64 of a blob's stored bytes, read in large sequential pieces. */
+int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_error *err);
+
+/* The catalog: a SQLite file outside every checkpoint folder, by default
+ * $XDG_CACHE_HOME/dcpfs/catalog.sqlite (or ~/.cache/dcpfs/catalog.sqlite).
+ * Records are tied to a checkpoint's identity: its metadata files' sizes,
+ * mtimes and XXH3, and its shard files' sizes. A corrupt or foreign file is
+ * moved aside and rebuilt, never trusted. Shared safely by processes (WAL). */
+typedef struct dcp_catalog dcp_catalog;
+
+int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err);   /* path NULL: default */
+void dcp_catalog_close(dcp_catalog *cat);
+const char *dcp_catalog_path(const dcp_catalog *cat);
+
+/* The identity of an open checkpoint (32 hex digits), computed once. */
+int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err);
+
+/* Record the digest of every blob (chunks and bytes items). */
+int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn progress, void *ctx,
+                       uint64_t *nblobs, dcp_error *err);
+/* Look up a recorded digest: *found 0 when none is recorded for this identity. */
+int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3,
+                       int *found, dcp_error *err);
+/* Import digests from a sidecar file written by dcp_digests_export. */
+int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar, uint64_t *n,
+                       dcp_error *err);
+/* Write every recorded digest of ck as a sidecar text file (atomically). */
+int dcp_digests_export(dcp_catalog *cat, dcp_checkpoint *ck, const char *path, dcp_error *err);
+
+/* Re-hash every blob that has a recorded digest and report each mismatch to
+ * fn. *checked counts blobs compared; *missing those with no record. */
+int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx,
+                       dcp_progress_fn progress, void *pctx, uint64_t *checked, uint64_t *missing,
+                       uint64_t *nproblems, dcp_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

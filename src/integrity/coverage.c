@@ -1,0 +1,192 @@
+/* Structural verification: chunks tile each tensor exactly once, records lie
+ * inside their blobs and files, every shard file is there and long enough. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcp_integrity.h"
+#include "internal.h"
+
+typedef struct report {
+    dcp_problem_fn fn;
+    void *ctx;
+    uint64_t n;
+} report;
+
+__attribute__((format(printf, 2, 3)))
+static void problem(report *r, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    r->n++;
+    if (r->fn)
+        r->fn(r->ctx, msg);
+}
+
+static void box_text(const dcp_entry *e, const dcp_chunk *c, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int d = 0; d < e->ndim && used + 48 < n; d++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld:%lld", d ? "," : "", (long long)c->offsets[d],
+                                 (long long)c->sizes[d]);
+}
+
+static int overlaps(const dcp_entry *e, const dcp_chunk *a, const dcp_chunk *b)
+{
+    for (int d = 0; d < e->ndim; d++)
+        if (a->offsets[d] >= b->offsets[d] + b->sizes[d] || b->offsets[d] >= a->offsets[d] + a->sizes[d])
+            return 0;
+    return 1;
+}
+
+struct sweep { const dcp_chunk *chunks; int dim; };
+
+static int by_start(const void *x, const void *y, void *arg)
+{
+    const struct sweep *s = arg;
+    int64_t a = s->chunks[*(const size_t *)x].offsets[s->dim];
+    int64_t b = s->chunks[*(const size_t *)y].offsets[s->dim];
+    return (a > b) - (a < b);
+}
+
+/* Chunks must be pairwise disjoint and their volumes must add up to numel.
+ * The overlap test sweeps along the dimension with the most distinct chunk
+ * starts, so a grid of n chunks costs about n log n, not n^2. */
+static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, report *r)
+{
+    uint64_t numel = dcp_entry_numel(e), vol = 0;
+    size_t n = e->nchunks;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 1;
+        for (int d = 0; d < e->ndim; d++)
+            v *= (uint64_t)e->chunks[i].sizes[d];
+        vol += v;
+    }
+    if (e->ndim == 0) {
+        if (n == 0)
+            problem(r, "%s: %s: no chunk holds this 0-d tensor", ck->path, e->key);
+        else if (n > 1)
+            problem(r, "%s: %s: %zu chunks overlap (a 0-d tensor has one)", ck->path, e->key, n);
+        return 0;
+    }
+    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+    if (!idx)
+        return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 1;
+        for (int d = 0; d < e->ndim; d++)
+            v *= (uint64_t)e->chunks[i].sizes[d];
+        if (v)
+            idx[m++] = i;
+    }
+    /* Pick the dimension with the most distinct starts (cheap estimate: sort per dim). */
+    int best = 0;
+    size_t best_distinct = 0;
+    struct sweep sw = {e->chunks, 0};
+    for (int d = 0; d < e->ndim && m > 1; d++) {
+        sw.dim = d;
+        qsort_r(idx, m, sizeof *idx, by_start, &sw);
+        size_t distinct = 1;
+        for (size_t i = 1; i < m; i++)
+            distinct += e->chunks[idx[i]].offsets[d] != e->chunks[idx[i - 1]].offsets[d];
+        if (distinct > best_distinct) {
+            best_distinct = distinct;
+            best = d;
+        }
+    }
+    sw.dim = best;
+    qsort_r(idx, m, sizeof *idx, by_start, &sw);
+    uint64_t overlaps_found = 0;
+    size_t lo = 0;   /* chunks before lo end before the current start on the sweep dim */
+    for (size_t i = 0; i < m && overlaps_found < 16; i++) {
+        const dcp_chunk *c = &e->chunks[idx[i]];
+        while (lo < i && e->chunks[idx[lo]].offsets[best] + e->chunks[idx[lo]].sizes[best] <= c->offsets[best])
+            lo++;
+        for (size_t j = lo; j < i; j++) {
+            const dcp_chunk *p = &e->chunks[idx[j]];
+            if (p->offsets[best] + p->sizes[best] > c->offsets[best] && overlaps(e, p, c)) {
+                char a[256], b[256];
+                box_text(e, p, a, sizeof a);
+                box_text(e, c, b, sizeof b);
+                problem(r, "%s: %s: chunks [%s] and [%s] overlap", ck->path, e->key, a, b);
+                overlaps_found++;
+            }
+        }
+    }
+    free(idx);
+    if (!overlaps_found && vol < numel)
+        problem(r, "%s: %s: chunks cover %llu of %llu elements (a gap)", ck->path, e->key,
+                (unsigned long long)vol, (unsigned long long)numel);
+    else if (!overlaps_found && vol > numel)
+        problem(r, "%s: %s: chunks cover %llu elements, the tensor has %llu (overlap)", ck->path, e->key,
+                (unsigned long long)vol, (unsigned long long)numel);
+    return 0;
+}
+
+int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint64_t *nproblems, dcp_error *err)
+{
+    report r = {fn, ctx, 0};
+    char *missing = calloc(ck->nfiles ? ck->nfiles : 1, 1);
+    uint64_t *sizes = calloc(ck->nfiles ? ck->nfiles : 1, sizeof *sizes);
+    if (!missing || !sizes) {
+        free(missing);
+        free(sizes);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    }
+    for (size_t f = 0; f < ck->nfiles; f++) {
+        dcp_error fe;
+        if (dcpi_ck_file_size(ck, (uint32_t)f, &sizes[f], &fe) < 0) {
+            missing[f] = 1;
+            problem(&r, "%s/%s: shard file missing or unreadable: %s", ck->path, ck->files[f], fe.msg);
+        }
+    }
+    for (size_t i = 0; i < ck->nentries; i++) {
+        const dcp_entry *e = &ck->entries[i];
+        if (e->kind == DCP_KIND_BYTES) {
+            if (!e->has_blob)
+                problem(&r, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
+            else if (!missing[e->blob.file] && e->blob.offset + e->blob.length > sizes[e->blob.file])
+                problem(&r, "%s/%s: %s: blob at offset %llu length %llu ends past the file (%llu bytes)", ck->path,
+                        ck->files[e->blob.file], e->key, (unsigned long long)e->blob.offset,
+                        (unsigned long long)e->blob.length, (unsigned long long)sizes[e->blob.file]);
+            continue;
+        }
+        if (check_tiling(ck, e, &r) < 0) {
+            free(missing);
+            free(sizes);
+            return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+        }
+        for (size_t c = 0; c < e->nchunks; c++) {
+            const dcp_chunk *ch = &e->chunks[c];
+            char box[256];
+            box_text(e, ch, box, sizeof box);
+            if (!ch->has_blob) {
+                problem(&r, "%s: %s: chunk [%s] has no storage entry", ck->path, e->key, box);
+                continue;
+            }
+            if (missing[ch->blob.file])
+                continue;
+            if (ch->blob.offset + ch->blob.length > sizes[ch->blob.file]) {
+                problem(&r, "%s/%s: %s: chunk [%s] at offset %llu length %llu ends past the file (%llu bytes)",
+                        ck->path, ck->files[ch->blob.file], e->key, box, (unsigned long long)ch->blob.offset,
+                        (unsigned long long)ch->blob.length, (unsigned long long)sizes[ch->blob.file]);
+                continue;
+            }
+            const dcp_record *rec;
+            dcp_error re;
+            if (dcp_chunk_record(ck, e, c, &rec, &re) < 0)
+                problem(&r, "%s", re.msg);
+        }
+    }
+    free(missing);
+    free(sizes);
+    *nproblems = r.n;
+    return 0;
+}

@@ -1,0 +1,97 @@
+/* Content digests: XXH3-64 of each blob's stored bytes, and the identity of a
+ * checkpoint (what the catalog's records are tied to). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "dcp_integrity.h"
+#include "internal.h"
+
+#define HASH_PIECE (8u << 20)
+
+int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_error *err)
+{
+    XXH3_state_t *st = XXH3_createState();
+    void *buf = malloc(HASH_PIECE);
+    int rc = 0;
+    if (!st || !buf) {
+        rc = dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+        goto out;
+    }
+    XXH3_64bits_reset(st);
+    /* The stored bytes, as they are in the file (not decoded). */
+    for (uint64_t off = 0; off < b->length; off += HASH_PIECE) {
+        size_t n = b->length - off < HASH_PIECE ? (size_t)(b->length - off) : HASH_PIECE;
+        if (dcpi_pread_full(ck, b->file, buf, n, b->offset + off, "(digest)", err) < 0) {
+            rc = -1;
+            goto out;
+        }
+        XXH3_64bits_update(st, buf, n);
+    }
+    *xxh3 = XXH3_64bits_digest(st);
+out:
+    free(buf);
+    XXH3_freeState(st);
+    return rc;
+}
+
+/* Hash one file's (name, size, mtime) and, for metadata files, content. */
+static int add_file(dcp_checkpoint *ck, XXH3_state_t *st, const char *name, int content, dcp_error *err)
+{
+    struct stat sb;
+    if (fstatat(ck->dirfd, name, &sb, 0) < 0)
+        return dcpi_err(err, errno, "%s/%s: %s", ck->path, name, strerror(errno));
+    XXH3_128bits_update(st, name, strlen(name) + 1);
+    uint64_t v[2] = {(uint64_t)sb.st_size, content ? (uint64_t)sb.st_mtim.tv_sec * 1000000000u + (uint64_t)sb.st_mtim.tv_nsec : 0};
+    XXH3_128bits_update(st, v, sizeof v);
+    if (!content)
+        return 0;
+    int fd = openat(ck->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dcpi_err(err, errno, "%s/%s: %s", ck->path, name, strerror(errno));
+    char *buf = malloc(HASH_PIECE);
+    ssize_t r = 0;
+    while (buf && (r = read(fd, buf, HASH_PIECE)) > 0)
+        XXH3_128bits_update(st, buf, (size_t)r);
+    free(buf);
+    close(fd);
+    return r < 0 || !buf ? dcpi_err(err, EIO, "%s/%s: read failed", ck->path, name) : 0;
+}
+
+/* Metadata files (content, size, mtime) and every data file's size. */
+int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    XXH3_128bits_reset(st);
+    int rc = 0;
+    struct stat sb;
+    if (fstatat(ck->dirfd, ".metadata", &sb, 0) == 0)
+        rc = add_file(ck, st, ".metadata", 1, err);
+    for (size_t f = 0; f < ck->nfiles && rc == 0; f++) {
+        size_t n = strlen(ck->files[f]);
+        /* rank-local __R.metadata files are not data files; safetensors headers are */
+        rc = add_file(ck, st, ck->files[f], n > 12 && !strcmp(ck->files[f] + n - 12, ".safetensors"), err);
+    }
+    if (rc == 0 && !strcmp(ck->info.layout ? ck->info.layout : "", "rank-local __R.metadata")) {
+        for (int r = 0; rc == 0; r++) {
+            char name[64];
+            snprintf(name, sizeof name, "__%d.metadata", r);
+            if (fstatat(ck->dirfd, name, &sb, 0) < 0)
+                break;
+            rc = add_file(ck, st, name, 1, err);
+        }
+    }
+    if (rc == 0) {
+        XXH128_hash_t h = XXH3_128bits_digest(st);
+        snprintf(id, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    }
+    XXH3_freeState(st);
+    return rc;
+}
