@@ -1,1 +1,20 @@
-# fuse tests (none yet)
+# dcpfs tests: they really mount (skip, exit 77, without /dev/fuse or fusermount3).
+TESTS += \
+	tests/fuse-fixtures.sh \
+	tests/fuse-npy.sh \
+	tests/fuse-concurrent.sh \
+	tests/fuse-folder.sh \
+	tests/fuse-errors.sh \
+	tests/fuse-names.sh \
+	tests/fuse-interop.sh
+EXTRA_DIST += \
+	tests/fuse-fixtures.sh tests/fuse-npy.sh tests/fuse-concurrent.sh tests/fuse-folder.sh \
+	tests/fuse-errors.sh tests/fuse-names.sh tests/fuse-interop.sh \
+	tests/fuse_lib.sh tests/fuse_check.py tests/fuse_readers.py tests/fuse_torch_save.py
+
+# The key-component encoding, without a mount.
+check_PROGRAMS += tests/unit/test_fuse_names
+tests_unit_test_fuse_names_SOURCES = tests/unit/test_fuse_names.c fuse/names.c fuse/names.h
+tests_unit_test_fuse_names_CFLAGS = $(UNIT_TEST_FLAGS) -I$(top_srcdir)/fuse
+tests_unit_test_fuse_names_LDADD = $(CHECK_LIBS)
+TESTS += tests/unit/test_fuse_names

@@ -1,0 +1,198 @@
+/* dcpfs: the read-only FUSE filesystem over libdcp. Shared types of the daemon.
+ *
+ * The mount is a tree of nodes that are never freed before unmount (the kernel
+ * may hold a reference to any inode it has seen, and forget is a no-op).
+ * Three kinds of directory exist:
+ *   - scan directories: real folders of SOURCE in folder mode, rescanned
+ *     (cheap mtime check) on lookup and readdir; short kernel cache timeouts;
+ *   - checkpoint roots: a folder with .metadata; opened lazily on first
+ *     lookup/readdir, then its key tree is published under it;
+ *   - key-tree directories: immutable once published; cached for the life of
+ *     the mount.
+ * Files are checkpoint entries (tensors, bytes items), passthrough files
+ * (the extra files of a Megatron folder) and virtual files (a hook).
+ *
+ * Locking: fs.lock (rwlock) guards the inode map and the child arrays of scan
+ * directories and checkpoint roots; key-tree directories are built before they
+ * are published and never change after. A node pointer, once obtained, stays
+ * valid until unmount, so reads need no lock at all.
+ */
+#ifndef DCPFS_H
+#define DCPFS_H
+
+#define FUSE_USE_VERSION 312
+
+#include <fuse_lowlevel.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <syslog.h>
+
+#include "dcp.h"
+
+#define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
+#define DFS_TIMEOUT_SCAN 1.0                      /* scan folders change as training writes */
+
+/* ------------------------------------------------------------------ options */
+
+enum dfs_view { DFS_VIEW_RAW = 0, DFS_VIEW_NPY = 1 };
+enum dfs_readmode { DFS_READ_AUTO = 0, DFS_READ_SPLICE = 1, DFS_READ_PREAD = 2 };
+
+struct dfs_options {
+    char *source;           /* SOURCE as given */
+    char *view_name;        /* -o view=raw|npy */
+    char *read_name;        /* -o read=auto|splice|pread */
+    int ready_fd;           /* -o ready_fd=N: one byte written when the mount is live */
+    int max_depth;          /* -o depth=N: folder levels scanned below SOURCE */
+    unsigned splice_min;    /* -o splice_min=N: auto mode splices when the mean piece is >= N bytes */
+    unsigned max_read;      /* -o max_read=N (libfuse's, remembered for init) */
+    unsigned readahead_kb;  /* -o readahead_kb=N: set on the mount's bdi (0: leave the kernel's) */
+    int show_help, show_version;
+    enum dfs_view view;
+    enum dfs_readmode readmode;
+    /* Hooks for later issues: the catalog options (issue 5) parse into here. */
+    char *catalog;          /* -o catalog=PATH (reserved; not implemented yet) */
+};
+
+/* -------------------------------------------------------------------- nodes */
+
+enum dfs_ntype {
+    DFS_N_SCANDIR = 1,   /* a real folder of SOURCE (folder mode) */
+    DFS_N_CKPT,          /* a checkpoint's root folder */
+    DFS_N_DIR,           /* a directory of a key tree */
+    DFS_N_ENTRY,         /* a tensor or bytes item */
+    DFS_N_PASSTHRU,      /* a plain file of the checkpoint folder (Megatron metadata.json, common.pt) */
+    DFS_N_VIRTUAL        /* a computed file (hook: the safetensors view of issue 4) */
+};
+
+struct dfs_node;
+struct dfs_ckpt;
+
+/* A computed file. size() and read() are called without locks from any thread. */
+struct dfs_vfile_ops {
+    int (*size)(struct dfs_node *n, uint64_t *size);
+    /* Fill buf with bytes [off, off+len) (already clipped to the size); -errno on failure. */
+    int (*read)(struct dfs_node *n, void *buf, size_t len, uint64_t off);
+    void (*destroy)(struct dfs_node *n);
+};
+
+struct dfs_node {
+    uint64_t ino;              /* the FUSE inode: hash of the mount-relative path */
+    uint64_t phash;            /* the unperturbed path hash children chain from */
+    struct dfs_node *parent;
+    char *name;                /* the encoded name in the parent */
+    enum dfs_ntype type;
+    struct dfs_ckpt *ck;       /* owning checkpoint (NULL for scan folders) */
+    struct dfs_node *all_next; /* every node, for freeing at unmount */
+
+    /* directories: children sorted by name (strcmp) */
+    struct dfs_node **kids;
+    size_t nkids, kcap;
+    size_t nsubdirs;
+
+    /* DFS_N_ENTRY */
+    const dcp_entry *entry;
+    char *npy_hdr;             /* view=npy tensors: the .npy header */
+    uint32_t npy_hdr_len;
+    _Atomic int64_t size;      /* file size (entry: header + data), -1 until known */
+
+    /* DFS_N_SCANDIR */
+    struct dfs_scan *scan;
+
+    /* DFS_N_PASSTHRU: stat of the file at scan time */
+    struct stat pst;
+
+    /* DFS_N_VIRTUAL */
+    const struct dfs_vfile_ops *vops;
+    void *vdata;
+};
+
+/* One checkpoint folder of the mount. */
+struct dfs_ckpt {
+    char *path;                /* absolute or as given: passed to dcp_open */
+    struct stat meta_st;       /* stat of .metadata: times, owner */
+    pthread_mutex_t lock;      /* serialises opening */
+    _Atomic int state;         /* 0 not opened, 1 open, -1 last open failed */
+    struct timespec failed_mtime;  /* .metadata mtime when the last open failed */
+    off_t failed_size;
+    dcp_checkpoint *ck;
+    struct dfs_node *root;
+    _Atomic int64_t *file_sizes;   /* per data file, -1 until fstat'ed (splice checks) */
+    size_t nfiles;
+    struct dfs_ckpt *next;
+};
+
+/* ----------------------------------------------------------- the filesystem */
+
+struct dfs {
+    struct dfs_options opt;
+    char *source;              /* realpath of SOURCE */
+    int srcfd;                 /* O_DIRECTORY of SOURCE */
+    int folder_mode;           /* SOURCE is a folder of checkpoints */
+    struct dfs_node *root;
+    pthread_rwlock_t lock;     /* inode map, children of scan folders and checkpoint roots */
+    pthread_mutex_t scan_lock; /* serialises rescans and checkpoint publication */
+    struct dfs_inomap *map;
+    pthread_mutex_t alloc_lock; /* guards all, nnodes and ckpts */
+    struct dfs_node *all;      /* every node, for freeing at unmount */
+    size_t nnodes;
+    struct dfs_ckpt *ckpts;
+    int splice_ok;             /* the kernel connection accepted splice writes */
+    uint64_t pipe_max;         /* /proc/sys/fs/pipe-max-size: bounds what libfuse can splice */
+    struct fuse_session *se;
+    const char *mountpoint;
+};
+
+/* tree.c: nodes, the inode map and key trees */
+/* A new node (not yet in the inode map); its name is copied. NULL on ENOMEM. */
+struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const char *name,
+                              size_t namelen, enum dfs_ntype type);
+/* Append a child to a directory that is not visible yet (or under fs->lock). */
+int dfs_add_kid(struct dfs_node *dir, struct dfs_node *kid);
+/* Insert a node into the inode map (caller holds fs->lock for writing). Picks
+ * the path hash, or a perturbed one on a collision, and sets n->ino. */
+int dfs_map_insert(struct dfs *fs, struct dfs_node *n);
+/* Node for an inode, or NULL (caller holds fs->lock). */
+struct dfs_node *dfs_map_get(struct dfs *fs, uint64_t ino);
+/* Child by name (caller holds fs->lock for directories that can change). */
+struct dfs_node *dfs_child(const struct dfs_node *dir, const char *name);
+void dfs_sort_kids(struct dfs_node *dir);
+int dfs_is_dir(const struct dfs_node *n);
+/* Open a checkpoint root if it is not open yet, and publish its tree.
+ * Returns 0 or -errno (EIO when the checkpoint cannot be read, logged). */
+int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck);
+struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st);
+void dfs_free_all(struct dfs *fs);
+
+/* scan.c: SOURCE and folders of checkpoints */
+struct dfs_scan;
+/* Decide the mode and make the root; -1 with a message in errbuf (empty when
+ * already logged). */
+int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen);
+const struct stat *dfs_scan_stat(const struct dfs_scan *s);
+int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
+void dfs_scan_free(struct dfs_scan *s);
+/* Does this folder hold a checkpoint (.metadata)? Fills *st with its stat. */
+int dfs_has_metadata(int dirfd, const char *rel, struct stat *st);
+
+/* npy.c */
+int dfs_npy_header(const dcp_entry *e, char **hdr, uint32_t *len);
+const char *dfs_npy_descr(dcp_dtype dt, char *tmp, size_t tmplen);
+
+/* read.c */
+void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);
+void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t size, off_t off);
+void dfs_read_virtual(fuse_req_t req, struct dfs_node *n, size_t size, off_t off);
+int dfs_entry_size(struct dfs_node *n, uint64_t *size);
+int dfs_read_init(void);
+void dfs_read_fini(void);   /* frees the calling thread's buffers */
+
+/* ops.c */
+extern const struct fuse_lowlevel_ops dfs_ops;
+void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
+
+/* main.c: logging (stderr in the foreground, syslog otherwise) */
+void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,326 @@
+/* dcpfs: mount PyTorch Distributed Checkpoints read-only with FUSE.
+ *
+ * main: options, the file-descriptor limit, the session and its loop. The
+ * mount is always read-only. Readiness: with -o ready_fd=N one byte is
+ * written to fd N once the mounted root answers (a process that waits on a
+ * pipe needs no polling), and fd N is closed without a byte if mounting
+ * fails. SIGINT/SIGTERM/SIGHUP end the loop and unmount.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include "dcpfs.h"
+
+static int log_to_syslog;
+static int log_debug;
+
+void dfs_log(int level, const char *fmt, ...)
+{
+    if (level >= LOG_DEBUG && !log_debug)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    if (log_to_syslog) {
+        vsyslog(level, fmt, ap);
+    } else {
+        fputs("dcpfs: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+    }
+    va_end(ap);
+}
+
+static void fuse_log_to_syslog(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+    vsyslog((int)level, fmt, ap);
+}
+
+/* ---------------------------------------------------------------- options */
+
+#define OPT(t, p) {t, offsetof(struct dfs_options, p), 1}
+enum { KEY_MAX_READ = 1 };
+static const struct fuse_opt dfs_optspec[] = {
+    OPT("view=%s", view_name),
+    OPT("read=%s", read_name),
+    OPT("ready_fd=%d", ready_fd),
+    OPT("depth=%d", max_depth),
+    OPT("splice_min=%u", splice_min),
+    OPT("readahead_kb=%u", readahead_kb),
+    FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
+    FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+    (void)outargs;
+    struct dfs_options *o = data;
+    if (key == FUSE_OPT_KEY_NONOPT && !o->source) {
+        o->source = strdup(arg);
+        return 0;
+    }
+    if (key == KEY_MAX_READ)
+        o->max_read = (unsigned)strtoul(arg + strlen("max_read="), NULL, 10);
+    return 1;   /* keep: the mountpoint and libfuse's own options */
+}
+
+static void usage(void)
+{
+    printf("usage: dcpfs [options] SOURCE MOUNTPOINT\n\n"
+           "Mount a PyTorch Distributed Checkpoint (a folder with .metadata), or a folder of\n"
+           "them, read-only: every state-dict key is a file holding the global tensor's bytes.\n\n"
+           "dcpfs options:\n"
+           "    -o view=raw|npy        tensor files as raw bytes (default) or NAME.npy\n"
+           "    -o read=auto|splice|pread  how reads are answered (default auto)\n"
+           "    -o splice_min=BYTES    auto: splice when the mean piece is this large (default %u)\n"
+           "    -o ready_fd=N          write one byte to fd N once the mount is live\n"
+           "    -o depth=N             folder levels scanned below SOURCE (default 8)\n"
+           "    -o readahead_kb=N      kernel readahead of the mount (default 1024; 0 = leave it)\n\n",
+           65536u);
+}
+
+/* ------------------------------------------------------------- readiness */
+
+static void *ready_thread(void *p)
+{
+    struct dfs *fs = p;
+    struct stat st;
+    /* The root answering through the mount proves the mount is live. */
+    int ok = stat(fs->mountpoint, &st) == 0;
+    if (ok && fs->opt.readahead_kb) {
+        /* Best effort: FUSE's default readahead (128 KiB) caps sequential reads. */
+        char path[64], val[32];
+        snprintf(path, sizeof path, "/sys/class/bdi/%u:%u/read_ahead_kb", major(st.st_dev), minor(st.st_dev));
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            int n = snprintf(val, sizeof val, "%u\n", fs->opt.readahead_kb);
+            if (write(fd, val, (size_t)n) < 0)
+                dfs_log(LOG_DEBUG, "%s: %s", path, strerror(errno));
+            close(fd);
+        }
+    }
+    int fd = __atomic_exchange_n(&fs->opt.ready_fd, -1, __ATOMIC_SEQ_CST);
+    if (fd >= 0) {
+        if (ok) {
+            ssize_t w;
+            do
+                w = write(fd, "1", 1);
+            while (w < 0 && errno == EINTR);
+        } else {
+            dfs_log(LOG_ERR, "%s: the mount does not answer: %s", fs->mountpoint, strerror(errno));
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* Called from the init operation: the kernel connection is up. */
+void dfs_mounted(struct dfs *fs)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &a, ready_thread, fs) != 0)
+        dfs_log(LOG_ERR, "cannot start the readiness thread");
+    pthread_attr_destroy(&a);
+}
+
+/* Checkpoints can have thousands of shard files, each kept open once read. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            dfs_log(LOG_WARNING, "cannot raise the open file limit: %s", strerror(errno));
+    }
+}
+
+/* "fsname=SOURCE" with libfuse's option escapes for ',' and '\'. */
+static char *fsname_opt(const char *source)
+{
+    size_t n = strlen(source);
+    char *o = malloc(2 * n + sizeof "-osubtype=dcpfs,fsname=");
+    if (!o)
+        return NULL;
+    char *p = stpcpy(o, "-osubtype=dcpfs,fsname=");
+    for (const char *s = source; *s; s++) {
+        if (*s == ',' || *s == '\\')
+            *p++ = '\\';
+        *p++ = *s;
+    }
+    *p = '\0';
+    return o;
+}
+
+static int parse_modes(struct dfs_options *o)
+{
+    if (!o->view_name || strcmp(o->view_name, "raw") == 0)
+        o->view = DFS_VIEW_RAW;
+    else if (strcmp(o->view_name, "npy") == 0)
+        o->view = DFS_VIEW_NPY;
+    else {
+        fprintf(stderr, "dcpfs: -o view=%s: expected raw or npy\n", o->view_name);
+        return -1;
+    }
+    if (!o->read_name || strcmp(o->read_name, "auto") == 0)
+        o->readmode = DFS_READ_AUTO;
+    else if (strcmp(o->read_name, "splice") == 0)
+        o->readmode = DFS_READ_SPLICE;
+    else if (strcmp(o->read_name, "pread") == 0)
+        o->readmode = DFS_READ_PREAD;
+    else {
+        fprintf(stderr, "dcpfs: -o read=%s: expected auto, splice or pread\n", o->read_name);
+        return -1;
+    }
+    if (o->max_depth < 0 || o->max_depth > 64) {
+        fprintf(stderr, "dcpfs: -o depth=%d: expected 0 to 64\n", o->max_depth);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char *argv[])
+{
+    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+    struct fuse_cmdline_opts cmd;
+    struct fuse_loop_config *cfg = NULL;
+    struct fuse_session *se = NULL;
+    static struct dfs fs;
+    int ret = 1;
+    char err[DCP_ERRMSG_MAX + 64];
+
+    memset(&cmd, 0, sizeof cmd);
+    fs.opt.ready_fd = -1;
+    fs.opt.max_depth = 8;
+    fs.opt.splice_min = 65536;
+    fs.opt.readahead_kb = 1024;
+    fs.srcfd = -1;
+    pthread_rwlock_init(&fs.lock, NULL);
+    pthread_mutex_init(&fs.scan_lock, NULL);
+    pthread_mutex_init(&fs.alloc_lock, NULL);
+
+    if (fuse_opt_parse(&args, &fs.opt, dfs_optspec, opt_proc) < 0)
+        goto out0;
+    if (fuse_parse_cmdline(&args, &cmd) != 0)
+        goto out0;
+    if (cmd.show_help) {
+        usage();
+        fuse_cmdline_help();
+        fuse_lowlevel_help();
+        ret = 0;
+        goto out0;
+    }
+    if (cmd.show_version) {
+        printf("dcpfs version %s (libdcp %s)\n", PACKAGE_VERSION, DCP_VERSION_STRING);
+        printf("FUSE library version %s\n", fuse_pkgversion());
+        fuse_lowlevel_version();
+        ret = 0;
+        goto out0;
+    }
+    if (!fs.opt.source || !cmd.mountpoint) {
+        fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see %s --help)\n", argv[0], argv[0]);
+        goto out0;
+    }
+    if (parse_modes(&fs.opt) < 0)
+        goto out0;
+    if (fs.opt.ready_fd >= 0 && fcntl(fs.opt.ready_fd, F_SETFD, FD_CLOEXEC) < 0) {
+        fprintf(stderr, "dcpfs: -o ready_fd=%d: %s\n", fs.opt.ready_fd, strerror(errno));
+        goto out0;
+    }
+    log_debug = cmd.debug;
+    fs.pipe_max = 1 << 20;
+    FILE *pm = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (pm) {
+        unsigned long long v;
+        if (fscanf(pm, "%llu", &v) == 1 && v >= 65536)
+            fs.pipe_max = v;
+        fclose(pm);
+    }
+    fs.mountpoint = cmd.mountpoint;
+    raise_nofile();
+
+    fs.source = realpath(fs.opt.source, NULL);
+    if (!fs.source || (fs.srcfd = open(fs.source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+        fprintf(stderr, "dcpfs: %s: %s\n", fs.opt.source, strerror(errno));
+        goto out0;
+    }
+    if (dfs_read_init() < 0) {
+        fprintf(stderr, "dcpfs: out of memory\n");
+        goto out0;
+    }
+    if (dfs_source_init(&fs, err, sizeof err) < 0) {
+        if (err[0])
+            fprintf(stderr, "dcpfs: %s\n", err);
+        goto out1;
+    }
+
+    char *fsname = fsname_opt(fs.source);
+    if (!fsname || fuse_opt_add_arg(&args, fsname) < 0 || fuse_opt_add_arg(&args, "-oro,default_permissions") < 0) {
+        free(fsname);
+        fprintf(stderr, "dcpfs: out of memory\n");
+        goto out1;
+    }
+    free(fsname);
+    se = fuse_session_new(&args, &dfs_ops, sizeof dfs_ops, &fs);
+    if (!se)
+        goto out1;
+    fs.se = se;
+    if (fuse_set_signal_handlers(se) != 0)
+        goto out2;
+    if (fuse_session_mount(se, cmd.mountpoint) != 0)
+        goto out3;
+    if (fuse_daemonize(cmd.foreground) != 0)
+        goto out4;
+    if (!cmd.foreground) {
+        openlog("dcpfs", LOG_PID, LOG_DAEMON);
+        log_to_syslog = 1;
+        fuse_set_log_func(fuse_log_to_syslog);
+    }
+    if (cmd.singlethread) {
+        ret = fuse_session_loop(se);
+    } else {
+        cfg = fuse_loop_cfg_create();
+        if (!cfg)
+            goto out4;
+        fuse_loop_cfg_set_clone_fd(cfg, (unsigned)cmd.clone_fd);
+        if (cmd.max_idle_threads != UINT_MAX)
+            fuse_loop_cfg_set_idle_threads(cfg, cmd.max_idle_threads);
+        if (cmd.max_threads > 0 && cmd.max_threads <= 100000)
+            fuse_loop_cfg_set_max_threads(cfg, cmd.max_threads);
+        ret = fuse_session_loop_mt(se, cfg);
+        fuse_loop_cfg_destroy(cfg);
+    }
+    ret = ret < 0;   /* > 0: ended by a signal, a clean unmount */
+out4:
+    fuse_session_unmount(se);
+out3:
+    fuse_remove_signal_handlers(se);
+out2:
+    fuse_session_destroy(se);
+out1:
+    dfs_read_fini();
+    dfs_free_all(&fs);
+out0:
+    int rfd = __atomic_exchange_n(&fs.opt.ready_fd, -1, __ATOMIC_SEQ_CST);
+    if (rfd >= 0)
+        close(rfd);   /* EOF without a byte: the mount failed */
+    if (fs.srcfd >= 0)
+        close(fs.srcfd);
+    free(fs.source);
+    free(fs.opt.source);
+    free(fs.opt.view_name);
+    free(fs.opt.read_name);
+    free(cmd.mountpoint);
+    fuse_opt_free_args(&args);
+    return ret;
+}

@@ -1,0 +1,556 @@
+/* dcpfs: the FUSE low-level operations.
+ *
+ * Everything inside a checkpoint is immutable, so entries, attributes and
+ * negative lookups there are cached by the kernel for the life of the mount,
+ * directory listings are cached (cache_readdir) and file data is kept
+ * (keep_cache). Scan folders (folder mode) change as training writes new
+ * checkpoints: they get one-second timeouts and are rescanned on lookup and
+ * opendir. Nodes are never freed before unmount, so forget is a no-op.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "dcpfs.h"
+
+#define FS(req) ((struct dfs *)fuse_req_userdata(req))
+
+struct dfs_fh {
+    struct dfs_node *node;
+    int fd;                     /* passthrough files */
+};
+
+struct dfs_dh {
+    struct dfs_node *node;
+    struct dfs_node **kids;     /* snapshot at opendir: offsets stay stable */
+    size_t nkids;
+};
+
+static struct dfs_node *get_node(struct dfs *fs, fuse_ino_t ino)
+{
+    pthread_rwlock_rdlock(&fs->lock);
+    struct dfs_node *n = dfs_map_get(fs, ino);
+    pthread_rwlock_unlock(&fs->lock);
+    return n;
+}
+
+/* Bring a directory's children up to date: rescan a scan folder, open a checkpoint. */
+static int prepare_dir(struct dfs *fs, struct dfs_node *n)
+{
+    if (n->type == DFS_N_SCANDIR)
+        return dfs_scan_refresh(fs, n);
+    if (n->type == DFS_N_CKPT)
+        return dfs_ckpt_ensure(fs, n->ck);
+    return 0;
+}
+
+void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
+{
+    (void)fs;
+    memset(st, 0, sizeof *st);
+    const struct stat *src = NULL;
+    if (n->type == DFS_N_PASSTHRU)
+        src = &n->pst;
+    else if (n->type == DFS_N_SCANDIR)
+        src = dfs_scan_stat(n->scan);
+    else if (n->ck)
+        src = &n->ck->meta_st;     /* the checkpoint's time: when .metadata was written */
+    if (src) {
+        st->st_uid = src->st_uid;
+        st->st_gid = src->st_gid;
+        st->st_atim = src->st_mtim;
+        st->st_mtim = src->st_mtim;
+        st->st_ctim = src->st_ctim;
+    }
+    st->st_ino = n->ino;
+    st->st_blksize = 1 << 20;   /* cp and friends size their buffers from it */
+    if (dfs_is_dir(n)) {
+        st->st_mode = S_IFDIR | 0555;
+        /* 1 = "unknown" to find(1), for a checkpoint not opened yet */
+        st->st_nlink = n->type == DFS_N_CKPT && atomic_load(&n->ck->state) != 1 ? 1 : 2 + n->nsubdirs;
+        return;
+    }
+    st->st_mode = S_IFREG | 0444;
+    st->st_nlink = 1;
+    uint64_t size = 0;
+    if (n->type == DFS_N_ENTRY) {
+        if (dfs_entry_size((struct dfs_node *)n, &size) < 0)
+            size = 0;
+    } else if (n->type == DFS_N_VIRTUAL) {
+        if (!n->vops || n->vops->size((struct dfs_node *)n, &size) < 0)
+            size = 0;
+    } else {
+        size = (uint64_t)n->pst.st_size;
+    }
+    st->st_size = (off_t)size;
+    st->st_blocks = (blkcnt_t)((size + 511) / 512);
+}
+
+static double attr_timeout(const struct dfs_node *n)
+{
+    return n->type == DFS_N_SCANDIR ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
+}
+
+static double entry_timeout(const struct dfs_node *dir)
+{
+    return dir->type == DFS_N_SCANDIR ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
+}
+
+static void fill_entry(struct dfs *fs, const struct dfs_node *dir, const struct dfs_node *n,
+                       struct fuse_entry_param *e)
+{
+    memset(e, 0, sizeof *e);
+    e->ino = n->ino;
+    e->generation = 1;
+    dfs_stat(fs, n, &e->attr);
+    e->attr_timeout = attr_timeout(n);
+    e->entry_timeout = entry_timeout(dir);
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+void dfs_mounted(struct dfs *fs);   /* main.c */
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+    struct dfs *fs = userdata;
+    if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && fs->opt.readmode != DFS_READ_PREAD) {
+        conn->want |= FUSE_CAP_SPLICE_WRITE;
+        fs->splice_ok = 1;
+    }
+    if (conn->capable & FUSE_CAP_READDIRPLUS)
+        conn->want |= FUSE_CAP_READDIRPLUS;
+    if (conn->capable & FUSE_CAP_ASYNC_READ)
+        conn->want |= FUSE_CAP_ASYNC_READ;
+    if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+        conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+    /* Nothing changes under us: no need to drop cached pages on a new mtime. */
+    conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+    /* Let the kernel keep many readahead requests in flight across threads. */
+    conn->max_background = 64;
+    conn->congestion_threshold = 48;
+    conn->time_gran = 1;
+    if (fs->opt.max_read)
+        conn->max_read = fs->opt.max_read;
+    dfs_mounted(fs);
+}
+
+/* ----------------------------------------------------------------- lookup */
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *dir = get_node(fs, parent);
+    if (!dir) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    if (!dfs_is_dir(dir)) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    int rc = prepare_dir(fs, dir);
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
+        return;
+    }
+    pthread_rwlock_rdlock(&fs->lock);
+    struct dfs_node *n = dfs_child(dir, name);
+    pthread_rwlock_unlock(&fs->lock);
+    struct fuse_entry_param e;
+    if (!n) {
+        memset(&e, 0, sizeof e);
+        e.entry_timeout = entry_timeout(dir);   /* a negative entry, cached too */
+        fuse_reply_entry(req, &e);
+        return;
+    }
+    fill_entry(fs, dir, n, &e);
+    fuse_reply_entry(req, &e);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+    (void)ino;
+    (void)nlookup;
+    fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+    (void)count;
+    (void)forgets;
+    fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)fi;
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    struct stat st;
+    dfs_stat(fs, n, &st);
+    fuse_reply_attr(req, &st, attr_timeout(n));
+}
+
+/* ------------------------------------------------------------------ files */
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    if (dfs_is_dir(n)) {
+        fuse_reply_err(req, EISDIR);
+        return;
+    }
+    if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+        fuse_reply_err(req, EROFS);
+        return;
+    }
+    struct dfs_fh *h = calloc(1, sizeof *h);
+    if (!h) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    h->node = n;
+    h->fd = -1;
+    if (n->type == DFS_N_PASSTHRU) {
+        char *p = malloc(strlen(n->ck->path) + strlen(n->name) + 2);
+        if (p) {
+            sprintf(p, "%s/%s", n->ck->path, n->name);
+            h->fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            free(p);
+        }
+        if (h->fd < 0) {
+            int e = p ? errno : ENOMEM;
+            free(h);
+            fuse_reply_err(req, e);
+            return;
+        }
+    }
+    fi->fh = (uint64_t)(uintptr_t)h;
+    fi->keep_cache = 1;
+    fi->noflush = 1;
+    if (fuse_reply_open(req, fi) == -ENOENT) {   /* interrupted: the kernel will not release it */
+        if (h->fd >= 0)
+            close(h->fd);
+        free(h);
+    }
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    (void)ino;
+    struct dfs *fs = FS(req);
+    struct dfs_fh *h = (struct dfs_fh *)(uintptr_t)fi->fh;
+    struct dfs_node *n = h->node;
+    switch (n->type) {
+    case DFS_N_ENTRY:
+        dfs_read_entry(req, fs, n, size, off);
+        break;
+    case DFS_N_PASSTHRU:
+        dfs_read_fd(req, fs, h->fd, (uint64_t)n->pst.st_size, size, off);
+        break;
+    case DFS_N_VIRTUAL:
+        dfs_read_virtual(req, n, size, off);
+        break;
+    default:
+        fuse_reply_err(req, EISDIR);
+    }
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    struct dfs_fh *h = (struct dfs_fh *)(uintptr_t)fi->fh;
+    if (h) {
+        if (h->fd >= 0)
+            close(h->fd);
+        free(h);
+    }
+    fuse_reply_err(req, 0);
+}
+
+/* ------------------------------------------------------------ directories */
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    if (!dfs_is_dir(n)) {
+        fuse_reply_err(req, ENOTDIR);
+        return;
+    }
+    int rc = prepare_dir(fs, n);
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
+        return;
+    }
+    struct dfs_dh *d = calloc(1, sizeof *d);
+    if (!d) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    d->node = n;
+    pthread_rwlock_rdlock(&fs->lock);
+    d->nkids = n->nkids;
+    d->kids = malloc((n->nkids ? n->nkids : 1) * sizeof *d->kids);
+    if (d->kids && n->nkids)
+        memcpy(d->kids, n->kids, n->nkids * sizeof *d->kids);
+    pthread_rwlock_unlock(&fs->lock);
+    if (!d->kids) {
+        free(d);
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    fi->fh = (uint64_t)(uintptr_t)d;
+    if (n->type != DFS_N_SCANDIR) {
+        fi->cache_readdir = 1;   /* a checkpoint's listing never changes */
+        fi->keep_cache = 1;
+    }
+    if (fuse_reply_open(req, fi) == -ENOENT) {
+        free(d->kids);
+        free(d);
+    }
+}
+
+static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_info *fi, int plus)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh;
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    size_t used = 0;
+    for (size_t i = off < 0 ? 0 : (size_t)off; i < d->nkids + 2; i++) {
+        struct dfs_node *n;
+        const char *name;
+        struct fuse_entry_param e;
+        memset(&e, 0, sizeof e);
+        if (i < 2) {
+            n = i == 0 || !d->node->parent ? d->node : d->node->parent;
+            name = i == 0 ? "." : "..";
+            e.attr.st_ino = n->ino;
+            e.attr.st_mode = S_IFDIR;
+        } else {
+            n = d->kids[i - 2];
+            name = n->name;
+            if (plus)
+                fill_entry(fs, d->node, n, &e);
+            else {
+                e.attr.st_ino = n->ino;
+                e.attr.st_mode = dfs_is_dir(n) ? S_IFDIR : S_IFREG;
+            }
+        }
+        size_t need = plus ? fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)i + 1)
+                           : fuse_add_direntry(req, buf + used, size - used, name, &e.attr, (off_t)i + 1);
+        if (need > size - used)
+            break;
+        used += need;
+    }
+    fuse_reply_buf(req, buf, used);
+    free(buf);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    (void)ino;
+    do_readdir(req, size, off, fi, 0);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    (void)ino;
+    do_readdir(req, size, off, fi, 1);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+    (void)ino;
+    struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh;
+    if (d) {
+        free(d->kids);
+        free(d);
+    }
+    fuse_reply_err(req, 0);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+    (void)ino;
+    struct dfs *fs = FS(req);
+    struct statvfs sv;
+    memset(&sv, 0, sizeof sv);
+    sv.f_bsize = 1 << 20;
+    sv.f_frsize = 512;
+    pthread_mutex_lock(&fs->alloc_lock);
+    sv.f_files = fs->nnodes;
+    pthread_mutex_unlock(&fs->alloc_lock);
+    sv.f_namemax = 255;
+    sv.f_flag = ST_RDONLY;
+    fuse_reply_statfs(req, &sv);
+}
+
+/* ----------------------------------------------------------------- xattrs */
+
+/* Builds "name\0value\0..." of a node's attributes into a malloc'd buffer. */
+struct xlist {
+    char *buf;
+    size_t len, cap;
+};
+
+static int xl_add(struct xlist *x, const char *name, const char *value)
+{
+    size_t a = strlen(name) + 1, b = strlen(value) + 1;
+    if (x->len + a + b > x->cap) {
+        size_t cap = (x->len + a + b) * 2;
+        char *p = realloc(x->buf, cap);
+        if (!p)
+            return -1;
+        x->buf = p;
+        x->cap = cap;
+    }
+    memcpy(x->buf + x->len, name, a);
+    memcpy(x->buf + x->len + a, value, b);
+    x->len += a + b;
+    return 0;
+}
+
+static int node_xattrs(const struct dfs_node *n, struct xlist *x)
+{
+    char tmp[64];
+    if (n->type == DFS_N_ENTRY) {
+        const dcp_entry *e = n->entry;
+        if (xl_add(x, "user.dcp.key", e->key) < 0 ||
+            xl_add(x, "user.dcp.kind", e->kind == DCP_KIND_TENSOR ? "tensor" : "bytes") < 0)
+            return -1;
+        if (e->kind != DCP_KIND_TENSOR)
+            return 0;
+        const char *dt = dcp_dtype_name(e->dtype);
+        size_t cap = 3 + (size_t)e->ndim * 22;
+        char *shape = malloc(cap);
+        if (!shape)
+            return -1;
+        size_t k = (size_t)snprintf(shape, cap, "[");
+        for (int d = 0; d < e->ndim; d++)
+            k += (size_t)snprintf(shape + k, cap - k, "%s%" PRId64, d ? "," : "", e->shape[d]);
+        snprintf(shape + k, cap - k, "]");
+        snprintf(tmp, sizeof tmp, "%zu", e->nchunks);
+        int rc = xl_add(x, "user.dcp.dtype", dt ? dt : "unknown") < 0 || xl_add(x, "user.dcp.shape", shape) < 0 ||
+                 xl_add(x, "user.dcp.chunks", tmp) < 0;
+        free(shape);
+        return rc ? -1 : 0;
+    }
+    if (n->type == DFS_N_CKPT && atomic_load(&n->ck->state) == 1) {
+        const dcp_info *in = dcp_get_info(n->ck->ck);
+        if (in->generation && xl_add(x, "user.dcp.generation", in->generation) < 0)
+            return -1;
+        if (in->serialization && xl_add(x, "user.dcp.serialization", in->serialization) < 0)
+            return -1;
+        if (in->layout && xl_add(x, "user.dcp.layout", in->layout) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    struct xlist x = {0};
+    if (node_xattrs(n, &x) < 0) {
+        free(x.buf);
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    for (size_t i = 0; i < x.len;) {
+        const char *k = x.buf + i, *v = k + strlen(k) + 1;
+        size_t vl = strlen(v);
+        if (strcmp(k, name) == 0) {
+            if (size == 0)
+                fuse_reply_xattr(req, vl);
+            else if (size < vl)
+                fuse_reply_err(req, ERANGE);
+            else
+                fuse_reply_buf(req, v, vl);
+            free(x.buf);
+            return;
+        }
+        i = (size_t)(v - x.buf) + vl + 1;
+    }
+    free(x.buf);
+    fuse_reply_err(req, ENODATA);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    struct xlist x = {0};
+    if (node_xattrs(n, &x) < 0) {
+        free(x.buf);
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    /* Keep the names only, in place. */
+    size_t out = 0;
+    for (size_t i = 0; i < x.len;) {
+        const char *k = x.buf + i, *v = k + strlen(k) + 1;
+        size_t kl = strlen(k) + 1;
+        memmove(x.buf + out, k, kl);
+        out += kl;
+        i = (size_t)(v - x.buf) + strlen(v) + 1;
+    }
+    if (size == 0)
+        fuse_reply_xattr(req, out);
+    else if (size < out)
+        fuse_reply_err(req, ERANGE);
+    else
+        fuse_reply_buf(req, x.buf, out);
+    free(x.buf);
+}
+
+const struct fuse_lowlevel_ops dfs_ops = {
+    .init = op_init,
+    .lookup = op_lookup,
+    .forget = op_forget,
+    .forget_multi = op_forget_multi,
+    .getattr = op_getattr,
+    .open = op_open,
+    .read = op_read,
+    .release = op_release,
+    .opendir = op_opendir,
+    .readdir = op_readdir,
+    .readdirplus = op_readdirplus,
+    .releasedir = op_releasedir,
+    .statfs = op_statfs,
+    .getxattr = op_getxattr,
+    .listxattr = op_listxattr,
+};

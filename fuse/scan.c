@@ -1,0 +1,397 @@
+/* dcpfs: SOURCE, either one checkpoint or a folder of them.
+ *
+ * In folder mode every real folder below SOURCE (up to -o depth=N levels)
+ * that holds a `.metadata` appears at its relative path as a checkpoint, and
+ * a folder appears as a plain directory when some checkpoint lies below it.
+ * Folders with neither (a save still being written, an empty run) are not
+ * shown; they are remembered as "pending" and probed again.
+ *
+ * A scan folder is rescanned on lookup and readdir: a full listing when its
+ * mtime/ctime changed (or were too recent to trust: a change within the same
+ * clock tick is invisible), otherwise only its pending subfolders are probed
+ * (one fstatat each), because a .metadata appearing in a subfolder does not
+ * touch the parent's mtime. Symbolic links and dot-folders are not followed.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dcpfs.h"
+
+struct dfs_scan {
+    char *rel;               /* path relative to SOURCE ("." for SOURCE itself) */
+    int depth;               /* 0 for SOURCE */
+    int scanned, racy;
+    struct stat st;          /* of the folder at the last scan (getattr uses it) */
+    char **pending;          /* subfolders with no checkpoint below yet */
+    size_t npending;
+};
+
+enum { FOUND_NONE = 0, FOUND_CKPT, FOUND_FOLDER };
+
+void dfs_scan_free(struct dfs_scan *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->npending; i++)
+        free(s->pending[i]);
+    free(s->pending);
+    free(s->rel);
+    free(s);
+}
+
+const struct stat *dfs_scan_stat(const struct dfs_scan *s)
+{
+    return &s->st;
+}
+
+static char *join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (strcmp(a, ".") == 0)
+        return strdup(b);
+    char *p = malloc(la + lb + 2);
+    if (p) {
+        memcpy(p, a, la);
+        p[la] = '/';
+        memcpy(p + la + 1, b, lb + 1);
+    }
+    return p;
+}
+
+int dfs_has_metadata(int dirfd, const char *rel, struct stat *st)
+{
+    char *p = join(rel, ".metadata");
+    if (!p)
+        return 0;
+    int ok = fstatat(dirfd, p, st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st->st_mode);
+    free(p);
+    return ok;
+}
+
+static DIR *open_rel(int srcfd, const char *rel)
+{
+    int fd = openat(srcfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d)
+        close(fd);
+    return d;
+}
+
+static int is_subdir(DIR *d, const struct dirent *de)
+{
+    if (de->d_name[0] == '.')
+        return 0;   /* ".", "..", hidden folders */
+    if (de->d_type == DT_DIR)
+        return 1;
+    if (de->d_type != DT_UNKNOWN)
+        return 0;
+    struct stat st;
+    return fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n > m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* What the folder rel (depth levels below SOURCE) holds. */
+static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta)
+{
+    if (dfs_has_metadata(fs->srcfd, rel, meta))
+        return FOUND_CKPT;
+    if (depth >= fs->opt.max_depth)
+        return FOUND_NONE;
+    DIR *d = open_rel(fs->srcfd, rel);
+    if (!d)
+        return FOUND_NONE;
+    int found = FOUND_NONE;
+    struct dirent *de;
+    while (found == FOUND_NONE && (de = readdir(d))) {
+        if (ends_with(de->d_name, ".distcp"))
+            break;   /* a checkpoint still being written: nothing below it counts */
+        if (!is_subdir(d, de))
+            continue;
+        char *sub = join(rel, de->d_name);
+        struct stat st;
+        if (sub && classify(fs, sub, depth + 1, &st) != FOUND_NONE)
+            found = FOUND_FOLDER;
+        free(sub);
+    }
+    closedir(d);
+    return found;
+}
+
+static struct dfs_node *make_scandir(struct dfs *fs, struct dfs_node *parent, const char *name,
+                                     const char *rel, int depth)
+{
+    struct dfs_node *n = dfs_node_new(fs, parent, name, strlen(name), DFS_N_SCANDIR);
+    if (!n)
+        return NULL;
+    n->scan = calloc(1, sizeof *n->scan);
+    if (!n->scan || !(n->scan->rel = strdup(rel)))
+        return NULL;
+    n->scan->depth = depth;
+    if (fstatat(fs->srcfd, rel, &n->scan->st, AT_SYMLINK_NOFOLLOW) < 0)
+        fstat(fs->srcfd, &n->scan->st);
+    return n;
+}
+
+static struct dfs_node *make_ckpt(struct dfs *fs, struct dfs_node *parent, const char *name,
+                                  const char *rel, const struct stat *meta)
+{
+    struct dfs_node *n = dfs_node_new(fs, parent, name, strlen(name), DFS_N_CKPT);
+    if (!n)
+        return NULL;
+    char *path = strcmp(rel, ".") == 0 ? strdup(fs->source) : NULL;
+    if (!path) {
+        path = malloc(strlen(fs->source) + strlen(rel) + 2);
+        if (!path)
+            return NULL;
+        sprintf(path, "%s/%s", fs->source, rel);
+    }
+    struct dfs_ckpt *ck = dfs_ckpt_new(fs, path, meta);
+    free(path);
+    if (!ck)
+        return NULL;
+    n->ck = ck;
+    ck->root = n;
+    return n;
+}
+
+/* Add a pending name to the scan state. */
+static int add_pending(struct dfs_scan *s, const char *name)
+{
+    char **p = realloc(s->pending, (s->npending + 1) * sizeof *p);
+    if (!p)
+        return -ENOMEM;
+    s->pending = p;
+    if (!(p[s->npending] = strdup(name)))
+        return -ENOMEM;
+    s->npending++;
+    return 0;
+}
+
+/* A node for subfolder `name` of dir, or NULL (pending or failure). */
+static struct dfs_node *probe(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc)
+{
+    struct dfs_scan *s = dir->scan;
+    char *rel = join(s->rel, name);
+    if (!rel) {
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    struct stat meta;
+    struct dfs_node *n = NULL;
+    switch (classify(fs, rel, s->depth + 1, &meta)) {
+    case FOUND_CKPT:
+        n = make_ckpt(fs, dir, name, rel, &meta);
+        break;
+    case FOUND_FOLDER:
+        n = make_scandir(fs, dir, name, rel, s->depth + 1);
+        break;
+    default:
+        *rc = add_pending(s, name);
+        free(rel);
+        return NULL;
+    }
+    if (!n)
+        *rc = -ENOMEM;
+    free(rel);
+    return n;
+}
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/* Replace dir's children with kids[0..n) (sorted here); new nodes go into the map. */
+static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids, size_t n, size_t cap)
+{
+    struct dfs_node tmp = {0};
+    tmp.kids = kids;
+    tmp.nkids = n;
+    dfs_sort_kids(&tmp);
+    size_t nsub = 0;
+    for (size_t i = 0; i < n; i++)
+        nsub += dfs_is_dir(kids[i]);
+    int rc = 0;
+    pthread_rwlock_wrlock(&fs->lock);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (kids[i]->ino == 0)
+            rc = dfs_map_insert(fs, kids[i]);
+    struct dfs_node **old = dir->kids;
+    dir->kids = kids;
+    dir->nkids = n;
+    dir->kcap = cap;
+    dir->nsubdirs = nsub;
+    pthread_rwlock_unlock(&fs->lock);
+    if (old != kids)
+        free(old);
+    return rc;
+}
+
+int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
+{
+    struct dfs_scan *s = dir->scan;
+    if (!s)
+        return 0;
+    pthread_mutex_lock(&fs->scan_lock);
+    struct stat st;
+    int rc = 0;
+    int gone = strcmp(s->rel, ".") == 0 ? fstat(fs->srcfd, &st) < 0
+                                        : fstatat(fs->srcfd, s->rel, &st, AT_SYMLINK_NOFOLLOW) < 0;
+    if (gone || !S_ISDIR(st.st_mode)) {
+        rc = publish(fs, dir, NULL, 0, 0);
+        goto out;
+    }
+    int unchanged = s->scanned && !s->racy && same_time(&st.st_mtim, &s->st.st_mtim) &&
+                    same_time(&st.st_ctim, &s->st.st_ctim) && st.st_ino == s->st.st_ino;
+    /* Kids are only changed under scan_lock, which we hold: reading them is safe. */
+    size_t cap = dir->nkids + 8, n = 0;
+    struct dfs_node **kids = malloc(cap * sizeof *kids);
+    if (!kids) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if (unchanged) {
+        if (s->npending == 0) {
+            free(kids);
+            goto out;
+        }
+        memcpy(kids, dir->kids, dir->nkids * sizeof *kids);
+        n = dir->nkids;
+        char **pending = s->pending;
+        size_t npending = s->npending;
+        s->pending = NULL;
+        s->npending = 0;
+        for (size_t i = 0; i < npending; i++) {
+            struct dfs_node *k = rc == 0 ? probe(fs, dir, pending[i], &rc) : NULL;
+            if (k) {
+                if (n == cap) {
+                    struct dfs_node **g = realloc(kids, 2 * cap * sizeof *g);
+                    if (!g) {
+                        rc = -ENOMEM;
+                        free(pending[i]);
+                        continue;
+                    }
+                    kids = g;
+                    cap *= 2;
+                }
+                kids[n++] = k;
+            }
+            free(pending[i]);
+        }
+        free(pending);
+    } else {
+        DIR *d = open_rel(fs->srcfd, s->rel);
+        for (size_t i = 0; i < s->npending; i++)
+            free(s->pending[i]);
+        s->npending = 0;
+        struct dirent *de;
+        while (d && rc == 0 && (de = readdir(d))) {
+            if (!is_subdir(d, de))
+                continue;
+            struct dfs_node *k = dfs_child(dir, de->d_name);
+            if (!k)
+                k = probe(fs, dir, de->d_name, &rc);
+            if (!k)
+                continue;
+            if (n == cap) {
+                struct dfs_node **g = realloc(kids, 2 * cap * sizeof *g);
+                if (!g) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                kids = g;
+                cap *= 2;
+            }
+            kids[n++] = k;
+        }
+        if (d)
+            closedir(d);
+    }
+    int prc = publish(fs, dir, kids, n, cap);
+    if (rc == 0)
+        rc = prc;
+    s->scanned = 1;
+    s->st = st;
+    /* A change in the same clock tick as this scan would leave mtime as it is:
+     * do not trust an mtime younger than two seconds. */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    s->racy = now.tv_sec - st.st_mtim.tv_sec < 2 || now.tv_sec - st.st_ctim.tv_sec < 2;
+out:
+    pthread_mutex_unlock(&fs->scan_lock);
+    return rc;
+}
+
+/* SOURCE is one checkpoint when it has .metadata, or the files of another
+ * layout libdcp reads (rank-local metadata, safetensors, or bare .distcp
+ * files, for which dcp_open explains what is missing). */
+static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
+{
+    if (dfs_has_metadata(fs->srcfd, ".", meta))
+        return 1;
+    DIR *d = open_rel(fs->srcfd, ".");
+    if (!d)
+        return 0;
+    int yes = 0;
+    struct dirent *de;
+    while (!yes && (de = readdir(d))) {
+        const char *nm = de->d_name;
+        if (ends_with(nm, ".distcp") || ends_with(nm, ".safetensors") ||
+            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")))
+            yes = 1;
+    }
+    closedir(d);
+    if (yes && fstat(fs->srcfd, meta) < 0)
+        return 0;
+    return yes;
+}
+
+int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen)
+{
+    struct stat meta;
+    if (source_is_checkpoint(fs, &meta)) {
+        fs->folder_mode = 0;
+        struct dfs_node *root = dfs_node_new(fs, NULL, "", 0, DFS_N_CKPT);
+        struct dfs_ckpt *ck = root ? dfs_ckpt_new(fs, fs->source, &meta) : NULL;
+        if (!ck) {
+            snprintf(errbuf, errlen, "out of memory");
+            return -1;
+        }
+        fs->root = root;
+        root->ck = ck;
+        ck->root = root;
+        dfs_map_insert(fs, root);
+        /* Open now, so a checkpoint that cannot be read fails the mount with its reason. */
+        if (dfs_ckpt_ensure(fs, ck) < 0) {
+            errbuf[0] = '\0';   /* dfs_ckpt_ensure logged why */
+            return -1;
+        }
+        return 0;
+    }
+    fs->folder_mode = 1;
+    struct dfs_node *root = make_scandir(fs, NULL, "", ".", 0);
+    if (!root) {
+        snprintf(errbuf, errlen, "out of memory");
+        return -1;
+    }
+    fs->root = root;
+    dfs_map_insert(fs, root);
+    if (dfs_scan_refresh(fs, root) < 0) {
+        snprintf(errbuf, errlen, "%s: cannot scan the folder", fs->source);
+        return -1;
+    }
+    return 0;
+}

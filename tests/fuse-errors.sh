@@ -1,0 +1,71 @@
+# Damaged checkpoints: a missing or truncated shard gives EIO (and a log line
+# naming the file and the key) for the files that need it, never a crash or a
+# hang; other files still read; a folder that is not a checkpoint fails to mount.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/fuse_lib.sh"
+need python3
+need_fuse
+fuse_scratch
+ck="$SCRATCH/ck"
+cp -r "$FIXTURES/02_rowwise_4ranks/ckpt" "$ck"
+# Which shard holds which key, from dcp layout; delete one shard of
+# embed_tokens and truncate one of lm_head.
+gone=$(python3 - "$DCP" "$ck" <<'PY'
+import json, subprocess, sys
+rows = [json.loads(l) for l in subprocess.run([sys.argv[1], "layout", "--json", sys.argv[2]],
+        check=True, capture_output=True, text=True).stdout.splitlines()]
+def files(key):
+    out = []
+    for r in rows:
+        if r.get("key") == key:
+            for c in r.get("chunks", [r]):
+                f = c.get("file")
+                if f and f not in out:
+                    out.append(f)
+    return out
+print(files("model.embed_tokens.weight")[1], files("model.lm_head.weight")[2])
+PY
+) || fail "dcp layout --json"
+set -- $gone
+rm "$ck/$1"
+truncate -s 100000 "$ck/$2"
+for mode in splice pread; do
+    mnt="$SCRATCH/mnt-$mode"
+    mount_dcpfs "$ck" "$mnt" -o read=$mode
+    for f in embed_tokens lm_head; do
+        python3 - "$mnt/model/$f/weight" <<'PY' || fail "reading a damaged tensor did not give EIO ($mode)"
+import errno, sys
+try:
+    with open(sys.argv[1], "rb", buffering=0) as fh:
+        while fh.read(1 << 20):
+            pass
+except OSError as e:
+    sys.exit(0 if e.errno == errno.EIO else f"errno {e.errno}")
+sys.exit("read succeeded")
+PY
+    done
+    grep -q "$1" "$mnt.log" || fail "no log line names the missing shard $1: $(cat "$mnt.log")"
+    grep -q "model.embed_tokens.weight" "$mnt.log" || fail "no log line names the key"
+    grep -q "$2" "$mnt.log" || fail "no log line names the truncated shard $2"
+    cmp <("$DCP" cat "$FIXTURES/02_rowwise_4ranks/ckpt" model.tiny) "$mnt/model/tiny" || fail "an intact tensor does not read"
+    unmount_dcpfs "$mnt"
+done
+
+# Not a checkpoint: the mount fails with a message, the ready pipe sees EOF.
+bad="$SCRATCH/bad"
+mkdir -p "$bad"
+printf 'not a pickle' >"$bad/.metadata"
+mkdir -p "$SCRATCH/mbad"
+mkfifo "$SCRATCH/rbad"
+rc=0
+"$DCPFS" -f -o ready_fd=3 "$bad" "$SCRATCH/mbad" 3>"$SCRATCH/rbad" 2>"$SCRATCH/bad.log" & bpid=$!
+byte=""; read -r -t 30 -n 1 byte <"$SCRATCH/rbad" || true
+wait "$bpid" || rc=$?
+[ -z "$byte" ] || fail "the ready pipe got a byte for a failed mount"
+[ "$rc" -ne 0 ] && [ "$rc" -lt 128 ] || fail "mounting garbage exited with $rc"
+grep -q "$bad/.metadata" "$SCRATCH/bad.log" || fail "the error does not name the file: $(cat "$SCRATCH/bad.log")"
+mountpoint -q "$SCRATCH/mbad" && fail "garbage got mounted"
+expect_fail "usage" "$DCPFS" "$bad"
+"$DCPFS" --version | grep -q "dcpfs version" || fail "--version"
+"$DCPFS" --help | grep -q "view=raw|npy" || fail "--help"
+echo "ok"

@@ -1,0 +1,36 @@
+# The name encoding of dcpfs(1), on keys saved by PyTorch: empty components
+# ("x..y", ".lead", "trail."), '%' and '/' in a component, and keys that are
+# also prefixes of other keys ("a.b" beside "a.b.c"), in the raw and npy views.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/fuse_lib.sh"
+need python3
+python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_fuse
+fuse_scratch
+timeout 300 python3 "$top_srcdir/tests/fuse_torch_save.py" "$SCRATCH/names" names >"$SCRATCH/save.log" 2>&1 ||
+    { cat "$SCRATCH/save.log"; fail "PyTorch save failed"; }
+truth="$SCRATCH/names/truth.json"
+mnt="$SCRATCH/mnt"
+mount_dcpfs "$SCRATCH/names/ckpt" "$mnt"
+python3 "$FUSE_CHECK" tree "$mnt" "$truth"
+for f in a/b.data a/b/c.data a/b/c/d a/x x/%/y %/lead trail/% p%25q/r s%2Ft/u v/w/not; do
+    [ -f "$mnt/$f" ] || fail "$f is not a file: $(cd "$mnt" && find . | sort | tr '\n' ' ')"
+done
+for d in a/b a/b/c x/% s%2Ft; do
+    [ -d "$mnt/$d" ] || fail "$d is not a directory"
+done
+[ "$(getfattr --absolute-names --only-values -n user.dcp.key "$mnt/a/b.data" 2>/dev/null || python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "user.dcp.key").decode(), end="")' "$mnt/a/b.data")" = a.b ] ||
+    fail "user.dcp.key of a/b.data is not a.b"
+unmount_dcpfs "$mnt"
+
+# npy view: tensors are NAME.npy (no collision suffix needed); bytes items keep their names.
+if python3 -c 'import numpy' 2>/dev/null; then
+    mount_dcpfs "$SCRATCH/names/ckpt" "$mnt" -o view=npy
+    for f in a/b.npy a/b/c.npy a/b/c/d.npy x/%/y.npy trail/%.npy s%2Ft/u.npy v/w/not; do
+        [ -f "$mnt/$f" ] || fail "npy view: $f is not a file"
+    done
+    python3 "$FUSE_CHECK" tree "$mnt" "$truth" --npy
+    python3 "$FUSE_CHECK" npy "$mnt" "$truth"
+    unmount_dcpfs "$mnt"
+fi
+echo "ok"

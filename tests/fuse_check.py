@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Check a dcpfs mount against a fixture manifest (or a truth.json from a PyTorch save).
+
+usage:
+  fuse_check.py tree   MNT MANIFEST [--npy] [--ckpt=DIR]
+                                             every file: path, size, sha256, xattrs; ls -R set;
+                                             with --ckpt, DIR's plain files appear as they are
+  fuse_check.py ranges MNT MANIFEST DCP CKPT  random-offset dd reads against `dcp cat`
+  fuse_check.py npy    MNT MANIFEST           numpy.load of every tensor (view=npy)
+  fuse_check.py path   KEY [KEY...]           print the mount path of each key (raw view)
+
+MANIFEST is expected/manifest.json ({"entries": [{key, kind, dtype, shape, nbytes, sha256, chunks}]})
+or a truth.json ({key: {kind, dtype, shape, sha256}}).
+The key -> path mapping is the one documented in dcpfs(1) and fuse/names.h.
+"""
+import hashlib, json, os, random, subprocess, sys
+
+
+def load_entries(path):
+    m = json.load(open(path))
+    if "entries" in m:
+        return {e["key"]: e for e in m["entries"]}
+    return {k: dict(v, key=k) for k, v in m.items()}
+
+
+def encode(comp):
+    return comp.replace("%", "%25").replace("/", "%2F") if comp else "%"
+
+
+def decode(name):
+    if name == "%":
+        return ""
+    return name.replace("%2F", "/").replace("%25", "%")
+
+
+def paths(entries, npy=False):
+    """key -> mount-relative path, and the set of directories."""
+    dirs = set()
+    for k in entries:
+        enc = [encode(c) for c in k.split(".")]
+        for i in range(1, len(enc)):
+            dirs.add("/".join(enc[:i]))
+    out = {}
+    for k, e in entries.items():
+        enc = [encode(c) for c in k.split(".")]
+        p = "/".join(enc)
+        if npy and e["kind"] == "tensor":
+            p += ".npy"
+        elif p in dirs:
+            p += ".data"
+        out[k] = p
+    return out, dirs
+
+
+def key_of(path, npy=False):
+    """The inverse mapping: a mount path back to its key."""
+    comps = path.split("/")
+    last = comps[-1]
+    for suffix in ((".npy",) if npy else ()) + (".data",):
+        if last.endswith(suffix):
+            last = last[: -len(suffix)]
+            break
+    return ".".join(decode(c) for c in comps[:-1] + [last])
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def fail(msg):
+    sys.exit("FAIL: " + msg)
+
+
+def passthrough_files(ckpt):
+    """The plain files dcpfs shows beside the key tree (Megatron's metadata.json, common.pt)."""
+    out = []
+    for f in sorted(os.listdir(ckpt)):
+        p = os.path.join(ckpt, f)
+        if f.startswith(".") or f.endswith((".distcp", ".safetensors")) or not os.path.isfile(p) or os.path.islink(p):
+            continue
+        if f.startswith("__") and f.endswith(".metadata"):
+            continue
+        out.append(f)
+    return out
+
+
+def check_tree(mnt, entries, npy, ckpt=None):
+    want, dirs = paths(entries, npy)
+    extra_ok = passthrough_files(ckpt) if ckpt else []
+    for f in extra_ok:
+        if open(os.path.join(mnt, f), "rb").read() != open(os.path.join(ckpt, f), "rb").read():
+            fail(f"{mnt}/{f}: differs from the checkpoint's {f}")
+    seen_files, seen_dirs = set(), set()
+    for root, ds, fs in os.walk(mnt):
+        rel = os.path.relpath(root, mnt)
+        for d in ds:
+            seen_dirs.add(os.path.normpath(os.path.join(rel, d)))
+        for f in fs:
+            seen_files.add(os.path.normpath(os.path.join(rel, f)))
+    files = set(want.values())
+    extra = seen_files - files - set(extra_ok)
+    if files - seen_files or extra:
+        fail(f"{mnt}: files missing {sorted(files - seen_files)[:5]}, extra {sorted(extra)[:5]}")
+    if dirs != seen_dirs:
+        fail(f"{mnt}: directories differ: missing {sorted(dirs - seen_dirs)[:5]}, extra {sorted(seen_dirs - dirs)[:5]}")
+    for k, e in entries.items():
+        p = os.path.join(mnt, want[k])
+        if key_of(want[k], npy) != k:
+            fail(f"{k}: path {want[k]} does not decode back")
+        st = os.stat(p)
+        if st.st_mode & 0o777 != 0o444 or st.st_nlink != 1:
+            fail(f"{p}: mode {oct(st.st_mode)} nlink {st.st_nlink}")
+        x = {a: os.getxattr(p, a).decode() for a in os.listxattr(p)}
+        if x.get("user.dcp.key") != k or x.get("user.dcp.kind") != e["kind"]:
+            fail(f"{p}: xattrs {x}")
+        if e["kind"] == "tensor":
+            if x.get("user.dcp.dtype") != e["dtype"] or json.loads(x.get("user.dcp.shape", "null")) != e["shape"]:
+                fail(f"{p}: xattrs {x} do not match {e['dtype']}{e['shape']}")
+            if "chunks" in e and int(x.get("user.dcp.chunks", "-1")) != len(e["chunks"]):
+                fail(f"{p}: user.dcp.chunks {x.get('user.dcp.chunks')} != {len(e['chunks'])}")
+        if npy and e["kind"] == "tensor":
+            continue   # checked by `npy`
+        if "nbytes" in e and st.st_size != e["nbytes"]:
+            fail(f"{p}: size {st.st_size} != {e['nbytes']}")
+        if "sha256" in e and sha(p) != e["sha256"]:
+            fail(f"{p}: sha256 differs from the manifest")
+    print(f"{mnt}: {len(entries)} files: paths, sizes, sha256 and xattrs match")
+
+
+def check_ranges(mnt, entries, dcp, ckpt):
+    want, _ = paths(entries)
+    rng = random.Random(42)
+    keys = sorted(entries)
+    keys = rng.sample(keys, min(6, len(keys)))
+    for k in keys:
+        whole = subprocess.run([dcp, "cat", ckpt, k], check=True, capture_output=True).stdout
+        p = os.path.join(mnt, want[k])
+        n = len(whole)
+        for bs in (1, 3, 4096, 65536):
+            for _ in range(3):
+                skip = rng.randrange(0, max(1, n // bs + 1))
+                count = rng.randrange(1, 5)
+                got = subprocess.run(["dd", f"if={p}", f"bs={bs}", f"skip={skip}", f"count={count}", "status=none"],
+                                     check=True, capture_output=True).stdout
+                exp = whole[skip * bs: (skip + count) * bs]
+                if got != exp:
+                    fail(f"{p}: dd bs={bs} skip={skip} count={count}: {len(got)} bytes differ from dcp cat")
+    print(f"{mnt}: random-offset dd reads of {len(keys)} keys match dcp cat")
+
+
+def check_npy(mnt, entries):
+    import numpy as np
+    want, _ = paths(entries, npy=True)
+    n = 0
+    for k, e in entries.items():
+        if e["kind"] != "tensor":
+            continue
+        p = os.path.join(mnt, want[k])
+        with open(p, "rb") as f:
+            head = f.read(16)
+            major = head[6]
+            hlen = int.from_bytes(head[8:10], "little") if major == 1 else int.from_bytes(head[8:12], "little")
+            if (hlen + (10 if major == 1 else 12)) % 64:
+                fail(f"{p}: data does not start at a multiple of 64")
+        a = np.load(p)
+        if list(a.shape) != e["shape"]:
+            fail(f"{p}: numpy shape {a.shape} != {e['shape']}")
+        if "sha256" in e and hashlib.sha256(a.tobytes()).hexdigest() != e["sha256"]:
+            fail(f"{p}: numpy data differs from the manifest")
+        if e["dtype"] == "bfloat16" and a.dtype != np.dtype("<u2"):
+            fail(f"{p}: bfloat16 should load as uint16 bits, got {a.dtype}")
+        n += 1
+    print(f"{mnt}: numpy.load of {n} tensors matches")
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "path":
+        out, _ = paths({k: {"kind": "tensor"} for k in sys.argv[2:]})
+        for k in sys.argv[2:]:
+            print(out[k])
+        return
+    mnt, entries = sys.argv[2], load_entries(sys.argv[3])
+    if cmd == "tree":
+        ckpt = [a[len("--ckpt="):] for a in sys.argv[4:] if a.startswith("--ckpt=")]
+        check_tree(mnt, entries, "--npy" in sys.argv[4:], ckpt[0] if ckpt else None)
+    elif cmd == "ranges":
+        check_ranges(mnt, entries, sys.argv[4], sys.argv[5])
+    elif cmd == "npy":
+        check_npy(mnt, entries)
+    else:
+        fail("unknown command " + cmd)
+
+
+if __name__ == "__main__":
+    main()
