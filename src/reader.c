@@ -753,8 +753,10 @@ int dcp_read_entry(dcp_checkpoint *ck, const dcp_entry *e, void **buf, uint64_t 
     /* the whole image: planning clamps the range to the entry's size */
     dcp_plan plan;
     dcp_plan_init(&plan);
-    if (dcp_plan_bytes(ck, e, 0, UINT64_MAX, &plan, err) < 0)
+    if (dcp_plan_bytes(ck, e, 0, UINT64_MAX, &plan, err) < 0) {
+        dcp_plan_free(&plan);   /* a failed plan keeps its allocation */
         return -1;
+    }
     uint64_t n = plan.nbytes;
     /* Refuse what cannot fit in memory rather than letting overcommit and
      * the zero fill take the process down. */
