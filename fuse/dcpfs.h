@@ -30,6 +30,7 @@
 #include <syslog.h>
 
 #include "dcp.h"
+#include "dcp_integrity.h"
 
 #define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
 #define DFS_TIMEOUT_SCAN 1.0                      /* scan folders change as training writes */
@@ -51,8 +52,8 @@ struct dfs_options {
     int show_help, show_version;
     enum dfs_view view;
     enum dfs_readmode readmode;
-    /* Hooks for later issues: the catalog options (issue 5) parse into here. */
-    char *catalog;          /* -o catalog=PATH (reserved; not implemented yet) */
+    char *catalog;          /* -o catalog=PATH: the catalog -o verify reads digests from */
+    int verify;             /* -o verify: check each chunk's recorded digest before serving it */
 };
 
 /* -------------------------------------------------------------------- nodes */
@@ -120,6 +121,7 @@ struct dfs_ckpt {
     struct dfs_node *root;
     _Atomic int64_t *file_sizes;   /* per data file, -1 until fstat'ed (splice checks) */
     size_t nfiles;
+    struct dfs_verified *verified; /* -o verify: blobs checked so far (verify.c) */
     struct dfs_ckpt *next;
 };
 
@@ -142,6 +144,7 @@ struct dfs {
     uint64_t pipe_max;         /* /proc/sys/fs/pipe-max-size: bounds what libfuse can splice */
     struct fuse_session *se;
     const char *mountpoint;
+    struct dcp_catalog *catalog;   /* -o verify: where recorded digests are */
 };
 
 /* tree.c: nodes, the inode map and key trees */
@@ -194,5 +197,11 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
 void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* -o verify (verify.c): 0 when every blob the plan reads matches its recorded
+ * digest (or has none), -EIO (logged with key and file) when one does not. */
+int dfs_verify_open(struct dfs *fs);
+int dfs_verify_plan(struct dfs *fs, struct dfs_ckpt *ck, const dcp_entry *e, const dcp_plan *plan);
+void dfs_verify_free(struct dfs_ckpt *ck);
 
 #endif

@@ -55,6 +55,8 @@ static const struct fuse_opt dfs_optspec[] = {
     OPT("depth=%d", max_depth),
     OPT("splice_min=%u", splice_min),
     OPT("readahead_kb=%u", readahead_kb),
+    OPT("catalog=%s", catalog),
+    OPT("verify", verify),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
     FUSE_OPT_END
 };
@@ -83,7 +85,9 @@ static void usage(void)
            "    -o splice_min=BYTES    auto: splice when the mean piece is this large (default %u)\n"
            "    -o ready_fd=N          write one byte to fd N once the mount is live\n"
            "    -o depth=N             folder levels scanned below SOURCE (default 8)\n"
-           "    -o readahead_kb=N      kernel readahead of the mount (default 1024; 0 = leave it)\n\n",
+           "    -o readahead_kb=N      kernel readahead of the mount (default 1024; 0 = leave it)\n"
+           "    -o verify              check each chunk against the digest `dcp verify --record` stored\n"
+           "    -o catalog=PATH        the catalog holding those digests (default ~/.cache/dcpfs/catalog.sqlite)\n\n",
            65536u);
 }
 
@@ -263,6 +267,8 @@ int main(int argc, char *argv[])
             fprintf(stderr, "dcpfs: %s\n", err);
         goto out1;
     }
+    if (dfs_verify_open(&fs) < 0)
+        goto out1;
 
     char *fsname = fsname_opt(fs.source);
     if (!fsname || fuse_opt_add_arg(&args, fsname) < 0 || fuse_opt_add_arg(&args, "-oro,default_permissions") < 0) {
@@ -310,6 +316,7 @@ out2:
 out1:
     dfs_read_fini();
     dfs_free_all(&fs);
+    dcp_catalog_close(fs.catalog);
 out0:
     int rfd = __atomic_exchange_n(&fs.opt.ready_fd, -1, __ATOMIC_SEQ_CST);
     if (rfd >= 0)
@@ -320,6 +327,7 @@ out0:
     free(fs.opt.source);
     free(fs.opt.view_name);
     free(fs.opt.read_name);
+    free(fs.opt.catalog);
     free(cmd.mountpoint);
     fuse_opt_free_args(&args);
     return ret;

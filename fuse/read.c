@@ -281,6 +281,11 @@ void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t s
         reply_err(req, &err, e->key);
         return;
     }
+    int vrc = dfs_verify_plan(fs, n->ck, e, &c->plan);
+    if (vrc < 0) {
+        fuse_reply_err(req, -vrc);
+        return;
+    }
     const char *h = hl ? n->npy_hdr + start : NULL;
     /* libfuse splices only when the reply fits its pipe (one slot per page
      * touched, at most fs/pipe-max-size); otherwise it would pread into a

@@ -488,6 +488,7 @@ int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck)
         }
     }
     if (ck->ck) {   /* a failed build after a good open: start over */
+        dfs_verify_free(ck);
         dcp_close(ck->ck);
         ck->ck = NULL;
         free(ck->file_sizes);
@@ -535,6 +536,7 @@ void dfs_free_all(struct dfs *fs)
     struct dfs_ckpt *ck = fs->ckpts;
     while (ck) {
         struct dfs_ckpt *next = ck->next;
+        dfs_verify_free(ck);
         dcp_close(ck->ck);
         free(ck->file_sizes);
         free(ck->path);
