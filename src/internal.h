@@ -106,6 +106,7 @@ struct dcp_checkpoint {
     struct dcpi_fdtab *fdtab;      /* reader.c: fd use counts for eviction; arena-owned, lazy */
     dcpi_decoded decoded[DCPI_DECODED_CACHE];
     uint64_t decode_clock;
+    char identity[33];             /* integrity/digest.c: computed once, "" until then */
 };
 
 /* Model building, used by the format loaders while opening. */

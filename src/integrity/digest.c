@@ -63,8 +63,9 @@ static int add_file(dcp_checkpoint *ck, XXH3_state_t *st, const char *name, int 
     return r < 0 || !buf ? dcpi_err(err, EIO, "%s/%s: read failed", ck->path, name) : 0;
 }
 
-/* Metadata files (content, size, mtime) and every data file's size. */
-int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
+/* Metadata files (content, size, mtime) and every data file's size; computed
+ * once per open checkpoint. */
+static int compute_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st)
@@ -94,4 +95,21 @@ int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
     }
     XXH3_freeState(st);
     return rc;
+}
+
+int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
+{
+    pthread_mutex_lock(&ck->lock);
+    int known = ck->identity[0] != 0;
+    if (known)
+        memcpy(id, ck->identity, 33);
+    pthread_mutex_unlock(&ck->lock);
+    if (known)
+        return 0;
+    if (compute_identity(ck, id, err) < 0)
+        return -1;
+    pthread_mutex_lock(&ck->lock);
+    memcpy(ck->identity, id, 33);
+    pthread_mutex_unlock(&ck->lock);
+    return 0;
 }
