@@ -50,6 +50,27 @@ static int prepare_dir(struct dfs *fs, struct dfs_node *n)
     return 0;
 }
 
+/* The directory node ino, ready to list; replies with the error and returns
+ * NULL when it is missing, not a directory, or cannot be prepared. */
+static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino)
+{
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return NULL;
+    }
+    if (!dfs_is_dir(n)) {
+        fuse_reply_err(req, ENOTDIR);
+        return NULL;
+    }
+    int rc = prepare_dir(fs, n);
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
+        return NULL;
+    }
+    return n;
+}
+
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
 {
     (void)fs;
@@ -146,20 +167,9 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct dfs *fs = FS(req);
-    struct dfs_node *dir = get_node(fs, parent);
-    if (!dir) {
-        fuse_reply_err(req, ENOENT);
+    struct dfs_node *dir = ready_dir(req, fs, parent);
+    if (!dir)
         return;
-    }
-    if (!dfs_is_dir(dir)) {
-        fuse_reply_err(req, ENOTDIR);
-        return;
-    }
-    int rc = prepare_dir(fs, dir);
-    if (rc < 0) {
-        fuse_reply_err(req, -rc);
-        return;
-    }
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_child(dir, name);
     pthread_rwlock_unlock(&fs->lock);
@@ -289,20 +299,9 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct dfs *fs = FS(req);
-    struct dfs_node *n = get_node(fs, ino);
-    if (!n) {
-        fuse_reply_err(req, ENOENT);
+    struct dfs_node *n = ready_dir(req, fs, ino);
+    if (!n)
         return;
-    }
-    if (!dfs_is_dir(n)) {
-        fuse_reply_err(req, ENOTDIR);
-        return;
-    }
-    int rc = prepare_dir(fs, n);
-    if (rc < 0) {
-        fuse_reply_err(req, -rc);
-        return;
-    }
     struct dfs_dh *d = calloc(1, sizeof *d);
     if (!d) {
         fuse_reply_err(req, ENOMEM);
