@@ -11,6 +11,7 @@
 #include "pickle.h"
 
 #define PK_MAX_DEPTH 512
+#define SMALL_INTS 1024   /* offsets, sizes, memo-free ints: most of a big .metadata */
 
 struct pk_doc {
     dcpi_arena arena;
@@ -29,6 +30,8 @@ typedef struct vm {
     size_t memo_cap;
     size_t memo_next;     /* MEMOIZE index */
     pk_node *none;        /* one NONE node, arena-owned */
+    pk_node **small_ints; /* shared nodes for 0..SMALL_INTS-1: ints are immutable */
+    pk_node *empty_tuple;
 } vm;
 
 static int fail(vm *m, const char *fmt, const char *detail)
@@ -106,6 +109,24 @@ static int pop_mark(vm *m, size_t *first)
     return 0;
 }
 
+/* Make room for `more` items: exactly, for a container built in one opcode
+ * (most of them), doubling for containers that keep growing. */
+static int seq_reserve(vm *m, pk_node *seq, size_t more)
+{
+    size_t need = seq->u.seq.n + more;
+    if (need <= seq->u.seq.cap)
+        return 0;
+    size_t nc = seq->u.seq.n ? (seq->u.seq.cap * 2 > need ? seq->u.seq.cap * 2 : need) : need;
+    pk_node **ni = dcpi_arena_alloc(&m->doc->arena, nc * sizeof *ni);
+    if (!ni)
+        return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+    if (seq->u.seq.n)
+        memcpy(ni, seq->u.seq.items, seq->u.seq.n * sizeof *ni);
+    seq->u.seq.items = ni;
+    seq->u.seq.cap = nc;
+    return 0;
+}
+
 static int seq_append(vm *m, pk_node *seq, pk_node *item)
 {
     if (seq->u.seq.n == seq->u.seq.cap) {
@@ -122,22 +143,31 @@ static int seq_append(vm *m, pk_node *seq, pk_node *item)
     return 0;
 }
 
+/* Room for `more` items, exact for a dict filled by one SETITEMS (most). */
+static int dict_reserve(vm *m, pk_node *d, size_t more)
+{
+    size_t need = d->u.dict.n + more;
+    if (need <= d->u.dict.cap)
+        return 0;
+    size_t nc = d->u.dict.n ? (d->u.dict.cap * 2 > need ? d->u.dict.cap * 2 : need) : need;
+    pk_node **nk = dcpi_arena_alloc(&m->doc->arena, 2 * nc * sizeof *nk);
+    if (!nk)
+        return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+    pk_node **nv = nk + nc;
+    if (d->u.dict.n) {
+        memcpy(nk, d->u.dict.keys, d->u.dict.n * sizeof *nk);
+        memcpy(nv, d->u.dict.vals, d->u.dict.n * sizeof *nv);
+    }
+    d->u.dict.keys = nk;
+    d->u.dict.vals = nv;
+    d->u.dict.cap = nc;
+    return 0;
+}
+
 static int dict_set(vm *m, pk_node *d, pk_node *k, pk_node *v)
 {
-    if (d->u.dict.n == d->u.dict.cap) {
-        size_t nc = d->u.dict.cap ? d->u.dict.cap * 2 : 4;
-        pk_node **nk = dcpi_arena_alloc(&m->doc->arena, nc * sizeof *nk);
-        pk_node **nv = dcpi_arena_alloc(&m->doc->arena, nc * sizeof *nv);
-        if (!nk || !nv)
-            return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
-        if (d->u.dict.n) {
-            memcpy(nk, d->u.dict.keys, d->u.dict.n * sizeof *nk);
-            memcpy(nv, d->u.dict.vals, d->u.dict.n * sizeof *nv);
-        }
-        d->u.dict.keys = nk;
-        d->u.dict.vals = nv;
-        d->u.dict.cap = nc;
-    }
+    if (d->u.dict.n == d->u.dict.cap && dict_reserve(m, d, d->u.dict.cap ? d->u.dict.cap : 4) < 0)
+        return -1;
     /* A duplicate key is appended; pk_dict_get searches from the end, so the
      * later value wins, as in Python. */
     d->u.dict.keys[d->u.dict.n] = k;
@@ -186,6 +216,14 @@ static int memo_get(vm *m, size_t idx)
 
 static int int_node(vm *m, int64_t v)
 {
+    if (v >= 0 && v < SMALL_INTS) {
+        if (!m->small_ints && !(m->small_ints = calloc(SMALL_INTS, sizeof *m->small_ints)))
+            return push(m, NULL);
+        pk_node **slot = &m->small_ints[v];
+        if (!*slot && (*slot = node(m, PK_INT)))
+            (*slot)->u.i = v;
+        return push(m, *slot);
+    }
     pk_node *n = node(m, PK_INT);
     if (n)
         n->u.i = v;
@@ -454,8 +492,10 @@ static int run(vm *m, pk_node **root)
                 return -1;
             m->p += n;
             break;
-        case ')': /* EMPTY_TUPLE */
-            if (push(m, node(m, PK_TUPLE)) < 0)
+        case ')': /* EMPTY_TUPLE: immutable, so one node serves all */
+            if (!m->empty_tuple)
+                m->empty_tuple = node(m, PK_TUPLE);
+            if (push(m, m->empty_tuple) < 0)
                 return -1;
             break;
         case 0x85: case 0x86: case 0x87: { /* TUPLE1..3 */
@@ -465,6 +505,8 @@ static int run(vm *m, pk_node **root)
                 return fail(m, "stack underflow", NULL);
             if (!(a = node(m, PK_TUPLE)))
                 return push(m, NULL);
+            if (seq_reserve(m, a, k) < 0)
+                return -1;
             for (size_t i = m->sp - k; i < m->sp; i++)
                 if (seq_append(m, a, m->stack[i]) < 0)
                     return -1;
@@ -478,6 +520,8 @@ static int run(vm *m, pk_node **root)
                 return -1;
             if (!(a = node(m, op == 't' ? PK_TUPLE : op == 'l' ? PK_LIST : PK_FROZENSET)))
                 return push(m, NULL);
+            if (seq_reserve(m, a, m->sp - first) < 0)
+                return -1;
             for (size_t i = first; i < m->sp; i++)
                 if (seq_append(m, a, m->stack[i]) < 0)
                     return -1;
@@ -509,6 +553,8 @@ static int run(vm *m, pk_node **root)
             a = m->stack[first - 1];
             if (a->type != (op == 'e' ? PK_LIST : PK_SET))
                 return fail(m, op == 'e' ? "APPENDS to a non-list" : "ADDITEMS to a non-set", NULL);
+            if (seq_reserve(m, a, m->sp - first) < 0)
+                return -1;
             for (size_t i = first; i < m->sp; i++)
                 if (seq_append(m, a, m->stack[i]) < 0)
                     return -1;
@@ -550,6 +596,8 @@ static int run(vm *m, pk_node **root)
             a = m->stack[first - 1];
             if (a->type != PK_DICT)
                 return fail(m, "SETITEMS on a non-dict", NULL);
+            if (dict_reserve(m, a, (m->sp - first) / 2) < 0)
+                return -1;
             for (size_t i = first; i < m->sp; i += 2)
                 if (dict_set(m, a, m->stack[i], m->stack[i + 1]) < 0)
                     return -1;
@@ -650,6 +698,7 @@ int pk_parse(const void *data, size_t len, const char *what, pk_doc **doc, const
     free(m.stack);
     free(m.marks);
     free(m.memo);
+    free(m.small_ints);
     if (rc < 0) {
         pk_free(d);
         return -1;
