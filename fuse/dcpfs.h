@@ -52,7 +52,8 @@ struct dfs_options {
     int show_help, show_version;
     enum dfs_view view;
     enum dfs_readmode readmode;
-    char *catalog;          /* -o catalog=PATH: the catalog -o verify reads digests from */
+    char *catalog;          /* -o catalog=PATH: parsed metadata and recorded digests */
+    int no_catalog;         /* -o no_catalog: parse .metadata on every open, write no catalog */
     int verify;             /* -o verify: check each chunk's recorded digest before serving it */
 };
 

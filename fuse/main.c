@@ -57,6 +57,7 @@ static const struct fuse_opt dfs_optspec[] = {
     OPT("readahead_kb=%u", readahead_kb),
     OPT("catalog=%s", catalog),
     OPT("verify", verify),
+    OPT("no_catalog", no_catalog),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
     FUSE_OPT_END
 };
@@ -87,7 +88,8 @@ static void usage(void)
            "    -o depth=N             folder levels scanned below SOURCE (default 8)\n"
            "    -o readahead_kb=N      kernel readahead of the mount (default 1024; 0 = leave it)\n"
            "    -o verify              check each chunk against the digest `dcp verify --record` stored\n"
-           "    -o catalog=PATH        the catalog holding those digests (default ~/.cache/dcpfs/catalog.sqlite)\n\n",
+           "    -o catalog=PATH        the catalog of parsed metadata and digests (default ~/.cache/dcpfs/catalog.sqlite)\n"
+           "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n\n",
            65536u);
 }
 

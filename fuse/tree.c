@@ -427,7 +427,8 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
 static int open_and_build(struct dfs *fs, struct dfs_ckpt *ck)
 {
     dcp_error err;
-    if (dcp_open(ck->path, DCP_OPEN_DEFAULT, &ck->ck, &err) < 0) {
+    dcp_open_options oo = {.flags = fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG, .catalog = fs->opt.catalog};
+    if (dcp_open_ex(ck->path, &oo, &ck->ck, &err) < 0) {
         dfs_log(LOG_ERR, "%s", err.msg);
         return -EIO;
     }

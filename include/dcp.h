@@ -135,13 +135,26 @@ typedef struct dcp_checkpoint dcp_checkpoint;
 
 /* Open flags. */
 enum {
-    DCP_OPEN_DEFAULT = 0
+    DCP_OPEN_DEFAULT = 0,
+    /* Use the catalog (dcp_integrity.h): a checkpoint whose .metadata was
+     * parsed before is rebuilt from the catalog instead of re-parsed, and a
+     * first open stores what it parsed. Any catalog trouble falls back to
+     * parsing; the catalog is never trusted over the checkpoint. */
+    DCP_OPEN_CATALOG = 1u << 0
 };
+
+typedef struct dcp_open_options {
+    unsigned flags;            /* DCP_OPEN_* */
+    const char *catalog;       /* catalog file; NULL: $XDG_CACHE_HOME/dcpfs/catalog.sqlite */
+} dcp_open_options;
 
 /* Open the checkpoint folder at path: a global .metadata, rank-local
  * __R.metadata files, or a Hugging Face safetensors layout. The folder is
  * never written to. */
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err);
+int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err);
+/* Where the model came from: 1 when this open was served by the catalog. */
+int dcp_from_catalog(const dcp_checkpoint *ck);
 void dcp_close(dcp_checkpoint *ck);
 
 const char *dcp_path(const dcp_checkpoint *ck);

@@ -107,6 +107,7 @@ struct dcp_checkpoint {
     dcpi_decoded decoded[DCPI_DECODED_CACHE];
     uint64_t decode_clock;
     char identity[33];             /* integrity/digest.c: computed once, "" until then */
+    int from_catalog;              /* the model was rebuilt from the catalog */
 };
 
 /* Model building, used by the format loaders while opening. */
@@ -123,6 +124,11 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
 /* Check a relative path from metadata: not empty, not absolute, no "..". */
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
+
+/* The model cache (integrity/modelcache.c): rebuild an empty ck from the
+ * catalog (0) or fail (-1, ck partly filled: discard it); store a parsed one. */
+int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
+void dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

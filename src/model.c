@@ -215,13 +215,14 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
                    ck->path);
 }
 
-int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)
+/* An empty checkpoint on the folder at path. */
+static dcp_checkpoint *ck_new(const char *path, dcp_error *err)
 {
-    (void)flags;
-    *out = NULL;
     dcp_checkpoint *ck = calloc(1, sizeof *ck);
-    if (!ck)
-        return dcpi_err(err, ENOMEM, "%s: out of memory", path);
+    if (!ck) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
     dcpi_arena_init(&ck->arena);
     dcpi_strmap_init(&ck->keys);
     dcpi_strmap_init(&ck->file_index);
@@ -230,19 +231,46 @@ int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *
     ck->path = strdup(path);
     if (!ck->path) {
         dcp_close(ck);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
     }
     ck->dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (ck->dirfd < 0) {
         int e = errno;
         dcp_close(ck);
-        return dcpi_err(err, e, "%s: cannot open the checkpoint folder: %s", path, strerror(e));
+        dcpi_err(err, e, "%s: cannot open the checkpoint folder: %s", path, strerror(e));
+        return NULL;
     }
-    if (has_file(ck->dirfd, "metadata.json"))
-        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
-    if (detect_and_load(ck, err) < 0) {
-        dcp_close(ck);
+    return ck;
+}
+
+int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)
+{
+    dcp_open_options o = {.flags = flags, .catalog = NULL};
+    return dcp_open_ex(path, &o, out, err);
+}
+
+int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err)
+{
+    *out = NULL;
+    dcp_checkpoint *ck = ck_new(path, err);
+    if (!ck)
         return -1;
+    int use_catalog = (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
+    if (use_catalog && dcpi_catalog_load(ck, opts->catalog) == 0) {
+        ck->from_catalog = 1;
+    } else {
+        if (use_catalog) {   /* a partial load is thrown away: parse afresh */
+            dcp_close(ck);
+            if (!(ck = ck_new(path, err)))
+                return -1;
+        }
+        if (has_file(ck->dirfd, "metadata.json"))
+            ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
+        if (detect_and_load(ck, err) < 0) {
+            dcp_close(ck);
+            return -1;
+        }
     }
     ck->fds = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->fds);
     ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
@@ -254,9 +282,13 @@ int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *
         ck->fds[i] = -1;
         ck->file_sizes[i] = -1;
     }
+    if (use_catalog && !ck->from_catalog)
+        dcpi_catalog_store(ck, opts->catalog);   /* best effort: a failure only costs a later parse */
     *out = ck;
     return 0;
 }
+
+int dcp_from_catalog(const dcp_checkpoint *ck) { return ck->from_catalog; }
 
 void dcp_close(dcp_checkpoint *ck)
 {

@@ -18,7 +18,10 @@ int cmd_diff(int argc, char **argv);
 
 /* Print "dcp: <message>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Open a checkpoint or print the error; NULL on failure. */
+/* dcp [--catalog PATH | --no-catalog]: how cli_open uses the catalog. */
+extern int cli_catalog_enabled;
+extern const char *cli_catalog_path;
+/* Open a checkpoint (through the catalog unless disabled) or print the error; NULL on failure. */
 dcp_checkpoint *cli_open(const char *path);
 /* Write s as a JSON string (with quotes). */
 void cli_json_string(FILE *f, const char *s);

@@ -77,11 +77,11 @@ int cmd_diff(int argc, char **argv)
         {"content", no_argument, 0, 'c'}, {"catalog", required_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int content = 0, c;
-    const char *catalog = NULL;
+    const char *catalog = cli_catalog_enabled ? cli_catalog_path : ":memory:";
     while ((c = getopt_long(argc, argv, "cC:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': content = 1; break;
-        case 'C': catalog = optarg; break;
+        case 'C': catalog = cli_catalog_path = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

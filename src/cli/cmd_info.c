@@ -72,7 +72,8 @@ int cmd_info(int argc, char **argv)
     if (in->save_id)
         printf("save_id:        %s\n", in->save_id);
     printf("planner data:   %s\n", in->has_planner_data ? "yes" : "no");
-    printf("metadata:       %s\n", cli_human_bytes(in->metadata_bytes, h));
+    printf("metadata:       %s%s\n", cli_human_bytes(in->metadata_bytes, h),
+           dcp_from_catalog(ck) ? " (model rebuilt from the catalog, not parsed)" : "");
     printf("keys:           %zu (%zu tensors, %zu bytes items)\n", n, tensors, bytes_items);
     printf("chunks:         %zu\n", chunks);
     printf("shard files:    %zu, %s", nfiles, cli_human_bytes(file_bytes, h));

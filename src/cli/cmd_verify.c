@@ -26,14 +26,14 @@ int cmd_verify(int argc, char **argv)
         {"import", required_argument, 0, 'i'}, {"catalog", required_argument, 0, 'c'},
         {"no-catalog", no_argument, 0, 'n'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int record = 0, c;
-    const char *export = NULL, *import = NULL, *catalog = NULL;
+    const char *export = NULL, *import = NULL, *catalog = cli_catalog_enabled ? cli_catalog_path : ":memory:";
     while ((c = getopt_long(argc, argv, "re:i:c:nh", opts, NULL)) != -1) {
         switch (c) {
         case 'r': record = 1; break;
         case 'e': export = optarg; break;
         case 'i': import = optarg; break;
-        case 'c': catalog = optarg; break;
-        case 'n': catalog = ":memory:"; break;
+        case 'c': catalog = cli_catalog_path = optarg; break;
+        case 'n': catalog = ":memory:"; cli_catalog_enabled = 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -21,14 +21,30 @@ static const struct command {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dcp COMMAND [ARGS]\n\ncommands:\n");
+    fprintf(f, "usage: dcp [--catalog PATH | --no-catalog] COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n'dcp COMMAND --help' describes one command; man dcp describes them all.\n");
+    fprintf(f, "\nThe catalog (default $XDG_CACHE_HOME/dcpfs/catalog.sqlite) remembers parsed metadata so\n"
+               "later opens skip it; --no-catalog parses every time and writes nothing.\n"
+               "'dcp COMMAND --help' describes one command; man dcp describes them all.\n");
 }
 
 int main(int argc, char **argv)
 {
+    /* Options before the command apply to every command (cli_open). */
+    while (argc >= 2 && argv[1][0] == '-' && argv[1][1] == '-') {
+        if (!strcmp(argv[1], "--no-catalog")) {
+            cli_catalog_enabled = 0;
+        } else if (!strcmp(argv[1], "--catalog") && argc >= 3) {
+            cli_catalog_path = argv[2];
+            argv++;
+            argc--;
+        } else {
+            break;
+        }
+        argv++;
+        argc--;
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;

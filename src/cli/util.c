@@ -18,11 +18,15 @@ void cli_error(const char *fmt, ...)
     va_end(ap);
 }
 
+int cli_catalog_enabled = 1;
+const char *cli_catalog_path;
+
 dcp_checkpoint *cli_open(const char *path)
 {
     dcp_checkpoint *ck;
     dcp_error err;
-    if (dcp_open(path, DCP_OPEN_DEFAULT, &ck, &err) < 0) {
+    dcp_open_options o = {.flags = cli_catalog_enabled ? DCP_OPEN_CATALOG : 0, .catalog = cli_catalog_path};
+    if (dcp_open_ex(path, &o, &ck, &err) < 0) {
         cli_error("%s", err.msg);
         return NULL;
     }
