@@ -60,7 +60,7 @@ typedef struct wbuf {
 
 static void put(wbuf *w, const void *src, size_t n)
 {
-    if (w->oom)
+    if (w->oom || n == 0)   /* n == 0: src may be NULL (a 0-d shape) */
         return;
     if (w->n + n > w->cap) {
         size_t nc = w->cap ? w->cap * 2 : 1 << 16;
