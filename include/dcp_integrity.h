@@ -30,10 +30,17 @@ int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_e
  * $XDG_CACHE_HOME/dcpfs/catalog.sqlite (or ~/.cache/dcpfs/catalog.sqlite).
  * Records are tied to a checkpoint's identity: its metadata files' sizes,
  * mtimes and XXH3, and its shard files' sizes. A corrupt or foreign file is
- * moved aside and rebuilt, never trusted. Shared safely by processes (WAL). */
+ * moved aside and rebuilt, never trusted: opening checks the file's format
+ * row (not a full integrity scan), SQLite reports damaged pages it meets
+ * (SQLITE_CORRUPT moves the file aside), and stored models carry their own
+ * checksum. Shared safely by processes (WAL, a 30 s busy timeout). */
 typedef struct dcp_catalog dcp_catalog;
 
 int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err);   /* path NULL: default */
+/* -1 (EPERM) when the catalog file at path (NULL: default) would lie inside
+ * ck's folder, which is never written to. Call before dcp_catalog_open when
+ * a catalog is used for a given checkpoint; record and import refuse too. */
+int dcp_catalog_check_location(const char *path, dcp_checkpoint *ck, dcp_error *err);
 void dcp_catalog_close(dcp_catalog *cat);
 const char *dcp_catalog_path(const dcp_catalog *cat);
 
@@ -46,6 +53,11 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
 /* Look up a recorded digest: *found 0 when none is recorded for this identity. */
 int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3,
                        int *found, dcp_error *err);
+/* Verify-on-read (dcpfs -o verify): re-hash blob b (of entry key) and compare
+ * it with its recorded digest. Returns 1 when it matches, 0 when nothing is
+ * recorded for it, -1 with err (EIO, naming file, key and offset) when its
+ * bytes changed or cannot be read. Callers cache the answer per blob. */
+int dcp_verify_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err);
 /* Import digests from a sidecar file written by dcp_digests_export. */
 int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar, uint64_t *n,
                        dcp_error *err);

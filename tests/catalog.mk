@@ -1,1 +1,12 @@
-# catalog tests (none yet)
+# The catalog, verification and digests (issue 5). The integration scripts
+# (tests/integrity-*.sh, tests/catalog-*.sh) are listed in tests/core.mk.
+check_PROGRAMS += tests/unit/test_catalog
+TESTS += tests/unit/test_catalog
+tests_unit_test_catalog_SOURCES = tests/unit/test_catalog.c
+tests_unit_test_catalog_CFLAGS = $(UNIT_TEST_FLAGS) $(SQLITE_CFLAGS)
+tests_unit_test_catalog_LDADD = $(UNIT_TEST_LIBS)
+EXTRA_tests_unit_test_catalog_DEPENDENCIES = libdcp.la
+
+CATALOG_TESTS = tests/catalog-location.sh
+TESTS += $(CATALOG_TESTS)
+dist_check_SCRIPTS += $(CATALOG_TESTS)

@@ -10,7 +10,7 @@
 
 #define PIECE (8u << 20)
 
-static void usage(FILE *f) { fprintf(f, "usage: dcp diff [--content] [--catalog PATH] A B\n"); }
+static void usage(FILE *f) { fprintf(f, "usage: dcp diff [--content] [--catalog PATH | --no-catalog] A B\n"); }
 
 static void shape(const dcp_entry *e, char *buf, size_t n)
 {
@@ -74,14 +74,15 @@ static int values_differ(dcp_checkpoint *a, const dcp_entry *ea, dcp_checkpoint 
 int cmd_diff(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"content", no_argument, 0, 'c'}, {"catalog", required_argument, 0, 'C'},
+        {"content", no_argument, 0, 'c'}, {"catalog", required_argument, 0, 'C'}, {"no-catalog", no_argument, 0, 'n'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int content = 0, c;
     const char *catalog = cli_catalog_enabled ? cli_catalog_path : ":memory:";
-    while ((c = getopt_long(argc, argv, "cC:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "cC:nh", opts, NULL)) != -1) {
         switch (c) {
         case 'c': content = 1; break;
         case 'C': catalog = cli_catalog_path = optarg; break;
+        case 'n': catalog = ":memory:"; cli_catalog_enabled = 0; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -97,8 +98,10 @@ int cmd_diff(int argc, char **argv)
     }
     dcp_catalog *cat = NULL;
     dcp_error err;
-    if (content && dcp_catalog_open(catalog, &cat, &err) < 0)
-        cat = NULL;   /* digests are a shortcut only; compare bytes without them */
+    /* Digests are a shortcut only: without a usable catalog, compare bytes. */
+    if (content && (dcp_catalog_check_location(catalog, a, &err) < 0 || dcp_catalog_check_location(catalog, b, &err) < 0 ||
+                    dcp_catalog_open(catalog, &cat, &err) < 0))
+        cat = NULL;
     void *ba = content ? malloc(PIECE) : NULL, *bb = content ? malloc(PIECE) : NULL;
     int differences = 0, trouble = 0;
     if (content && (!ba || !bb)) {

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "dcp_integrity.h"
@@ -11,6 +12,31 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dcp verify [--record] [--export FILE] [--import FILE] [--catalog PATH | --no-catalog] CKPT\n");
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Bytes the content pass reads: every distinct blob, as the library counts them. */
+struct rate { const char *label; uint64_t total; };
+
+static void progress(void *ctx, uint64_t done, uint64_t total)
+{
+    struct rate *r = ctx;
+    r->total = total;
+    cli_progress((void *)r->label, done, total);
+}
+
+static void print_rate(const char *what, const struct rate *r, double secs)
+{
+    char h[32];
+    if (r->total)
+        printf("content: %s %s in %.2f s (%.0f MB/s)\n", what, cli_human_bytes(r->total, h), secs,
+               secs > 0 ? (double)r->total / secs / 1e6 : 0.0);
 }
 
 static void print_problem(void *ctx, const char *msg)
@@ -54,7 +80,7 @@ int cmd_verify(int argc, char **argv)
         cli_error("%s", err.msg);
         goto out;
     }
-    if (dcp_catalog_open(catalog, &cat, &err) < 0) {
+    if (dcp_catalog_check_location(catalog, ck, &err) < 0 || dcp_catalog_open(catalog, &cat, &err) < 0) {
         cli_error("%s", err.msg);
         goto out;
     }
@@ -65,18 +91,22 @@ int cmd_verify(int argc, char **argv)
         }
         printf("imported %" PRIu64 " digests from %s\n", n, import);
     }
+    struct rate rate = {record ? "hashing" : "verifying", 0};
+    double t0 = now();
     if (record) {
-        if (dcp_catalog_record(cat, ck, cli_progress, "hashing", &n, &err) < 0) {
+        if (dcp_catalog_record(cat, ck, progress, &rate, &n, &err) < 0) {
             cli_error("%s", err.msg);
             goto out;
         }
         printf("recorded %" PRIu64 " digests in %s\n", n, dcp_catalog_path(cat));
+        print_rate("hashed", &rate, now() - t0);
     } else {
-        if (dcp_verify_digests(cat, ck, print_problem, NULL, cli_progress, "verifying", &checked, &missing, &content,
+        if (dcp_verify_digests(cat, ck, print_problem, NULL, progress, &rate, &checked, &missing, &content,
                                &err) < 0) {
             cli_error("%s", err.msg);
             goto out;
         }
+        print_rate("re-hashed", &rate, now() - t0);
         if (checked)
             printf("content: %" PRIu64 " blobs re-hashed, %" PRIu64 " changed%s\n", checked, content,
                    missing ? "" : "");

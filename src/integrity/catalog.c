@@ -10,22 +10,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dcp_integrity.h"
-#include "internal.h"
+#include "integrity.h"
 
-#define CATALOG_FORMAT "dcpfs-catalog-1"
+#define CATALOG_FORMAT "dcpfs-catalog-2"
 #define SIDECAR_MAGIC "dcpfs-digests 1"
 
 struct dcp_catalog {
     sqlite3 *db;
+    pthread_mutex_t lock;     /* guards get (one prepared lookup shared by threads) */
+    sqlite3_stmt *get;
     char path[PATH_MAX];
 };
 
+/* checkpoints: one row per identity; digests refer to it by number, so the
+ * (large) digest table does not repeat the identity. models: modelcache.c. */
 static const char schema[] =
     "CREATE TABLE IF NOT EXISTS catalog_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS digests(identity TEXT NOT NULL, file TEXT NOT NULL, offset INTEGER NOT NULL,"
-    " length INTEGER NOT NULL, xxh3 INTEGER NOT NULL, PRIMARY KEY(identity, file, offset));"
-    "CREATE INDEX IF NOT EXISTS digests_by_file ON digests(identity, file);"
+    "CREATE TABLE IF NOT EXISTS checkpoints(id INTEGER PRIMARY KEY, identity TEXT UNIQUE NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS digests(ck INTEGER NOT NULL, file TEXT NOT NULL, offset INTEGER NOT NULL,"
+    " length INTEGER NOT NULL, xxh3 INTEGER NOT NULL, PRIMARY KEY(ck, file, offset)) WITHOUT ROWID;"
+    "CREATE TABLE IF NOT EXISTS models(metadata_key TEXT PRIMARY KEY, path TEXT NOT NULL,"
+    " xxh3 INTEGER NOT NULL, data BLOB NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS models_by_path ON models(path);"
     "INSERT OR IGNORE INTO catalog_meta VALUES('format', '" CATALOG_FORMAT "');";
 
 static int sqlerr(dcp_catalog *cat, dcp_error *err, const char *what)
@@ -47,23 +53,45 @@ static int mkdirs(char *path)
     return 0;
 }
 
-/* A usable catalog of ours? (quick_check passes and the format row matches) */
+/* Corrupt or foreign: keep the file aside for inspection; the next open
+ * starts afresh. */
+static void quarantine(const char *path)
+{
+    char aside[PATH_MAX + 16], side[PATH_MAX + 16];
+    snprintf(aside, sizeof aside, "%s.corrupt", path);
+    rename(path, aside);
+    snprintf(side, sizeof side, "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", path);
+    unlink(side);
+}
+
+int dcpi_catalog_fail(dcp_catalog *cat, int rc, dcp_error *err, const char *what)
+{
+    int primary = rc & 0xff;
+    sqlerr(cat, err, what);
+    if (primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB)
+        quarantine(cat->path);
+    return -1;
+}
+
+sqlite3 *dcpi_catalog_db(dcp_catalog *cat) { return cat->db; }
+
+/* A catalog of ours? Empty (new), or carrying our format row. This is cheap
+ * on purpose (no integrity_check over a large file at every open): SQLite
+ * reports damage it meets as SQLITE_CORRUPT, which moves the file aside,
+ * and every model record carries its own checksum. */
 static int healthy(sqlite3 *db)
 {
     sqlite3_stmt *st;
-    int ok = 0;
-    if (sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &st, NULL) == SQLITE_OK) {
-        ok = sqlite3_step(st) == SQLITE_ROW && !strcmp((const char *)sqlite3_column_text(st, 0), "ok");
-        sqlite3_finalize(st);
-    }
-    if (!ok)
-        return 0;
-    int tables = 0, ours = 0;
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &st, NULL) == SQLITE_OK) {
-        if (sqlite3_step(st) == SQLITE_ROW)
+    int tables = -1, ours = 0, rc;
+    if ((rc = sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &st, NULL)) == SQLITE_OK) {
+        if ((rc = sqlite3_step(st)) == SQLITE_ROW)
             tables = sqlite3_column_int(st, 0);
         sqlite3_finalize(st);
     }
+    if (tables < 0)
+        return (rc & 0xff) == SQLITE_NOTADB || (rc & 0xff) == SQLITE_CORRUPT ? 0 : -1;
     if (tables == 0)
         return 1;   /* new and empty */
     if (sqlite3_prepare_v2(db, "SELECT value FROM catalog_meta WHERE key='format'", -1, &st, NULL) == SQLITE_OK) {
@@ -80,11 +108,51 @@ static int try_open(dcp_catalog *cat)
                         NULL) != SQLITE_OK)
         return -1;
     sqlite3_busy_timeout(cat->db, 30000);
-    if (!healthy(cat->db))
+    int h = healthy(cat->db);
+    if (h <= 0)
+        return h == 0 ? -1 : -2;
+    /* WAL lets readers proceed while another process writes; NORMAL sync is
+     * enough for a cache that is rebuilt whenever in doubt. */
+    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK)
         return -1;
-    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_exec(cat->db, schema, NULL, NULL, NULL) != SQLITE_OK)
+    /* Only a writer creates the schema; a reader of an existing catalog does not take the write lock. */
+    sqlite3_stmt *st;
+    int have = 0;
+    if (sqlite3_prepare_v2(cat->db, "SELECT 1 FROM sqlite_master WHERE name='models'", -1, &st, NULL) == SQLITE_OK) {
+        have = sqlite3_step(st) == SQLITE_ROW;
+        sqlite3_finalize(st);
+    }
+    if (!have && sqlite3_exec(cat->db, schema, NULL, NULL, NULL) != SQLITE_OK)
         return -1;
+    return 0;
+}
+
+/* The catalog file path: path, or the default under the user's cache. */
+static int resolve(const char *path, char out[PATH_MAX], dcp_error *err)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n;
+    if (path)
+        n = snprintf(out, PATH_MAX, "%s", path);
+    else if (xdg && *xdg)
+        n = snprintf(out, PATH_MAX, "%s/dcpfs/catalog.sqlite", xdg);
+    else if (home && *home)
+        n = snprintf(out, PATH_MAX, "%s/.cache/dcpfs/catalog.sqlite", home);
+    else
+        return dcpi_err(err, ENOENT, "catalog: neither XDG_CACHE_HOME nor HOME is set; give a catalog path");
+    if (n < 0 || n >= PATH_MAX)
+        return dcpi_err(err, ENAMETOOLONG, "catalog: path too long");
+    return 0;
+}
+
+int dcp_catalog_check_location(const char *path, dcp_checkpoint *ck, dcp_error *err)
+{
+    char file[PATH_MAX];
+    if (resolve(path, file, err) < 0)
+        return -1;
+    if (dcpi_path_inside(file, ck))
+        return dcpi_err(err, EPERM, "%s: the catalog may not live inside the checkpoint folder %s, which is never written to",
+                        file, ck->path);
     return 0;
 }
 
@@ -94,48 +162,27 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
     dcp_catalog *cat = calloc(1, sizeof *cat);
     if (!cat)
         return dcpi_err(err, ENOMEM, "catalog: out of memory");
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    int n;
-    if (path)
-        n = snprintf(cat->path, sizeof cat->path, "%s", path);
-    else if (xdg && *xdg)
-        n = snprintf(cat->path, sizeof cat->path, "%s/dcpfs/catalog.sqlite", xdg);
-    else if (home && *home)
-        n = snprintf(cat->path, sizeof cat->path, "%s/.cache/dcpfs/catalog.sqlite", home);
-    else {
+    if (resolve(path, cat->path, err) < 0) {
         free(cat);
-        return dcpi_err(err, ENOENT, "catalog: neither XDG_CACHE_HOME nor HOME is set; give a catalog path");
+        return -1;
     }
-    if (n < 0 || (size_t)n >= sizeof cat->path) {
-        free(cat);
-        return dcpi_err(err, ENAMETOOLONG, "catalog: path too long");
-    }
-    if (!path && mkdirs(cat->path) < 0) {
+    if (strcmp(cat->path, ":memory:") && mkdirs(cat->path) < 0) {
         int e = errno;
         free(cat);
         return dcpi_err(err, e, "catalog: cannot create the folder of %s: %s", path ? path : "the catalog", strerror(e));
     }
-    if (try_open(cat) < 0) {
-        /* Corrupt or foreign: keep it aside for inspection, start afresh. */
+    pthread_mutex_init(&cat->lock, NULL);
+    int rc = try_open(cat);
+    if (rc == -1) {
         sqlite3_close(cat->db);
         cat->db = NULL;
-        char aside[PATH_MAX + 16];
-        snprintf(aside, sizeof aside, "%s.corrupt", cat->path);
-        if (rename(cat->path, aside) < 0 && errno != ENOENT) {
-            int e = errno;
-            free(cat);
-            return dcpi_err(err, e, "catalog: %s is unusable and cannot be moved aside: %s", path, strerror(e));
-        }
-        char side[PATH_MAX + 16];
-        snprintf(side, sizeof side, "%s-wal", cat->path);
-        unlink(side);
-        snprintf(side, sizeof side, "%s-shm", cat->path);
-        unlink(side);
-        if (try_open(cat) < 0) {
-            sqlerr(cat, err, "cannot create the catalog");
-            dcp_catalog_close(cat);
-            return -1;
-        }
+        quarantine(cat->path);
+        rc = try_open(cat);
+    }
+    if (rc < 0) {
+        sqlerr(cat, err, "cannot open the catalog");
+        dcp_catalog_close(cat);
+        return -1;
     }
     *out = cat;
     return 0;
@@ -145,155 +192,200 @@ void dcp_catalog_close(dcp_catalog *cat)
 {
     if (!cat)
         return;
+    sqlite3_finalize(cat->get);
     sqlite3_close(cat->db);
+    pthread_mutex_destroy(&cat->lock);
     free(cat);
 }
 
 const char *dcp_catalog_path(const dcp_catalog *cat) { return cat->path; }
 
-/* Every blob of the checkpoint, with the key it belongs to. */
-typedef int (*blob_fn)(void *ctx, const dcp_entry *e, const dcp_blob *b);
 
-static int each_blob(dcp_checkpoint *ck, blob_fn fn, void *ctx)
+int dcpi_path_inside(const char *catpath, dcp_checkpoint *ck)
 {
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
-        if (e->kind == DCP_KIND_BYTES) {
-            if (e->has_blob && fn(ctx, e, &e->blob) < 0)
-                return -1;
-            continue;
+    char dir[PATH_MAX], real[PATH_MAX], folder[PATH_MAX];
+    if (!strcmp(catpath, ":memory:"))
+        return 0;
+    /* The deepest existing ancestor decides: folders that do not exist yet
+     * would be created under it. */
+    snprintf(dir, sizeof dir, "%s", catpath);
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) {
+            snprintf(dir, sizeof dir, ".");
+            break;
         }
-        for (size_t c = 0; c < e->nchunks; c++) {
-            const dcp_blob *b = &e->chunks[c].blob;
-            if (!e->chunks[c].has_blob)
-                continue;
-            /* SAFETENSORS shards share one blob offset per file: hash each range once */
-            int seen = 0;
-            for (size_t p = 0; p < c && !seen; p++)
-                seen = e->chunks[p].has_blob && e->chunks[p].blob.file == b->file && e->chunks[p].blob.offset == b->offset;
-            if (!seen && fn(ctx, e, b) < 0)
-                return -1;
-        }
+        *(slash == dir ? slash + 1 : slash) = 0;
+        if (slash == dir || realpath(dir, real))
+            break;
     }
-    return 0;
+    if (!realpath(dir, real) || !realpath(ck->path, folder))
+        return 0;
+    size_t n = strlen(folder);
+    return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
 }
 
-static uint64_t total_bytes(dcp_checkpoint *ck)
+/* The row number of ck's identity; created when create is set, else 0 when
+ * nothing was ever recorded for it. */
+static int ck_row(dcp_catalog *cat, dcp_checkpoint *ck, int create, sqlite3_int64 *row, dcp_error *err)
 {
-    uint64_t t = 0;
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
-        if (e->kind == DCP_KIND_BYTES)
-            t += e->has_blob ? e->blob.length : 0;
-        for (size_t c = 0; c < e->nchunks; c++)
-            t += e->chunks[c].has_blob ? e->chunks[c].blob.length : 0;
-    }
-    return t;
-}
-
-struct rec_ctx {
-    dcp_catalog *cat;
-    dcp_checkpoint *ck;
+    char id[33];
     sqlite3_stmt *st;
-    const char *id;
-    dcp_error *err;
-    dcp_progress_fn progress;
-    void *pctx;
-    uint64_t done, total, n;
-};
-
-static int record_one(void *vc, const dcp_entry *e, const dcp_blob *b)
-{
-    struct rec_ctx *c = vc;
-    uint64_t h;
-    (void)e;
-    if (dcp_blob_digest(c->ck, b, &h, c->err) < 0)
+    int rc;
+    *row = 0;
+    if (dcp_checkpoint_identity(ck, id, err) < 0)
         return -1;
-    sqlite3_reset(c->st);
-    sqlite3_bind_text(c->st, 1, c->id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(c->st, 2, c->ck->files[b->file], -1, SQLITE_STATIC);
-    sqlite3_bind_int64(c->st, 3, (sqlite3_int64)b->offset);
-    sqlite3_bind_int64(c->st, 4, (sqlite3_int64)b->length);
-    sqlite3_bind_int64(c->st, 5, (sqlite3_int64)h);
-    if (sqlite3_step(c->st) != SQLITE_DONE)
-        return sqlerr(c->cat, c->err, "recording a digest");
-    c->n++;
-    c->done += b->length;
-    if (c->progress)
-        c->progress(c->pctx, c->done, c->total);
-    return 0;
+    if (create) {
+        if ((rc = sqlite3_prepare_v2(cat->db, "INSERT OR IGNORE INTO checkpoints(identity) VALUES(?)", -1, &st,
+                                     NULL)) != SQLITE_OK)
+            return dcpi_catalog_fail(cat, rc, err, "preparing");
+        sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+        rc = sqlite3_step(st);
+        sqlite3_finalize(st);
+        if (rc != SQLITE_DONE)
+            return dcpi_catalog_fail(cat, rc, err, "adding a checkpoint");
+    }
+    if ((rc = sqlite3_prepare_v2(cat->db, "SELECT id FROM checkpoints WHERE identity=?", -1, &st, NULL)) != SQLITE_OK)
+        return dcpi_catalog_fail(cat, rc, err, "preparing");
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        *row = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : dcpi_catalog_fail(cat, rc, err, "looking up a checkpoint");
 }
 
 int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn progress, void *pctx,
                        uint64_t *nblobs, dcp_error *err)
 {
-    char id[33];
-    if (dcp_checkpoint_identity(ck, id, err) < 0)
+    dcpi_blobref *r;
+    size_t n;
+    *nblobs = 0;
+    if (dcpi_path_inside(cat->path, ck))
+        return dcpi_err(err, EPERM, "%s: the catalog may not live inside the checkpoint folder %s", cat->path, ck->path);
+    if (dcpi_collect_blobs(ck, &r, &n, err) < 0)
         return -1;
-    struct rec_ctx c = {cat, ck, NULL, id, err, progress, pctx, 0, total_bytes(ck), 0};
-    if (sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return sqlerr(cat, err, "starting a transaction");
-    int rc = sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO digests VALUES(?,?,?,?,?)", -1, &c.st, NULL) == SQLITE_OK
-                 ? each_blob(ck, record_one, &c)
-                 : sqlerr(cat, err, "preparing");
-    sqlite3_finalize(c.st);
-    if (sqlite3_exec(cat->db, rc == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL) != SQLITE_OK && rc == 0)
-        rc = sqlerr(cat, err, "committing");
-    *nblobs = c.n;
-    return rc;
-}
-
-static int lookup(dcp_catalog *cat, const char *id, const char *file, uint64_t offset, uint64_t length,
-                  uint64_t *xxh3, int *found, dcp_error *err)
-{
-    sqlite3_stmt *st;
-    *found = 0;
-    if (sqlite3_prepare_v2(cat->db, "SELECT xxh3, length FROM digests WHERE identity=? AND file=? AND offset=?", -1,
-                           &st, NULL) != SQLITE_OK)
-        return sqlerr(cat, err, "preparing");
-    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, file, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, (sqlite3_int64)offset);
-    int rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW && (uint64_t)sqlite3_column_int64(st, 1) == length) {
-        *xxh3 = (uint64_t)sqlite3_column_int64(st, 0);
-        *found = 1;
+    /* Hash first, outside any transaction: other processes keep using the catalog meanwhile. */
+    if (dcpi_hash_blobs(ck, r, n, progress, pctx, err) < 0) {
+        free(r);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (r[i].rerr) {
+            int e = r[i].rerr;
+            dcpi_err(err, e == EIO ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
+                     ck->path, ck->files[r[i].file], ck->entries[r[i].entry].key, r[i].offset, r[i].length,
+                     e == EIO ? "it ends past the end of the file" : strerror(e));
+            free(r);
+            return -1;
+        }
+    sqlite3_int64 row;
+    sqlite3_stmt *st = NULL;
+    int rc;
+    if ((rc = sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL)) != SQLITE_OK) {
+        free(r);
+        return dcpi_catalog_fail(cat, rc, err, "starting a transaction");
+    }
+    int ok = ck_row(cat, ck, 1, &row, err) == 0;
+    if (ok && (rc = sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO digests VALUES(?,?,?,?,?)", -1, &st, NULL)) !=
+                  SQLITE_OK)
+        ok = dcpi_catalog_fail(cat, rc, err, "preparing") == 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, row);
+        sqlite3_bind_text(st, 2, ck->files[r[i].file], -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)r[i].offset);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64)r[i].length);
+        sqlite3_bind_int64(st, 5, (sqlite3_int64)r[i].xxh3);
+        if ((rc = sqlite3_step(st)) != SQLITE_DONE)
+            ok = dcpi_catalog_fail(cat, rc, err, "recording a digest") == 0;
     }
     sqlite3_finalize(st);
-    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : sqlerr(cat, err, "looking up a digest");
+    if (ok && (rc = sqlite3_exec(cat->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
+        ok = dcpi_catalog_fail(cat, rc, err, "committing") == 0;
+    if (!ok)
+        sqlite3_exec(cat->db, "ROLLBACK", NULL, NULL, NULL);
+    *nblobs = ok ? n : 0;
+    free(r);
+    return ok ? 0 : -1;
 }
 
 int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, int *found,
                        dcp_error *err)
 {
     char id[33];
+    *found = 0;
     if (dcp_checkpoint_identity(ck, id, err) < 0)
         return -1;
-    return lookup(cat, id, ck->files[b->file], b->offset, b->length, xxh3, found, err);
+    pthread_mutex_lock(&cat->lock);
+    int rc = SQLITE_OK;
+    if (!cat->get)
+        rc = sqlite3_prepare_v2(cat->db,
+                                "SELECT d.xxh3, d.length FROM digests d JOIN checkpoints c ON c.id = d.ck"
+                                " WHERE c.identity=? AND d.file=? AND d.offset=?",
+                                -1, &cat->get, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_reset(cat->get);
+        sqlite3_bind_text(cat->get, 1, id, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_text(cat->get, 2, ck->files[b->file], -1, SQLITE_STATIC);
+        sqlite3_bind_int64(cat->get, 3, (sqlite3_int64)b->offset);
+        rc = sqlite3_step(cat->get);
+        if (rc == SQLITE_ROW && (uint64_t)sqlite3_column_int64(cat->get, 1) == b->length) {
+            *xxh3 = (uint64_t)sqlite3_column_int64(cat->get, 0);
+            *found = 1;
+        }
+        sqlite3_reset(cat->get);
+    }
+    int ret = rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : dcpi_catalog_fail(cat, rc, err, "looking up a digest");
+    pthread_mutex_unlock(&cat->lock);
+    return ret;
+}
+
+int dcp_verify_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err)
+{
+    uint64_t want, got;
+    int found;
+    if (dcp_catalog_digest(cat, ck, b, &want, &found, err) < 0)
+        return -1;
+    if (!found)
+        return 0;
+    if (dcp_blob_digest(ck, b, &got, err) < 0)
+        return dcpi_err_prefix(err, "%s", key ? key : "(blob)");
+    if (got != want)
+        return dcpi_err(err, EIO, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") do not match the recorded digest"
+                        " (xxh3 %016" PRIx64 ", recorded %016" PRIx64 ")",
+                        ck->path, ck->files[b->file], key ? key : "(blob)", b->offset, b->length, got, want);
+    return 1;
 }
 
 int dcp_digests_export(dcp_catalog *cat, dcp_checkpoint *ck, const char *path, dcp_error *err)
 {
-    char id[33], tmp[PATH_MAX + 32];
-    if (dcp_checkpoint_identity(ck, id, err) < 0)
+    char tmp[PATH_MAX + 32];
+    sqlite3_int64 row;
+    if (ck_row(cat, ck, 0, &row, err) < 0)
         return -1;
+    if (dcpi_path_inside(path, ck))
+        return dcpi_err(err, EPERM, "%s: will not write into the checkpoint folder %s (keep the sidecar next to it)",
+                        path, ck->path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f)
         return dcpi_err(err, errno, "%s: %s", tmp, strerror(errno));
     sqlite3_stmt *st;
-    int rc = 0;
+    int rc = 0, src;
     fprintf(f, "%s\n# xxh3-64 offset length file\n", SIDECAR_MAGIC);
-    if (sqlite3_prepare_v2(cat->db, "SELECT xxh3, offset, length, file FROM digests WHERE identity=? ORDER BY file, offset",
-                           -1, &st, NULL) != SQLITE_OK) {
-        rc = sqlerr(cat, err, "preparing");
+    if ((src = sqlite3_prepare_v2(cat->db, "SELECT xxh3, offset, length, file FROM digests WHERE ck=? ORDER BY file, offset",
+                                  -1, &st, NULL)) != SQLITE_OK) {
+        rc = dcpi_catalog_fail(cat, src, err, "preparing");
     } else {
-        sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-        while (sqlite3_step(st) == SQLITE_ROW)
+        sqlite3_bind_int64(st, 1, row);
+        while ((src = sqlite3_step(st)) == SQLITE_ROW)
             fprintf(f, "%016" PRIx64 " %" PRIu64 " %" PRIu64 " %s\n", (uint64_t)sqlite3_column_int64(st, 0),
                     (uint64_t)sqlite3_column_int64(st, 1), (uint64_t)sqlite3_column_int64(st, 2),
                     (const char *)sqlite3_column_text(st, 3));
         sqlite3_finalize(st);
+        if (src != SQLITE_DONE)
+            rc = dcpi_catalog_fail(cat, src, err, "reading digests");
     }
     if (fclose(f) != 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: %s", tmp, strerror(errno));
@@ -306,10 +398,10 @@ int dcp_digests_export(dcp_catalog *cat, dcp_checkpoint *ck, const char *path, d
 
 int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar, uint64_t *n, dcp_error *err)
 {
-    char id[33], line[4352];
+    char line[4352];
     *n = 0;
-    if (dcp_checkpoint_identity(ck, id, err) < 0)
-        return -1;
+    if (dcpi_path_inside(cat->path, ck))
+        return dcpi_err(err, EPERM, "%s: the catalog may not live inside the checkpoint folder %s", cat->path, ck->path);
     FILE *f = fopen(sidecar, "r");
     if (!f)
         return dcpi_err(err, errno, "%s: %s", sidecar, strerror(errno));
@@ -317,13 +409,17 @@ int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar
         fclose(f);
         return dcpi_err(err, EINVAL, "%s: not a dcpfs digest file", sidecar);
     }
-    sqlite3_stmt *st;
-    int rc = 0;
-    if (sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO digests VALUES(?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK) {
+    sqlite3_stmt *st = NULL;
+    sqlite3_int64 row;
+    int src;
+    if ((src = sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL)) != SQLITE_OK) {
         fclose(f);
-        return sqlerr(cat, err, "importing");
+        return dcpi_catalog_fail(cat, src, err, "importing");
     }
+    int rc = ck_row(cat, ck, 1, &row, err);
+    if (rc == 0 && (src = sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO digests VALUES(?,?,?,?,?)", -1, &st,
+                                             NULL)) != SQLITE_OK)
+        rc = dcpi_catalog_fail(cat, src, err, "importing");
     unsigned lineno = 1;
     while (rc == 0 && fgets(line, sizeof line, f)) {
         lineno++;
@@ -331,82 +427,125 @@ int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar
             continue;
         uint64_t h, off, len;
         char file[4097];
-        if (sscanf(line, "%" SCNx64 " %" SCNu64 " %" SCNu64 " %4096s", &h, &off, &len, file) != 4 ||
-            dcpi_check_relpath(file, strlen(file), err) < 0) {
+        if (!strchr(line, '\n') && !feof(f)) {
+            rc = dcpi_err(err, EINVAL, "%s:%u: line too long", sidecar, lineno);
+            break;
+        }
+        if (sscanf(line, "%16" SCNx64 " %" SCNu64 " %" SCNu64 " %4096s", &h, &off, &len, file) != 4 ||
+            off > INT64_MAX || len > INT64_MAX || dcpi_check_relpath(file, strlen(file), err) < 0) {
             rc = dcpi_err(err, EINVAL, "%s:%u: malformed line", sidecar, lineno);
             break;
         }
         sqlite3_reset(st);
-        sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 1, row);
         sqlite3_bind_text(st, 2, file, -1, SQLITE_TRANSIENT);
         sqlite3_bind_int64(st, 3, (sqlite3_int64)off);
         sqlite3_bind_int64(st, 4, (sqlite3_int64)len);
         sqlite3_bind_int64(st, 5, (sqlite3_int64)h);
-        if (sqlite3_step(st) != SQLITE_DONE)
-            rc = sqlerr(cat, err, "importing");
+        if ((src = sqlite3_step(st)) != SQLITE_DONE)
+            rc = dcpi_catalog_fail(cat, src, err, "importing");
         else
             (*n)++;
     }
     fclose(f);
     sqlite3_finalize(st);
     sqlite3_exec(cat->db, rc == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    if (rc < 0)
+        *n = 0;
     return rc;
 }
 
-struct ver_ctx {
-    dcp_catalog *cat;
-    dcp_checkpoint *ck;
-    const char *id;
-    dcp_error *err;
-    dcp_problem_fn fn;
-    void *ctx;
-    dcp_progress_fn progress;
-    void *pctx;
-    uint64_t done, total, checked, missing, problems;
-};
-
-static int verify_one(void *vc, const dcp_entry *e, const dcp_blob *b)
+/* The recorded digests of ck, merged into refs (sorted by file and offset):
+ * want is set on each ref with a record of the same length. */
+static int load_records(dcp_catalog *cat, dcp_checkpoint *ck, dcpi_blobref *r, size_t n, dcp_error *err)
 {
-    struct ver_ctx *c = vc;
-    uint64_t want, got;
-    int found;
-    if (lookup(c->cat, c->id, c->ck->files[b->file], b->offset, b->length, &want, &found, c->err) < 0)
+    sqlite3_int64 row;
+    if (ck_row(cat, ck, 0, &row, err) < 0)
         return -1;
-    if (!found) {
-        c->missing++;
+    for (size_t i = 0; i < n; i++)
+        r[i].want = 0;
+    if (!row)
         return 0;
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(cat->db, "SELECT file, offset, length, xxh3 FROM digests WHERE ck=? ORDER BY file, offset",
+                                -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return dcpi_catalog_fail(cat, rc, err, "preparing");
+    sqlite3_bind_int64(st, 1, row);
+    /* Rows come in file-name order, refs in file-index order: look each row
+     * up by binary search within its file's run of refs. */
+    const char *name = NULL;
+    size_t lo = 0, hi = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *file = (const char *)sqlite3_column_text(st, 0);
+        uint64_t off = (uint64_t)sqlite3_column_int64(st, 1), len = (uint64_t)sqlite3_column_int64(st, 2);
+        uint64_t fi;
+        if (!file)
+            continue;
+        if (!name || strcmp(name, file)) {
+            lo = hi = 0;
+            name = NULL;
+            if (!dcpi_strmap_get(&ck->file_index, file, strlen(file), &fi))
+                continue;   /* a file this checkpoint does not use */
+            name = ck->files[fi];
+            size_t a = 0, b = n;
+            while (a < b) {
+                size_t m = a + (b - a) / 2;
+                if (r[m].file < fi) a = m + 1; else b = m;
+            }
+            lo = hi = a;
+            while (hi < n && r[hi].file == fi)
+                hi++;
+        }
+        size_t a = lo, b = hi;
+        while (a < b) {
+            size_t m = a + (b - a) / 2;
+            if (r[m].offset < off) a = m + 1; else b = m;
+        }
+        for (; a < hi && r[a].offset == off; a++)
+            if (r[a].length == len) {
+                r[a].want = 1;
+                r[a].recorded = (uint64_t)sqlite3_column_int64(st, 3);
+            }
     }
-    dcp_error re;
-    char msg[1400];
-    if (dcp_blob_digest(c->ck, b, &got, &re) < 0) {
-        snprintf(msg, sizeof msg, "%s: %s: cannot re-hash: %s", c->ck->path, e->key, re.msg);
-        c->problems++;
-        if (c->fn)
-            c->fn(c->ctx, msg);
-    } else if (got != want) {
-        snprintf(msg, sizeof msg, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") changed: recorded xxh3 %016" PRIx64 ", now %016" PRIx64,
-                 c->ck->path, c->ck->files[b->file], e->key, b->offset, b->length, want, got);
-        c->problems++;
-        if (c->fn)
-            c->fn(c->ctx, msg);
-    }
-    c->checked++;
-    c->done += b->length;
-    if (c->progress)
-        c->progress(c->pctx, c->done, c->total);
-    return 0;
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? 0 : dcpi_catalog_fail(cat, rc, err, "reading digests");
 }
 
 int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, dcp_progress_fn progress,
                        void *pctx, uint64_t *checked, uint64_t *missing, uint64_t *nproblems, dcp_error *err)
 {
-    char id[33];
-    if (dcp_checkpoint_identity(ck, id, err) < 0)
+    dcpi_blobref *r;
+    size_t n;
+    *checked = *missing = *nproblems = 0;
+    if (dcpi_collect_blobs(ck, &r, &n, err) < 0)
         return -1;
-    struct ver_ctx c = {cat, ck, id, err, fn, ctx, progress, pctx, 0, total_bytes(ck), 0, 0, 0};
-    int rc = each_blob(ck, verify_one, &c);
-    *checked = c.checked;
-    *missing = c.missing;
-    *nproblems = c.problems;
-    return rc;
+    if (load_records(cat, ck, r, n, err) < 0 || dcpi_hash_blobs(ck, r, n, progress, pctx, err) < 0) {
+        free(r);
+        return -1;
+    }
+    char msg[1400];
+    for (size_t i = 0; i < n; i++) {
+        const dcpi_blobref *b = &r[i];
+        const char *key = ck->entries[b->entry].key, *file = ck->files[b->file];
+        if (!b->want) {
+            (*missing)++;
+            continue;
+        }
+        (*checked)++;
+        if (b->rerr)
+            snprintf(msg, sizeof msg, "%s/%s: %s: cannot re-hash the bytes at offset %" PRIu64 " (length %" PRIu64 "): %s",
+                     ck->path, file, key, b->offset, b->length,
+                     b->rerr == EIO ? "they end past the end of the file" : strerror(b->rerr));
+        else if (b->xxh3 != b->recorded)
+            snprintf(msg, sizeof msg, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") changed: recorded xxh3 %016" PRIx64 ", now %016" PRIx64,
+                     ck->path, file, key, b->offset, b->length, b->recorded, b->xxh3);
+        else
+            continue;
+        (*nproblems)++;
+        if (fn)
+            fn(ctx, msg);
+    }
+    free(r);
+    return 0;
 }

@@ -4,3 +4,4 @@ libdcp_la_SOURCES += src/integrity/coverage.c src/integrity/digest.c src/integri
 	src/integrity/modelcache.c
 libdcp_la_CFLAGS += $(SQLITE_CFLAGS) $(XXHASH_CFLAGS)
 libdcp_la_LIBADD += $(SQLITE_LIBS) $(XXHASH_LIBS)
+noinst_HEADERS += src/integrity/integrity.h

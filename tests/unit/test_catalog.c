@@ -1,0 +1,427 @@
+/* The catalog, structural verification and content digests (issue 5):
+ * coverage against a brute-force reference, a large grid, digests recorded,
+ * checked, exported and imported, hostile sidecars and catalog files, and the
+ * model cache's round trip. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dcp_integrity.h"
+#include "planner_ck.h"
+
+static void count_problem(void *ctx, const char *msg)
+{
+    (void)msg;
+    (*(int *)ctx)++;
+}
+
+static void last_problem(void *ctx, const char *msg) { snprintf(ctx, 1024, "%s", msg); }
+
+/* A checkpoint whose tensors' chunk records are resolved by hand (so no
+ * torch.save zip is needed): every blob is [0, 4) of a 64-byte file. */
+static size_t add_boxes(dcp_checkpoint *ck, const char *key, int ndim, const int64_t *shape, size_t nbox,
+                        const int64_t *boxes /* nbox * (offsets, sizes) */)
+{
+    size_t idx = tck_tensor(ck, key, DCP_FLOAT32, ndim, shape);
+    for (size_t b = 0; b < nbox; b++)
+        tck_chunk(ck, idx, boxes + b * 2 * (size_t)ndim, boxes + b * 2 * (size_t)ndim + ndim, 0, 0, 4);
+    int64_t stride[DCPI_MAX_NDIM] = {0};
+    for (size_t b = 0; b < nbox; b++)
+        tck_record(ck, idx, b, DCP_FLOAT32, 0, 4, 0, stride, 0);
+    return idx;
+}
+
+static dcp_checkpoint *small_ck(void)
+{
+    dcp_checkpoint *ck = tck_new();
+    unsigned char data[64] = {0};
+    tck_file(ck, "__0_0.distcp", data, sizeof data);
+    return ck;
+}
+
+/* Random boxes in a 4x3x5 tensor: verify reports nothing exactly when every
+ * element is covered once (checked element by element). */
+START_TEST(coverage_matches_reference)
+{
+    const int64_t shape[3] = {4, 3, 5};
+    unsigned seed = 12345;
+    for (int round = 0; round < 400; round++) {
+        dcp_checkpoint *ck = small_ck();
+        int64_t boxes[8 * 6];
+        size_t nbox;
+        if (round % 2) {   /* a real tiling, then maybe one box changed */
+            int64_t cut0 = 1 + rand_r(&seed) % 3, cut2 = 1 + rand_r(&seed) % 4;
+            int64_t t[4][6] = {{0, 0, 0, cut0, 3, cut2}, {0, 0, cut2, cut0, 3, 5 - cut2},
+                               {cut0, 0, 0, 4 - cut0, 3, cut2}, {cut0, 0, cut2, 4 - cut0, 3, 5 - cut2}};
+            memcpy(boxes, t, sizeof t);
+            nbox = 4;
+            if (round % 3 == 0) {
+                int b = rand_r(&seed) % 4, d = rand_r(&seed) % 3;
+                if (boxes[b * 6 + d] > 0)
+                    boxes[b * 6 + d]--;
+                else if (boxes[b * 6 + 3 + d] > 1)
+                    boxes[b * 6 + 3 + d]--;
+            }
+        } else {
+            nbox = 1 + (size_t)(rand_r(&seed) % 6);
+            for (size_t b = 0; b < nbox; b++)
+                for (int d = 0; d < 3; d++) {
+                    boxes[b * 6 + d] = rand_r(&seed) % shape[d];
+                    boxes[b * 6 + 3 + d] = 1 + rand_r(&seed) % (shape[d] - boxes[b * 6 + d]);
+                }
+        }
+        int cover[4][3][5] = {{{0}}};
+        for (size_t b = 0; b < nbox; b++)
+            for (int64_t i = boxes[b * 6]; i < boxes[b * 6] + boxes[b * 6 + 3]; i++)
+                for (int64_t j = boxes[b * 6 + 1]; j < boxes[b * 6 + 1] + boxes[b * 6 + 4]; j++)
+                    for (int64_t k = boxes[b * 6 + 2]; k < boxes[b * 6 + 2] + boxes[b * 6 + 5]; k++)
+                        cover[i][j][k]++;
+        int exact = 1;
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++)
+                for (int k = 0; k < 5; k++)
+                    exact &= cover[i][j][k] == 1;
+        add_boxes(ck, "t", 3, shape, nbox, boxes);
+        tck_finish(ck);
+        int seen = 0;
+        uint64_t n = 99;
+        dcp_error err;
+        ck_assert_int_eq(dcp_verify_structure(ck, count_problem, &seen, &n, &err), 0);
+        ck_assert_msg((n == 0) == exact, "round %d: %llu problems, exact %d", round, (unsigned long long)n, exact);
+        ck_assert_int_eq((int)n, seen);
+        tck_free(ck);
+    }
+}
+END_TEST
+
+/* A 400x400 grid of one tensor (160,000 chunks): intact, then one chunk
+ * shifted (an overlap and a gap), then one dropped (a gap). */
+static void grid(int variant, uint64_t *nproblems, char *msg)
+{
+    enum { G = 400 };
+    const int64_t shape[2] = {G * 2, G * 3};
+    int64_t *boxes = malloc((size_t)G * G * 4 * sizeof *boxes);
+    ck_assert_ptr_nonnull(boxes);
+    size_t n = 0;
+    for (int i = 0; i < G; i++)
+        for (int j = 0; j < G; j++) {
+            if (variant == 2 && i == 123 && j == 321)
+                continue;
+            int64_t *b = boxes + n++ * 4;
+            b[0] = i * 2, b[1] = j * 3, b[2] = 2, b[3] = 3;
+            if (variant == 1 && i == 200 && j == 7)
+                b[1] += 1;   /* overlaps (200,8) and leaves a gap */
+        }
+    dcp_checkpoint *ck = small_ck();
+    add_boxes(ck, "grid", 2, shape, n, boxes);
+    free(boxes);
+    tck_finish(ck);
+    dcp_error err;
+    msg[0] = 0;
+    ck_assert_int_eq(dcp_verify_structure(ck, last_problem, msg, nproblems, &err), 0);
+    tck_free(ck);
+}
+
+START_TEST(coverage_large_grid)
+{
+    char msg[1024];
+    uint64_t n;
+    grid(0, &n, msg);
+    ck_assert_msg(n == 0, "intact grid: %s", msg);
+    grid(1, &n, msg);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_msg(strstr(msg, "grid: chunks [400:2,22:3] and [400:2,24:3] overlap"), "%s", msg);
+    grid(2, &n, msg);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_msg(strstr(msg, "grid: chunks cover 959994 of 960000 elements (a gap)"), "%s", msg);
+}
+END_TEST
+
+/* ------------------------------------------------------------ digests */
+
+static char tmpdir[4096];
+
+static void make_tmpdir(void)
+{
+    const char *t = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/dcp-cat-XXXXXX", t && *t ? t : "/tmp");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+}
+
+static void rm_tmpdir(void)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Two files of blobs, some inside one hashing window, one larger than it. */
+static dcp_checkpoint *blob_ck(void)
+{
+    dcp_checkpoint *ck = tck_new();
+    size_t big = (5u << 20) + 17;
+    unsigned char *data = malloc(big);
+    ck_assert_ptr_nonnull(data);
+    for (size_t i = 0; i < big; i++)
+        data[i] = (unsigned char)(i * 7 + (i >> 9));
+    tck_file(ck, "a.distcp", data, 4096);
+    tck_file(ck, "b.distcp", data, big);
+    free(data);
+    const int64_t shape[1] = {1024}, off0[1] = {0}, off1[1] = {512}, sz[1] = {512};
+    size_t w = tck_tensor(ck, "w", DCP_FLOAT32, 1, shape);
+    tck_chunk(ck, w, off0, sz, 0, 0, 2048);
+    tck_chunk(ck, w, off1, sz, 0, 2048, 2048);
+    const int64_t bshape[1] = {(int64_t)(big - 17)}, boff[1] = {0}, bsz[1] = {(int64_t)(big - 17)};
+    size_t b = tck_tensor(ck, "big", DCP_UINT8, 1, bshape);
+    tck_chunk(ck, b, boff, bsz, 1, 17, big - 17);
+    tck_finish(ck);
+    return ck;
+}
+
+static void flip(dcp_checkpoint *ck, const char *file, off_t off)
+{
+    int fd = openat(ck->dirfd, file, O_RDWR);
+    unsigned char c;
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, &c, 1, off), 1);
+    c ^= 0x40;
+    ck_assert_int_eq(pwrite(fd, &c, 1, off), 1);
+    close(fd);
+}
+
+START_TEST(digests_record_verify_export_import)
+{
+    make_tmpdir();
+    char catpath[4200], sidecar[4200];
+    snprintf(catpath, sizeof catpath, "%s/sub/dir/catalog.sqlite", tmpdir);
+    snprintf(sidecar, sizeof sidecar, "%s/digests.txt", tmpdir);
+    dcp_checkpoint *ck = blob_ck();
+    dcp_catalog *cat;
+    dcp_error err;
+    uint64_t n, checked, missing, problems;
+    ck_assert_msg(dcp_catalog_open(catpath, &cat, &err) == 0, "%s", err.msg);
+    /* nothing recorded yet */
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, NULL, NULL, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(checked, 0);
+    ck_assert_uint_eq(missing, 3);
+    ck_assert_msg(dcp_catalog_record(cat, ck, NULL, NULL, &n, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(n, 3);
+    /* the bulk hasher and the one-blob digest agree */
+    for (size_t c = 0; c < 2; c++) {
+        uint64_t h, want;
+        int found;
+        const dcp_blob *b = &ck->entries[0].chunks[c].blob;
+        ck_assert_int_eq(dcp_blob_digest(ck, b, &h, &err), 0);
+        ck_assert_int_eq(dcp_catalog_digest(cat, ck, b, &want, &found, &err), 0);
+        ck_assert_int_eq(found, 1);
+        ck_assert_uint_eq(h, want);
+    }
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, NULL, NULL, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(checked, 3);
+    ck_assert_uint_eq(problems, 0);
+    ck_assert_int_eq(dcp_digests_export(cat, ck, sidecar, &err), 0);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[1].blob, &err), 1);
+
+    /* a flipped byte in the second chunk and one deep in the large blob */
+    flip(ck, "a.distcp", 3000);
+    flip(ck, "b.distcp", (5 << 20) - 3);
+    char msg[1024];
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, last_problem, msg, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(problems, 2);
+    ck_assert_msg(strstr(msg, "/b.distcp: big: bytes at offset 17 (length 5242880) changed"), "%s", msg);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[0].blob, &err), 1);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[1].blob, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_msg(strstr(err.msg, "/a.distcp: w: bytes at offset 2048 (length 2048) do not match"), "%s", err.msg);
+    dcp_catalog_close(cat);
+
+    /* the sidecar carries the digests into a fresh in-memory catalog */
+    ck_assert_int_eq(dcp_catalog_open(":memory:", &cat, &err), 0);
+    ck_assert_msg(dcp_catalog_import(cat, ck, sidecar, &n, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, NULL, NULL, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(checked, 3);
+    ck_assert_uint_eq(problems, 2);
+
+    /* a truncated file: the blob past its end is reported, not fatal */
+    int fd = openat(ck->dirfd, "b.distcp", O_WRONLY);
+    ck_assert_int_eq(ftruncate(fd, 1000), 0);
+    close(fd);
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, last_problem, msg, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(problems, 2);
+    ck_assert_msg(strstr(msg, "big: cannot re-hash the bytes at offset 17"), "%s", msg);
+    dcp_catalog_close(cat);
+    tck_free(ck);
+    rm_tmpdir();
+}
+END_TEST
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(sidecar_hostile)
+{
+    make_tmpdir();
+    char side[4200];
+    snprintf(side, sizeof side, "%s/s.txt", tmpdir);
+    dcp_checkpoint *ck = blob_ck();
+    dcp_catalog *cat;
+    dcp_error err;
+    uint64_t n;
+    ck_assert_int_eq(dcp_catalog_open(":memory:", &cat, &err), 0);
+    static const char *bad[] = {
+        "not a sidecar\n",
+        "dcpfs-digests 1\n0123456789abcdef 0 10 ../escape\n",
+        "dcpfs-digests 1\n0123456789abcdef 0 10 /etc/passwd\n",
+        "dcpfs-digests 1\n0123456789abcdef -1\n",
+        "dcpfs-digests 1\n0123456789abcdef 9223372036854775808 1 a.distcp\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_file(side, bad[i]);
+        ck_assert_int_eq(dcp_catalog_import(cat, ck, side, &n, &err), -1);
+        ck_assert_int_eq(err.code, EINVAL);
+        ck_assert_uint_eq(n, 0);
+    }
+    /* a rolled-back import leaves nothing behind */
+    uint64_t checked, missing, problems;
+    ck_assert_int_eq(dcp_verify_digests(cat, ck, NULL, NULL, NULL, NULL, &checked, &missing, &problems, &err), 0);
+    ck_assert_uint_eq(checked, 0);
+    dcp_catalog_close(cat);
+    tck_free(ck);
+    rm_tmpdir();
+}
+END_TEST
+
+/* ------------------------------------------------------------ catalog files */
+
+START_TEST(catalog_foreign_and_garbage_files_rebuilt)
+{
+    make_tmpdir();
+    char path[4200], aside[4300];
+    snprintf(path, sizeof path, "%s/catalog.sqlite", tmpdir);
+    snprintf(aside, sizeof aside, "%s.corrupt", path);
+    dcp_catalog *cat;
+    dcp_error err;
+    /* some other program's database */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "CREATE TABLE t(x); INSERT INTO t VALUES(1)", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    ck_assert_int_eq(dcp_catalog_open(path, &cat, &err), 0);
+    dcp_catalog_close(cat);
+    ck_assert_int_eq(access(aside, F_OK), 0);
+    unlink(aside);
+    /* reopening our own catalog keeps it */
+    ck_assert_int_eq(dcp_catalog_open(path, &cat, &err), 0);
+    dcp_catalog_close(cat);
+    ck_assert_int_eq(access(aside, F_OK), -1);
+    /* garbage bytes */
+    write_file(path, "SQLite format 3 but not really, just garbage..................................................");
+    ck_assert_int_eq(dcp_catalog_open(path, &cat, &err), 0);
+    dcp_catalog_close(cat);
+    ck_assert_int_eq(access(aside, F_OK), 0);
+    rm_tmpdir();
+}
+END_TEST
+
+/* ------------------------------------------------------------ model cache */
+
+static void same_model(dcp_checkpoint *a, dcp_checkpoint *b)
+{
+    ck_assert_uint_eq(dcp_num_entries(a), dcp_num_entries(b));
+    ck_assert_uint_eq(dcp_num_files(a), dcp_num_files(b));
+    for (size_t f = 0; f < dcp_num_files(a); f++)
+        ck_assert_str_eq(dcp_file_name(a, (uint32_t)f), dcp_file_name(b, (uint32_t)f));
+    for (size_t i = 0; i < dcp_num_entries(a); i++) {
+        const dcp_entry *x = dcp_entry_at(a, i), *y = dcp_entry_at(b, i);
+        ck_assert_str_eq(x->key, y->key);
+        ck_assert_int_eq(x->kind, y->kind);
+        ck_assert_int_eq(x->dtype, y->dtype);
+        ck_assert_int_eq(x->ndim, y->ndim);
+        ck_assert_uint_eq(x->nchunks, y->nchunks);
+        ck_assert(!x->ndim || !memcmp(x->shape, y->shape, (size_t)x->ndim * 8));
+        ck_assert(!memcmp(&x->blob, &y->blob, sizeof x->blob));
+        for (size_t c = 0; c < x->nchunks; c++) {
+            ck_assert(!memcmp(&x->chunks[c].blob, &y->chunks[c].blob, sizeof x->chunks[c].blob));
+            ck_assert_int_eq(x->chunks[c].has_blob, y->chunks[c].has_blob);
+            ck_assert(!x->ndim || !memcmp(x->chunks[c].offsets, y->chunks[c].offsets, (size_t)x->ndim * 8));
+            ck_assert(!x->ndim || !memcmp(x->chunks[c].sizes, y->chunks[c].sizes, (size_t)x->ndim * 8));
+        }
+    }
+    const dcp_info *p = dcp_get_info(a), *q = dcp_get_info(b);
+    ck_assert_str_eq(p->serialization, q->serialization);
+    ck_assert_str_eq(p->generation, q->generation);
+    ck_assert_uint_eq(p->metadata_bytes, q->metadata_bytes);
+}
+
+START_TEST(model_cache_round_trip)
+{
+    const char *top = getenv("top_srcdir");
+    static const char *cases[] = {"01_single_plain", "02_rowwise_4ranks", "04_block_4ranks", "05_mixed_2ranks",
+                                  "09_megatron_torch_dist"};
+    make_tmpdir();
+    char catpath[4200];
+    snprintf(catpath, sizeof catpath, "%s/catalog.sqlite", tmpdir);
+    dcp_open_options cat = {DCP_OPEN_CATALOG, catpath};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tests/fixtures/%s/ckpt", top ? top : "..", cases[i]);
+        dcp_checkpoint *parsed, *first, *cached;
+        dcp_error err;
+        ck_assert_msg(dcp_open(path, 0, &parsed, &err) == 0, "%s", err.msg);
+        ck_assert_msg(dcp_open_ex(path, &cat, &first, &err) == 0, "%s", err.msg);
+        ck_assert_int_eq(dcp_from_catalog(first), 0);
+        ck_assert_msg(dcp_open_ex(path, &cat, &cached, &err) == 0, "%s", err.msg);
+        ck_assert_msg(dcp_from_catalog(cached) == 1, "%s: not served from the catalog", cases[i]);
+        same_model(parsed, cached);
+        dcp_close(parsed);
+        dcp_close(first);
+        dcp_close(cached);
+    }
+    /* every stored record damaged in turn: never served, always parsed */
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(catpath, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "UPDATE models SET data = CAST(zeroblob(length(data)) AS BLOB)", NULL, NULL, NULL),
+                     SQLITE_OK);
+    sqlite3_close(db);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tests/fixtures/%s/ckpt", top ? top : "..", cases[i]);
+        dcp_checkpoint *ck;
+        dcp_error err;
+        ck_assert_int_eq(dcp_open_ex(path, &cat, &ck, &err), 0);
+        ck_assert_int_eq(dcp_from_catalog(ck), 0);
+        dcp_close(ck);
+    }
+    rm_tmpdir();
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("catalog");
+    TCase *tc = tcase_create("all");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, coverage_matches_reference);
+    tcase_add_test(tc, coverage_large_grid);
+    tcase_add_test(tc, digests_record_verify_export_import);
+    tcase_add_test(tc, sidecar_hostile);
+    tcase_add_test(tc, catalog_foreign_and_garbage_files_rebuilt);
+    tcase_add_test(tc, model_cache_round_trip);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
