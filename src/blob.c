@@ -4,75 +4,121 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "internal.h"
 
 #define DECODED_MAX (8ULL << 30)   /* refuse to inflate a blob beyond this */
+#define FIRST_ALLOC (64u << 20)     /* trust a frame's claimed content size this far */
+#define IN_STEP (1u << 20)          /* compressed bytes read at a time */
 
+/* The decoded size limit: DECODED_MAX, or half the physical memory if less. */
+static uint64_t decoded_limit(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t lim = DECODED_MAX;
+    if (pages > 0 && psz > 0 && (uint64_t)pages * (uint64_t)psz / 2 < lim)
+        lim = (uint64_t)pages * (uint64_t)psz / 2;
+    return lim;
+}
+
+/* Decompress a whole zstd blob (one or more frames, content size optional),
+ * reading the compressed bytes a piece at a time. */
 static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void **out, uint64_t *outlen,
                   dcp_error *err)
 {
     const char *file = ck->files[b->file];
-    if (b->length > DECODED_MAX)
-        return dcpi_err(err, EFBIG, "%s/%s: %s: compressed blob too large", ck->path, file, key);
-    void *src = malloc(b->length ? b->length : 1);
-    if (!src)
-        return dcpi_err(err, ENOMEM, "%s/%s: %s: out of memory", ck->path, file, key);
-    if (dcpi_pread_full(ck, b->file, src, b->length, b->offset, key, err) < 0) {
-        free(src);
-        return -1;
-    }
+    const uint64_t limit = decoded_limit();
+    size_t istep = b->length < IN_STEP ? (size_t)b->length : IN_STEP;
+    unsigned char *ibuf = malloc(istep ? istep : 1), *dst = NULL;
     ZSTD_DStream *ds = ZSTD_createDStream();
-    unsigned long long hint = ZSTD_getFrameContentSize(src, b->length);
-    size_t cap = (hint != ZSTD_CONTENTSIZE_UNKNOWN && hint != ZSTD_CONTENTSIZE_ERROR && hint <= DECODED_MAX)
-                     ? (size_t)hint + 1 : (size_t)b->length * 4 + 4096;
-    unsigned char *dst = malloc(cap);
-    if (!ds || !dst) {
-        free(src);
-        free(dst);
+    const char *why = NULL;
+    if (!ibuf || !ds) {
+        free(ibuf);
         ZSTD_freeDStream(ds);
         return dcpi_err(err, ENOMEM, "%s/%s: %s: out of memory", ck->path, file, key);
     }
-    ZSTD_inBuffer in = {src, b->length, 0};
-    ZSTD_outBuffer o = {dst, cap, 0};
-    size_t rc = 1;
-    while (in.pos < in.size || rc != 0) {
-        if (o.pos == o.size) {
-            if (cap >= DECODED_MAX) {
-                rc = (size_t)-1;
+    ZSTD_inBuffer in = {ibuf, 0, 0};
+    ZSTD_outBuffer o = {NULL, 0, 0};
+    uint64_t done_in = 0;
+    size_t rc = 1;   /* nonzero while a frame is incomplete */
+    int failed = 0;
+    for (;;) {
+        if (in.pos == in.size && done_in < b->length) {
+            size_t n = b->length - done_in < istep ? (size_t)(b->length - done_in) : istep;
+            if (dcpi_pread_full(ck, b->file, ibuf, n, b->offset + done_in, key, err) < 0) {
+                failed = 1;
                 break;
             }
-            size_t ncap = cap * 2 > DECODED_MAX ? DECODED_MAX : cap * 2;
-            unsigned char *nd = realloc(dst, ncap);
+            if (done_in == 0) {   /* size the output from the first frame's header */
+                unsigned long long hint = ZSTD_getFrameContentSize(ibuf, n);
+                uint64_t cap = hint == ZSTD_CONTENTSIZE_UNKNOWN || hint == ZSTD_CONTENTSIZE_ERROR
+                                   ? b->length * 4 + 4096 : (uint64_t)hint + 1;
+                if (cap > FIRST_ALLOC)
+                    cap = FIRST_ALLOC;
+                if (cap > limit)
+                    cap = limit;
+                if (!(dst = malloc((size_t)cap))) {
+                    why = "out of memory";
+                    break;
+                }
+                o.dst = dst;
+                o.size = (size_t)cap;
+            }
+            done_in += n;
+            in.size = n;
+            in.pos = 0;
+        }
+        if (in.pos == in.size && done_in == b->length && (rc == 0 || !dst))
+            break;   /* all input used and the last frame complete (or no input at all) */
+        if (o.pos == o.size) {
+            if (o.size >= limit) {
+                why = "decodes beyond the size limit";
+                break;
+            }
+            uint64_t ncap = (uint64_t)o.size * 2 > limit ? limit : (uint64_t)o.size * 2;
+            unsigned char *nd = realloc(dst, (size_t)ncap);
             if (!nd) {
-                free(src);
-                free(dst);
-                ZSTD_freeDStream(ds);
-                return dcpi_err(err, ENOMEM, "%s/%s: %s: out of memory", ck->path, file, key);
+                why = "out of memory";
+                break;
             }
             dst = nd;
-            cap = ncap;
             o.dst = dst;
-            o.size = cap;
+            o.size = (size_t)ncap;
         }
         size_t before_in = in.pos, before_out = o.pos;
         rc = ZSTD_decompressStream(ds, &o, &in);
-        if (ZSTD_isError(rc))
+        if (ZSTD_isError(rc)) {
+            why = ZSTD_getErrorName(rc);
             break;
-        if (in.pos == in.size && rc != 0 && before_in == in.pos && before_out == o.pos) {
-            rc = (size_t)-2;   /* input ended inside a frame */
+        }
+        if (in.pos == in.size && done_in == b->length && rc != 0 && before_in == in.pos && before_out == o.pos) {
+            why = "truncated stream";   /* input ended inside a frame */
             break;
         }
     }
-    free(src);
+    free(ibuf);
     ZSTD_freeDStream(ds);
-    if (rc != 0) {
+    if (!failed && !why && (!dst || rc != 0))
+        why = "empty blob";
+    if (failed || why) {
         free(dst);
+        if (failed)
+            return -1;
+        if (!strcmp(why, "out of memory"))
+            return dcpi_err(err, ENOMEM, "%s/%s: %s: out of memory decoding the zstd blob at offset %llu",
+                            ck->path, file, key, (unsigned long long)b->offset);
+        if (!strcmp(why, "decodes beyond the size limit"))
+            return dcpi_err(err, EFBIG, "%s/%s: %s: the zstd blob at offset %llu decodes to more than %llu bytes",
+                            ck->path, file, key, (unsigned long long)b->offset, (unsigned long long)limit);
         return dcpi_err(err, EIO, "%s/%s: %s: corrupt zstd blob at offset %llu: %s", ck->path, file, key,
-                        (unsigned long long)b->offset,
-                        rc == (size_t)-1 ? "decodes beyond the size limit"
-                        : rc == (size_t)-2 ? "truncated stream" : ZSTD_getErrorName(rc));
+                        (unsigned long long)b->offset, why);
+    }
+    if (o.size - o.pos > 4096) {   /* give back the unused estimate: the cache keeps it */
+        unsigned char *nd = realloc(dst, o.pos ? o.pos : 1);
+        if (nd)
+            dst = nd;
     }
     *out = dst;
     *outlen = o.pos;

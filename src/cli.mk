@@ -6,4 +6,4 @@ dcp_SOURCES = \
 	src/cli/cmd_convert.c src/cli/cmd_synth.c src/cli/cmd_verify.c src/cli/cmd_diff.c
 dcp_CFLAGS = $(AM_CFLAGS) $(XXHASH_CFLAGS)
 dcp_LDADD = libdcp.la $(XXHASH_LIBS)
-dist_man_MANS += man/dcp.1 man/libdcp.3 man/dcp-verify.1 man/dcp-diff.1
+dist_man_MANS += man/dcp.1 man/libdcp.3 man/dcp-verify.1 man/dcp-diff.1 man/dcp-formats.7

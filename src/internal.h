@@ -108,6 +108,8 @@ struct dcp_checkpoint {
     uint64_t decode_clock;
     char identity[33];             /* integrity/digest.c: computed once, "" until then */
     int from_catalog;              /* the model was rebuilt from the catalog */
+    struct dcpi_st_index *st_index; /* torchsave.c: parsed safetensors headers of
+                                      SAFETENSORS-format shards; arena-owned list, under lock */
 };
 
 /* Model building, used by the format loaders while opening. */

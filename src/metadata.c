@@ -20,14 +20,16 @@
 
 #define METADATA_MAX_BYTES (16ULL << 30)   /* refuse absurd files before allocating */
 
+/* One load: a .metadata, or all __R.metadata files of a rank-local folder
+ * (the box index spans the files, so replicas merge in linear time). */
 typedef struct interp {
     dcp_checkpoint *ck;
-    const char *what;          /* "<ckpt>/.metadata" for messages */
+    const char *what;          /* the file being read, "<ckpt>/.metadata", for messages */
     dcp_error *err;
-    dcpi_strmap boxes;         /* key \0 offsets -> entry<<32 | chunk (tensors), key \0 -> entry (bytes) */
-    dcpi_arena scratch;        /* composite keys, freed after the file */
+    dcpi_strmap boxes;         /* (key, offsets) -> entry<<32 | chunk; (key) -> entry<<32 for bytes */
+    dcpi_arena scratch;        /* the composite keys of boxes */
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
-    int saw_old_properties;
+    int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
 } interp;
 
 static const char *class_name(const pk_node *obj)
@@ -48,11 +50,11 @@ static const pk_node *state_of(const pk_node *obj)
     if (!obj || obj->type != PK_CALL || !obj->u.call.state)
         return NULL;
     const pk_node *s = obj->u.call.state;
-    if (s->type == PK_DICT)
-        return s;
+    if (pk_as_dict(s))
+        return pk_as_dict(s);
     /* slots dataclass: (None, {slot: value}) */
-    if (s->type == PK_TUPLE && pk_len(s) == 2 && pk_item(s, 1)->type == PK_DICT)
-        return pk_item(s, 1);
+    if (s->type == PK_TUPLE && pk_len(s) == 2 && pk_as_dict(pk_item(s, 1)))
+        return pk_as_dict(pk_item(s, 1));
     return NULL;
 }
 
@@ -92,20 +94,34 @@ static int key_text(interp *in, const pk_node *k, char *buf, size_t bufsz, const
     return dcpi_err(in->err, EINVAL, "%s: a state-dict key is neither a string nor an integer", in->what);
 }
 
+/* The index key of a box: the key's length, the key, the offsets. The length
+ * prefix keeps hostile keys (any bytes) from colliding with other boxes. */
 static int composite(interp *in, const char *key, size_t klen, const int64_t *off, int nd,
                      const char **out, size_t *olen)
 {
-    size_t n = klen + 1 + (size_t)nd * sizeof(int64_t);
+    size_t n = sizeof(uint64_t) + klen + (size_t)nd * sizeof(int64_t);
     char *c = dcpi_arena_alloc(&in->scratch, n);
     if (!c)
         return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
-    memcpy(c, key, klen);
-    c[klen] = 0;
+    uint64_t kl = klen;
+    memcpy(c, &kl, sizeof kl);
+    memcpy(c + sizeof kl, key, klen);
     if (nd)
-        memcpy(c + klen + 1, off, (size_t)nd * sizeof(int64_t));
+        memcpy(c + sizeof kl + klen, off, (size_t)nd * sizeof(int64_t));
     *out = c;
     *olen = n;
     return 0;
+}
+
+/* "[a, b, c]" into buf, for messages. */
+static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
+{
+    size_t used = (size_t)snprintf(buf, sz, "[");
+    for (int d = 0; d < nd && used < sz; d++)
+        used += (size_t)snprintf(buf + used, sz - used, "%s%" PRId64, d ? ", " : "", v[d]);
+    if (used < sz)
+        snprintf(buf + used, sz - used, "]");
+    return buf;
 }
 
 static int dtype_of(interp *in, const pk_node *props, const char *key, dcp_dtype *dt)
@@ -155,7 +171,9 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
         return -1;
     }
     const pk_node *chunks = pk_dict_get(st, "chunks");
-    if (!chunks || chunks->type != PK_LIST)
+    if (chunks && chunks->type == PK_CALL)
+        chunks = pk_call_items(chunks);   /* a list subclass */
+    if (!chunks || (chunks->type != PK_LIST && chunks->type != PK_TUPLE))
         return dcpi_err(in->err, EINVAL, "%s: %s: chunks is not a list", in->what, key);
     for (size_t i = 0; i < pk_len(chunks); i++) {
         const pk_node *cst = state_of(pk_item(chunks, i));
@@ -165,20 +183,41 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
         if (cnd != nd || snd != nd)
             return dcpi_err(in->err, EINVAL, "%s: %s: chunk %zu has %d dimensions, the tensor %d",
                             in->what, key, i, cnd, nd);
+        for (int d = 0; d < nd; d++) {
+            uint64_t end;
+            if (off[d] < 0 || sz[d] < 0 || !dcpi_add_u64((uint64_t)off[d], (uint64_t)sz[d], &end) ||
+                end > (uint64_t)shape[d]) {
+                char a[256], b[256], c[256];
+                return dcpi_err(in->err, EINVAL,
+                                "%s: %s: chunk %zu (offsets %s, sizes %s) lies outside the tensor of shape %s",
+                                in->what, key, i, vec_text(off, nd, a, sizeof a), vec_text(sz, nd, b, sizeof b),
+                                vec_text(shape, nd, c, sizeof c));
+            }
+        }
         const char *ck_key;
         size_t ck_len;
+        uint64_t v;
         if (composite(in, key, klen, off, nd, &ck_key, &ck_len) < 0)
             return -1;
-        /* Identical boxes are replicas (rank-local merge): keep the first. */
-        size_t ci = SIZE_MAX;
-        for (size_t j = 0; j < e->nchunks; j++)
-            if (!memcmp(e->chunks[j].offsets, off, (size_t)nd * sizeof *off) &&
-                !memcmp(e->chunks[j].sizes, sz, (size_t)nd * sizeof *sz)) {
-                ci = j;
-                break;
+        if (dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v)) {
+            /* The same box again (rank-local files each list a replicated
+             * tensor): a replica, keep the first. */
+            if ((v >> 32) != idx)
+                return dcpi_err(in->err, EINVAL, "%s: %s: inconsistent chunk index", in->what, key);
+            const dcp_chunk *prev = &in->ck->priv[idx].chunks[v & 0xffffffffu];
+            if (nd && memcmp(prev->sizes, sz, (size_t)nd * sizeof *sz)) {
+                char a[256], b[256], c[256];
+                return dcpi_err(in->err, EINVAL, "%s: %s: two chunks at offsets %s with different sizes %s and %s",
+                                in->what, key, vec_text(off, nd, a, sizeof a),
+                                vec_text(prev->sizes, nd, b, sizeof b), vec_text(sz, nd, c, sizeof c));
             }
-        if (ci == SIZE_MAX && dcpi_model_add_chunk(in->ck, idx, off, sz, &ci, in->err) < 0)
+            continue;
+        }
+        size_t ci;
+        if (dcpi_model_add_chunk(in->ck, idx, off, sz, &ci, in->err) < 0)
             return -1;
+        if (ci > 0xffffffffu)
+            return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
         if (dcpi_strmap_put(&in->boxes, ck_key, ck_len, ((uint64_t)idx << 32) | ci) < 0)
             return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
     }
@@ -251,8 +290,11 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
     dcp_blob b = {.offset = (uint64_t)boff, .length = (uint64_t)blen};
     if (transforms_of(in, pk_dict_get(sst, "transform_descriptors"), key, &b.transforms) < 0)
         return -1;
-    if (dcpi_model_file(in->ck, rel, rlen, &b.file, in->err) < 0)
-        return dcpi_err_prefix(in->err, "%s", key);
+    if (dcpi_model_file(in->ck, rel, rlen, &b.file, in->err) < 0) {
+        if (dcpi_check_relpath(rel, rlen, in->err) < 0)   /* the usual reason: name file and key */
+            return dcpi_err_prefix(in->err, "%s: %s", in->what, key);
+        return -1;
+    }
     size_t idx = (size_t)(v >> 32), ci = (size_t)(v & 0xffffffffu);
     dcp_entry *e = &in->ck->entries[idx];
     if (e->kind == DCP_KIND_BYTES) {
@@ -299,17 +341,29 @@ static void fill_info(interp *in, const pk_node *root, const pk_node *st)
     const pk_node *sm = pk_dict_get(st, "storage_meta");
     const pk_node *ver = pk_dict_get(st, "version");
     const pk_node *pd = pk_dict_get(st, "planner_data");
-    const char *gen;
-    if (mod && !strncmp(mod, "torch.distributed._shard.checkpoint", 35))
+    /* From class paths and fields present, never a guessed version. */
+    char genbuf[160];
+    const char *gen, *vs;
+    size_t vl;
+    if (mod && !strncmp(mod, "torch.distributed._shard.checkpoint", 35)) {
         gen = "torch 1.13 (torch.distributed._shard.checkpoint)";
-    else if (ver && ver->type != PK_NONE)
-        gen = "torch 2.8+ (torch.distributed.checkpoint, Metadata.version)";
-    else if (sm && sm->type != PK_NONE)
-        gen = "torch 2.4+ (torch.distributed.checkpoint, StorageMeta)";
-    else if (in->saw_new_properties)
-        gen = "torch 2.3+ (torch.distributed.checkpoint)";
-    else
-        gen = "torch 2.0-2.2 (torch.distributed.checkpoint)";
+    } else if (ver && ver->type != PK_NONE) {
+        if (pk_str(ver, &vs, &vl))
+            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version %.*s)", (int)(vl > 64 ? 64 : vl), vs);
+        else if (ver->type == PK_FLOAT)
+            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version %g)", ver->u.f);
+        else
+            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version field)");
+        gen = genbuf;
+    } else if (sm && sm->type != PK_NONE) {
+        gen = "torch 2.4+ (StorageMeta)";
+    } else if (in->saw_new_properties) {
+        gen = "torch 2.3+";
+    } else if (in->saw_old_properties) {
+        gen = "torch 2.0-2.2";
+    } else {
+        gen = "torch 2.0+";   /* no tensor: nothing tells 2.0-2.2 from 2.3 */
+    }
     if (mod && !strncmp(mod, "megatron.", 9)) {
         char buf[256];
         snprintf(buf, sizeof buf, "Megatron-Core %s.%s on %s", mod, class_name(root), gen);
@@ -320,10 +374,10 @@ static void fill_info(interp *in, const pk_node *root, const pk_node *st)
         snprintf(buf, sizeof buf, "%s.%s (a Metadata subclass) on %s", mod, class_name(root), gen);
         info->generation = dcpi_model_strdup(in->ck, buf);
     } else {
-        info->generation = gen;
+        info->generation = dcpi_model_strdup(in->ck, gen);
     }
     info->serialization = "torch_save";
-    info->has_planner_data = pd && pd->type == PK_DICT;
+    info->has_planner_data = pk_as_dict(pd) != NULL;
     const char *s;
     size_t len;
     double f;
@@ -343,12 +397,29 @@ static void fill_info(interp *in, const pk_node *root, const pk_node *st)
     }
 }
 
+/* The 1.12-era schema: per-key storage keys instead of chunks and storage_data. */
+static bool pre_113(const pk_node *sdm)
+{
+    for (size_t i = 0; sdm && i < sdm->u.dict.n; i++) {
+        const pk_node *md = sdm->u.dict.vals[i];
+        const char *cls = class_name(md);
+        if ((cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata"))) ||
+            pk_dict_get(state_of(md), "storage_key"))
+            return true;
+    }
+    return false;
+}
+
 static int interpret(interp *in, const pk_node *root)
 {
     const pk_node *st = state_of(root);
-    const pk_node *sdm = pk_dict_get(st, "state_dict_metadata");
-    const pk_node *sd = pk_dict_get(st, "storage_data");
-    if (!st || !sdm || sdm->type != PK_DICT || !sd || sd->type != PK_DICT) {
+    const pk_node *sdm = pk_as_dict(pk_dict_get(st, "state_dict_metadata"));
+    const pk_node *sd = pk_as_dict(pk_dict_get(st, "storage_data"));
+    if (pre_113(sdm))
+        return dcpi_err(in->err, ENOTSUP,
+                        "%s: the pre-1.13 checkpoint schema (ShardedTensorStorageMetadata, storage keys) is not supported",
+                        in->what);
+    if (!sdm || !sd) {
         const char *name = class_name(root);
         return dcpi_err(in->err, EINVAL, "%s: a pickle, but not DCP metadata (%s%s%s has no state_dict_metadata/storage_data)",
                         in->what, name ? class_module(root) : "the top object", name ? "." : "", name ? name : "");
@@ -367,10 +438,6 @@ static int interpret(interp *in, const pk_node *root)
         } else if (cls && !strcmp(cls, "BytesStorageMetadata")) {
             if (add_bytes(in, key, klen) < 0)
                 return -1;
-        } else if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || pk_dict_get(state_of(md), "storage_key"))) {
-            return dcpi_err(in->err, ENOTSUP,
-                            "%s: the pre-1.13 checkpoint schema (ShardedTensorStorageMetadata, storage keys) is not supported",
-                            in->what);
         } else {
             return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
                             (int)klen, key, cls ? cls : "(not an object)");
@@ -383,11 +450,15 @@ static int interpret(interp *in, const pk_node *root)
     return 0;
 }
 
-static int load_file(dcp_checkpoint *ck, const char *relname, dcp_error *err)
+/* Read and interpret one metadata file of the folder. */
+static int load_file(interp *in, const char *relname)
 {
+    dcp_checkpoint *ck = in->ck;
+    dcp_error *err = in->err;
     char what[4096];
     snprintf(what, sizeof what, "%s/%s", ck->path, relname);
-    int fd = openat(ck->dirfd, relname, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    in->what = what;
+    int fd = openat(ck->dirfd, relname, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return dcpi_err(err, errno, "%s: cannot open: %s", what, strerror(errno));
     struct stat sb;
@@ -414,7 +485,7 @@ static int load_file(dcp_checkpoint *ck, const char *relname, dcp_error *err)
             int e = r < 0 ? errno : EIO;
             free(buf);
             close(fd);
-            return dcpi_err(err, e, "%s: read failed: %s", what, r < 0 ? strerror(e) : "file shrank");
+            return dcpi_err(err, e, "%s: read failed: %s", what, r < 0 ? strerror(e) : "the file shrank while being read");
         }
         got += (size_t)r;
     }
@@ -423,77 +494,117 @@ static int load_file(dcp_checkpoint *ck, const char *relname, dcp_error *err)
 
     pk_doc *doc;
     const pk_node *root;
-    interp in = {.ck = ck, .what = what, .err = err};
-    dcpi_strmap_init(&in.boxes);
-    dcpi_arena_init(&in.scratch);
     int rc = pk_parse(buf, size, what, &doc, &root, err);
     free(buf);
     if (rc == 0) {
-        rc = interpret(&in, root);
+        rc = interpret(in, root);
         pk_free(doc);
     }
-    dcpi_strmap_free(&in.boxes);
-    dcpi_arena_free(&in.scratch);
+    in->what = NULL;
     return rc;
+}
+
+static void interp_init(interp *in, dcp_checkpoint *ck, dcp_error *err)
+{
+    memset(in, 0, sizeof *in);
+    in->ck = ck;
+    in->err = err;
+    dcpi_strmap_init(&in->boxes);
+    dcpi_arena_init(&in->scratch);
+}
+
+static void interp_free(interp *in)
+{
+    dcpi_strmap_free(&in->boxes);
+    dcpi_arena_free(&in->scratch);
 }
 
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
 {
-    if (load_file(ck, relname, err) < 0)
-        return -1;
-    ck->info.layout = "global .metadata";
-    return 0;
+    interp in;
+    interp_init(&in, ck, err);
+    int rc = load_file(&in, relname);
+    interp_free(&in);
+    if (rc == 0)
+        ck->info.layout = "global .metadata";
+    return rc;
 }
+
+typedef struct rank_file {
+    unsigned long rank;
+    char name[64];
+} rank_file;
 
 static int cmp_rank(const void *a, const void *b)
 {
-    long ra = *(const long *)a, rb = *(const long *)b;
-    return (ra > rb) - (ra < rb);
+    const rank_file *x = a, *y = b;
+    if (x->rank != y->rank)
+        return (x->rank > y->rank) - (x->rank < y->rank);
+    return strcmp(x->name, y->name);
 }
 
-/* __R.metadata files, one per rank, each describing only that rank's items. */
+/* "__R.metadata" with R decimal: the rank, or -1. */
+static long rank_of(const char *name)
+{
+    if (strncmp(name, "__", 2) || name[2] < '0' || name[2] > '9')
+        return -1;
+    unsigned long r = 0;
+    const char *p = name + 2;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (r > 100000000)   /* no job has this many ranks; keeps r in range */
+            return -1;
+        r = r * 10 + (unsigned long)(*p - '0');
+    }
+    return strcmp(p, ".metadata") ? -1 : (long)r;
+}
+
+/* __R.metadata files (use_collectives=False saves), one per rank, each
+ * describing only that rank's items: the union of their chunks, a box listed
+ * by several ranks (a replica) kept once, from the lowest rank. */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
 {
     int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
+        int e = errno;
         if (fd >= 0)
             close(fd);
-        return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
+        return dcpi_err(err, e, "%s: cannot list the folder: %s", ck->path, strerror(e));
     }
-    long *ranks = NULL;
+    rank_file *files = NULL;
     size_t n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        char *end;
-        if (strncmp(de->d_name, "__", 2) || de->d_name[2] < '0' || de->d_name[2] > '9')
-            continue;
-        long r = strtol(de->d_name + 2, &end, 10);
-        if (strcmp(end, ".metadata") || r < 0)
+        long r = rank_of(de->d_name);
+        if (r < 0 || strlen(de->d_name) >= sizeof files->name)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
-            long *nr = realloc(ranks, cap * sizeof *nr);
-            if (!nr) {
-                free(ranks);
+            rank_file *nf = realloc(files, cap * sizeof *nf);
+            if (!nf) {
+                free(files);
                 closedir(d);
                 return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
             }
-            ranks = nr;
+            files = nf;
         }
-        ranks[n++] = r;
+        files[n].rank = (unsigned long)r;
+        strcpy(files[n].name, de->d_name);
+        n++;
     }
     closedir(d);
-    qsort(ranks, n, sizeof *ranks, cmp_rank);
-    int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "__%ld.metadata", ranks[i]);
-        rc = load_file(ck, name, err);
+    if (n == 0) {
+        free(files);
+        return dcpi_err(err, ENOENT, "%s: no .metadata and no __R.metadata files", ck->path);
     }
-    free(ranks);
-    if (rc == 0 && n == 0)
-        rc = dcpi_err(err, ENOENT, "%s: no __R.metadata files", ck->path);
+    qsort(files, n, sizeof *files, cmp_rank);
+    interp in;
+    interp_init(&in, ck, err);
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = load_file(&in, files[i].name);
+    interp_free(&in);
+    free(files);
     if (rc == 0)
         ck->info.layout = "rank-local __R.metadata";
     return rc;

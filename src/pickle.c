@@ -10,12 +10,21 @@
 #include "internal.h"
 #include "pickle.h"
 
-#define PK_MAX_DEPTH 512
-#define SMALL_INTS 1024   /* offsets, sizes, memo-free ints: most of a big .metadata */
+#define PK_MAX_MARKS 32768   /* nested MARKs; CPython nests them as deep as the data */
+#define SMALL_INTS 1024      /* offsets, sizes, memo-free ints: most of a big .metadata */
+#define SLAB_MAX 1024        /* nodes per slab once a pickle proves big */
 
 struct pk_doc {
     dcpi_arena arena;
 };
+
+/* PK_CALL nodes carry one more field than the others: the items SETITEMS or
+ * APPENDS gave the object (OrderedDict(), defaultdict). Keeping it out of
+ * pk_node keeps every other node at 40 bytes. */
+typedef struct call_ext {
+    pk_node n;              /* first: a call_ext * is a pk_node * */
+    pk_node *items;
+} call_ext;
 
 typedef struct vm {
     const unsigned char *p, *end, *start;
@@ -26,12 +35,14 @@ typedef struct vm {
     size_t sp, scap;
     size_t *marks;
     size_t nmarks, mcap;
-    pk_node **memo;
-    size_t memo_cap;
+    pk_node **memo;       /* [0, memo_len) initialised; NULL = undefined */
+    size_t memo_len, memo_cap;
     size_t memo_next;     /* MEMOIZE index */
-    pk_node *none;        /* one NONE node, arena-owned */
-    pk_node **small_ints; /* shared nodes for 0..SMALL_INTS-1: ints are immutable */
-    pk_node *empty_tuple;
+    pk_node *slab;        /* nodes are carved from arena slabs: no per-node header */
+    size_t slab_left, slab_size;
+    /* Immutable values are shared: most of a big .metadata is small ints. */
+    pk_node *none, *yes, *no, *empty_tuple;
+    pk_node **small_ints; /* 0..SMALL_INTS-1 */
 } vm;
 
 static int fail(vm *m, const char *fmt, const char *detail)
@@ -42,9 +53,18 @@ static int fail(vm *m, const char *fmt, const char *detail)
 
 static pk_node *node(vm *m, pk_type t)
 {
-    pk_node *n = dcpi_arena_alloc(&m->doc->arena, sizeof *n);
-    if (n)
-        n->type = t;
+    if (!m->slab_left) {
+        /* Small pickles (a data.pkl) get small slabs; big ones 40 KB ones. */
+        size_t n = m->slab_size ? m->slab_size * 2 : 32;
+        if (n > SLAB_MAX)
+            n = SLAB_MAX;
+        if (!(m->slab = dcpi_arena_alloc(&m->doc->arena, n * sizeof *m->slab)))
+            return NULL;
+        m->slab_left = m->slab_size = n;
+    }
+    pk_node *n = m->slab++;
+    m->slab_left--;
+    n->type = t;
     return n;
 }
 
@@ -186,30 +206,35 @@ static pk_node *make_str(vm *m, pk_type t, const unsigned char *p, size_t n)
     return s->u.s.p ? s : NULL;
 }
 
-static int memo_put(vm *m, size_t idx, pk_node *n)
+static int memo_put(vm *m, uint64_t idx, pk_node *n)
 {
-    /* Memo indexes come from the file: bound them by its size so a hostile
-     * index cannot make us allocate more than the input justifies. */
-    if (idx > (size_t)(m->end - m->start) + 1024)
+    /* Memo indexes come from the file: a writer numbers them densely (one per
+     * PUT opcode), so an index beyond the input size (+ any BINPUT index) is
+     * hostile. */
+    if (idx > (uint64_t)(m->end - m->start) + 256)
         return fail(m, "memo index out of range", NULL);
-    if (idx >= m->memo_cap) {
-        size_t nc = m->memo_cap ? m->memo_cap : 64;
-        while (nc <= idx)
-            nc *= 2;
-        pk_node **nm = realloc(m->memo, nc * sizeof *nm);
-        if (!nm)
-            return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
-        memset(nm + m->memo_cap, 0, (nc - m->memo_cap) * sizeof *nm);
-        m->memo = nm;
-        m->memo_cap = nc;
+    if (idx >= m->memo_len) {
+        if (idx >= m->memo_cap) {
+            size_t nc = m->memo_cap ? m->memo_cap * 2 : 64;
+            while (nc <= idx)
+                nc *= 2;
+            pk_node **nm = realloc(m->memo, nc * sizeof *nm);
+            if (!nm)
+                return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+            m->memo = nm;
+            m->memo_cap = nc;
+        }
+        /* Only the gap is cleared: untouched capacity costs no memory. */
+        memset(m->memo + m->memo_len, 0, (idx - m->memo_len) * sizeof *m->memo);
+        m->memo_len = idx + 1;
     }
     m->memo[idx] = n;
     return 0;
 }
 
-static int memo_get(vm *m, size_t idx)
+static int memo_get(vm *m, uint64_t idx)
 {
-    if (idx >= m->memo_cap || !m->memo[idx])
+    if (idx >= m->memo_len || !m->memo[idx])
         return fail(m, "memo index not defined", NULL);
     return push(m, m->memo[idx]);
 }
@@ -230,13 +255,22 @@ static int int_node(vm *m, int64_t v)
     return push(m, n);
 }
 
-/* LONG1/LONG4: little-endian two's complement of n bytes. */
+/* LONG1/LONG4: little-endian two's complement of n bytes; PK_INT when the
+ * value fits int64 (also from a non-minimal encoding), else PK_BIGINT. */
 static int long_node(vm *m, const unsigned char *p, size_t n)
 {
-    if (n <= 8) {
-        uint64_t v = n ? rd_le(p, (int)n) : 0;
-        if (n && n < 8 && (p[n - 1] & 0x80))
-            v |= ~0ULL << (8 * n);
+    bool fits = n <= 8;
+    if (!fits) {
+        unsigned char fill = (p[7] & 0x80) ? 0xff : 0;
+        fits = true;
+        for (size_t i = 8; i < n && fits; i++)
+            fits = p[i] == fill;
+    }
+    if (fits) {
+        int k = n < 8 ? (int)n : 8;
+        uint64_t v = k ? rd_le(p, k) : 0;
+        if (k && k < 8 && (p[k - 1] & 0x80))
+            v |= ~0ULL << (8 * k);
         return int_node(m, (int64_t)v);
     }
     return push(m, make_str(m, PK_BIGINT, p, n));
@@ -252,15 +286,53 @@ static int global_node(vm *m, const char *mod, size_t ml, const char *name, size
     return push(m, g->u.global.module && g->u.global.name ? g : NULL);
 }
 
-static int call_node(vm *m, pk_call_kind kind, pk_node *callable, pk_node *args)
+static int make_call(vm *m, pk_call_kind kind, pk_node *callable, pk_node *args)
 {
-    pk_node *c = node(m, PK_CALL);
+    call_ext *c = dcpi_arena_alloc(&m->doc->arena, sizeof *c);
     if (c) {
-        c->u.call.kind = kind;
-        c->u.call.callable = callable;
-        c->u.call.args = args;
+        c->n.type = PK_CALL;
+        c->n.u.call.kind = kind;
+        c->n.u.call.callable = callable;
+        c->n.u.call.args = args;
     }
-    return push(m, c);
+    return push(m, c ? &c->n : NULL);
+}
+
+/* The container SETITEM(S) (want PK_DICT) or APPEND(S) (want PK_LIST) fills:
+ * the object itself, or the items of an object built by REDUCE/NEWOBJ. */
+static pk_node *target(vm *m, pk_node *obj, pk_type want, const char *opname)
+{
+    if (obj->type == want)
+        return obj;
+    if (obj->type == PK_CALL) {
+        call_ext *c = (call_ext *)obj;
+        if (!c->items && !(c->items = node(m, want))) {
+            dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+            return NULL;
+        }
+        if (c->items->type == want)
+            return c->items;
+    }
+    fail(m, opname, want == PK_DICT ? " on something that is not a dict or an object" :
+                                      " to something that is not a list or an object");
+    return NULL;
+}
+
+/* Opcodes that exist but that no DCP or torch.save pickle uses. */
+static const char *opcode_name(unsigned char op)
+{
+    switch (op) {
+    case 'F': return "FLOAT (text)";
+    case 'S': return "STRING (text)";
+    case 'V': return "UNICODE (text)";
+    case 'i': return "INST";
+    case 'o': return "OBJ";
+    case 0x82: case 0x83: case 0x84: return "EXT1/EXT2/EXT4 (copyreg extension registry)";
+    case 0x96: return "BYTEARRAY8 (protocol-5 buffer)";
+    case 0x97: return "NEXT_BUFFER (protocol-5 out-of-band buffer)";
+    case 0x98: return "READONLY_BUFFER (protocol-5 out-of-band buffer)";
+    default: return NULL;
+    }
 }
 
 /* A text line ending in '\n' (GLOBAL, INT, LONG, PUT, GET, PERSID). */
@@ -311,10 +383,13 @@ static int run(vm *m, pk_node **root)
                 return fail(m, "unsupported pickle protocol", NULL);
             m->p++;
             break;
-        case 0x95: /* FRAME: a length hint; frames are read sequentially */
+        case 0x95: /* FRAME: read sequentially; its length must fit the input */
             if (need(m, 8) < 0)
                 return -1;
+            n = rd_le(m->p, 8);
             m->p += 8;
+            if (need(m, n) < 0)
+                return -1;
             break;
         case '.': /* STOP */
             if (!(a = pop(m)))
@@ -330,7 +405,7 @@ static int run(vm *m, pk_node **root)
                 m->marks = nm;
                 m->mcap = nc;
             }
-            if (m->nmarks >= PK_MAX_DEPTH * 64)
+            if (m->nmarks >= PK_MAX_MARKS)
                 return fail(m, "too many nested MARKs", NULL);
             m->marks[m->nmarks++] = m->sp;
             break;
@@ -404,9 +479,7 @@ static int run(vm *m, pk_node **root)
                 return -1;
             break;
         case 0x88: case 0x89: /* NEWTRUE, NEWFALSE */
-            if ((a = node(m, PK_BOOL)))
-                a->u.b = op == 0x88;
-            if (push(m, a) < 0)
+            if (push(m, op == 0x88 ? m->yes : m->no) < 0)
                 return -1;
             break;
         case 'K': /* BININT1 */
@@ -428,9 +501,7 @@ static int run(vm *m, pk_node **root)
             if (line(m, &s, &l) < 0)
                 return -1;
             if (op == 'I' && l == 2 && s[0] == '0' && (s[1] == '0' || s[1] == '1')) {
-                if ((a = node(m, PK_BOOL)))   /* protocol 0's False/True */
-                    a->u.b = s[1] == '1';
-                if (push(m, a) < 0)
+                if (push(m, s[1] == '1' ? m->yes : m->no) < 0)   /* protocol 0's True/False */
                     return -1;
             } else if (parse_decimal(m, s, l, &v) < 0 || int_node(m, v) < 0) {
                 return -1;
@@ -538,11 +609,8 @@ static int run(vm *m, pk_node **root)
                 return -1;
             break;
         case 'a': /* APPEND */
-            if (!(b = pop(m)) || !(a = top(m)))
-                return -1;
-            if (a->type != PK_LIST)
-                return fail(m, "APPEND to a non-list", NULL);
-            if (seq_append(m, a, b) < 0)
+            if (!(b = pop(m)) || !(a = top(m)) || !(a = target(m, a, PK_LIST, "APPEND")) ||
+                seq_append(m, a, b) < 0)
                 return -1;
             break;
         case 'e': case 0x90: /* APPENDS, ADDITEMS */
@@ -551,8 +619,10 @@ static int run(vm *m, pk_node **root)
             if (first == 0 || (m->nmarks && first <= m->marks[m->nmarks - 1]))
                 return fail(m, "stack underflow", NULL);
             a = m->stack[first - 1];
-            if (a->type != (op == 'e' ? PK_LIST : PK_SET))
-                return fail(m, op == 'e' ? "APPENDS to a non-list" : "ADDITEMS to a non-set", NULL);
+            if (op == 0x90 && a->type != PK_SET)
+                return fail(m, "ADDITEMS to a non-set", NULL);
+            if (op == 'e' && !(a = target(m, a, PK_LIST, "APPENDS")))
+                return -1;
             if (seq_reserve(m, a, m->sp - first) < 0)
                 return -1;
             for (size_t i = first; i < m->sp; i++)
@@ -579,11 +649,8 @@ static int run(vm *m, pk_node **root)
                 return -1;
             break;
         case 's': /* SETITEM */
-            if (!(c = pop(m)) || !(b = pop(m)) || !(a = top(m)))
-                return -1;
-            if (a->type != PK_DICT)
-                return fail(m, "SETITEM on a non-dict", NULL);
-            if (dict_set(m, a, b, c) < 0)
+            if (!(c = pop(m)) || !(b = pop(m)) || !(a = top(m)) || !(a = target(m, a, PK_DICT, "SETITEM")) ||
+                dict_set(m, a, b, c) < 0)
                 return -1;
             break;
         case 'u': /* SETITEMS */
@@ -593,9 +660,8 @@ static int run(vm *m, pk_node **root)
                 return fail(m, "stack underflow", NULL);
             if ((m->sp - first) % 2)
                 return fail(m, "odd number of items for SETITEMS", NULL);
-            a = m->stack[first - 1];
-            if (a->type != PK_DICT)
-                return fail(m, "SETITEMS on a non-dict", NULL);
+            if (!(a = target(m, m->stack[first - 1], PK_DICT, "SETITEMS")))
+                return -1;
             if (dict_reserve(m, a, (m->sp - first) / 2) < 0)
                 return -1;
             for (size_t i = first; i < m->sp; i += 2)
@@ -622,7 +688,14 @@ static int run(vm *m, pk_node **root)
                 return -1;
             if (b->type != PK_TUPLE)
                 return fail(m, "REDUCE arguments are not a tuple", NULL);
-            if (call_node(m, PK_REDUCE, a, b) < 0)
+            /* collections.OrderedDict() is plain data: a dict that SETITEMS
+             * fills (torch.save(model.state_dict()) writes one). */
+            if (b->u.seq.n == 0 && pk_is_global(a, "collections", "OrderedDict")) {
+                if (push(m, node(m, PK_DICT)) < 0)
+                    return -1;
+                break;
+            }
+            if (make_call(m, PK_REDUCE, a, b) < 0)
                 return -1;
             break;
         case 0x81: /* NEWOBJ */
@@ -630,7 +703,7 @@ static int run(vm *m, pk_node **root)
                 return -1;
             if (b->type != PK_TUPLE)
                 return fail(m, "NEWOBJ arguments are not a tuple", NULL);
-            if (call_node(m, PK_NEWOBJ, a, b) < 0)
+            if (make_call(m, PK_NEWOBJ, a, b) < 0)
                 return -1;
             break;
         case 0x92: /* NEWOBJ_EX: cls, args, kwargs (kwargs kept nowhere: never executed) */
@@ -638,12 +711,14 @@ static int run(vm *m, pk_node **root)
                 return -1;
             if (b->type != PK_TUPLE || c->type != PK_DICT)
                 return fail(m, "bad NEWOBJ_EX arguments", NULL);
-            if (call_node(m, PK_NEWOBJ, a, b) < 0)
+            if (make_call(m, PK_NEWOBJ, a, b) < 0)
                 return -1;
             break;
         case 'b': /* BUILD */
             if (!(b = pop(m)) || !(a = top(m)))
                 return -1;
+            if (a->type == PK_DICT)
+                break;   /* attributes of a dict subclass (a state_dict's _metadata): dropped */
             if (a->type != PK_CALL)
                 return fail(m, "BUILD on something that is not an object", NULL);
             a->u.call.state = b;
@@ -669,10 +744,14 @@ static int run(vm *m, pk_node **root)
             break;
         }
         default: {
-            char what[64];
-            snprintf(what, sizeof what, " 0x%02x", op);
+            char what[96];
+            const char *name = opcode_name(op);
+            if (name)
+                snprintf(what, sizeof what, " 0x%02x (%s)", op, name);
+            else
+                snprintf(what, sizeof what, " 0x%02x", op);
             m->p--;
-            return fail(m, "unsupported or unknown opcode", what);
+            return fail(m, name ? "unsupported opcode" : "unknown opcode", what);
         }
         }
     }
@@ -694,7 +773,13 @@ int pk_parse(const void *data, size_t len, const char *what, pk_doc **doc, const
     dcpi_arena_init(&d->arena);
     vm m = {.p = p, .end = p + len, .start = p, .what = what, .err = err, .doc = d};
     pk_node *r = NULL;
-    int rc = (m.none = node(&m, PK_NONE)) ? run(&m, &r) : dcpi_err(err, ENOMEM, "%s: out of memory", what);
+    int rc;
+    if ((m.none = node(&m, PK_NONE)) && (m.yes = node(&m, PK_BOOL)) && (m.no = node(&m, PK_BOOL))) {
+        m.yes->u.b = true;
+        rc = run(&m, &r);
+    } else {
+        rc = dcpi_err(err, ENOMEM, "%s: out of memory", what);
+    }
     free(m.stack);
     free(m.marks);
     free(m.memo);
@@ -729,6 +814,19 @@ const pk_node *pk_call_global(const pk_node *n)
     if (!n || n->type != PK_CALL || !n->u.call.callable || n->u.call.callable->type != PK_GLOBAL)
         return NULL;
     return n->u.call.callable;
+}
+
+const pk_node *pk_call_items(const pk_node *n)
+{
+    return n && n->type == PK_CALL ? ((const call_ext *)n)->items : NULL;
+}
+
+const pk_node *pk_as_dict(const pk_node *n)
+{
+    if (n && n->type == PK_DICT)
+        return n;
+    const pk_node *it = pk_call_items(n);
+    return it && it->type == PK_DICT ? it : NULL;
 }
 
 const pk_node *pk_dict_get(const pk_node *dict, const char *key)

@@ -6,7 +6,9 @@
  * interpretation of PyTorch classes lives in metadata.c and torchsave.c.
  *
  * Nodes may be shared (the memo) and, from hostile input, may form cycles:
- * walkers must bound their depth.
+ * walkers must bound their depth. The parser itself never recurses; the
+ * number of nodes is bounded by the input size (at most two per opcode) and
+ * all of them live in one arena owned by the pk_doc.
  */
 #ifndef DCP_PICKLE_H
 #define DCP_PICKLE_H
@@ -54,6 +56,14 @@ typedef struct pk_doc pk_doc;
 int pk_parse(const void *data, size_t len, const char *what,
              pk_doc **doc, const pk_node **root, dcp_error *err);
 void pk_free(pk_doc *doc);
+
+/* Items given to an object by SETITEM(S) or APPEND(S) after its REDUCE or
+ * NEWOBJ (OrderedDict(), defaultdict, list subclasses): a PK_DICT or PK_LIST,
+ * or NULL when none were given. Accepts any node. */
+const pk_node *pk_call_items(const pk_node *n);
+/* n itself when it is a PK_DICT, the items dict of a dict-like object
+ * (OrderedDict() + SETITEMS), else NULL. */
+const pk_node *pk_as_dict(const pk_node *n);
 
 /* Helpers for interpreters. All accept NULL and return false/NULL. */
 bool pk_is_global(const pk_node *n, const char *module, const char *name);

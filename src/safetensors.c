@@ -146,7 +146,8 @@ static int load_file(dcp_checkpoint *ck, const char *rel, gather *g, int *shardi
                  (!saved || json_array_size(saved) == (size_t)p->nd) &&
                  dcpi_mul_u64(numel, (uint64_t)p->size[d], &numel);
         }
-        if (!ok || (uint64_t)(b1 - b0) != numel * dcp_dtype_size(p->dt)) {
+        uint64_t nbytes = 0;
+        if (!ok || !dcpi_mul_u64(numel, dcp_dtype_size(p->dt), &nbytes) || (uint64_t)(b1 - b0) != nbytes) {
             rc = dcpi_err(err, EIO, "%s: %s: bad dtype, shape, offsets or data range", what, name);
             break;
         }
@@ -209,7 +210,8 @@ static int list_files(dcp_checkpoint *ck, const char *sub, char ***out, size_t *
         (*out)[(*n)++] = name;
     }
     closedir(d);
-    qsort(*out, *n, sizeof **out, cmp_str);
+    if (*n)
+        qsort(*out, *n, sizeof **out, cmp_str);
     return rc;
 }
 

@@ -16,6 +16,7 @@
 #include "zip.h"
 
 #define PKL_MAX (64u << 20)            /* a tensor chunk's data.pkl is ~150 bytes */
+#define STORAGE_KEY_MAX 100            /* torch writes decimal keys ("0") */
 
 typedef struct loc {
     dcp_checkpoint *ck;
@@ -25,7 +26,6 @@ typedef struct loc {
     dcp_error *err;
 } loc;
 
-#define LOCFAIL(l, code, ...) loc_fail(l, code, __VA_ARGS__)
 __attribute__((format(printf, 3, 4)))
 static int loc_fail(loc *l, int code, const char *fmt, ...)
 {
@@ -39,6 +39,7 @@ static int loc_fail(loc *l, int code, const char *fmt, ...)
                     (unsigned long long)l->c->blob.offset, why);
 }
 
+/* The stride array lives in the arena, which other threads share. */
 static int64_t *stride_copy(loc *l, const int64_t *s, int nd)
 {
     pthread_mutex_lock(&l->ck->lock);
@@ -49,30 +50,34 @@ static int64_t *stride_copy(loc *l, const int64_t *s, int nd)
     return p;
 }
 
-static void c_strides(const int64_t *size, int nd, int64_t *stride)
+/* Bytes of the chunk's elements, or 0 with an error on overflow. */
+static int chunk_bytes(loc *l, dcp_dtype dt, uint64_t *out)
 {
-    int64_t s = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        stride[d] = s;
-        s *= size[d] ? size[d] : 1;
-    }
+    uint64_t n = dcp_dtype_size(dt);
+    for (int d = 0; d < l->e->ndim; d++)
+        if (l->c->sizes[d] < 0 || !dcpi_mul_u64(n, (uint64_t)l->c->sizes[d], &n))
+            return loc_fail(l, EIO, "the chunk's size overflows");
+    *out = n;
+    return 0;
 }
 
 /* Raw C-contiguous bytes of exactly the chunk (safetensors data). */
 static int raw_record(loc *l, uint64_t data_offset, uint64_t data_length, dcp_dtype dt, dcp_record *rec)
 {
     const dcp_entry *e = l->e;
-    uint64_t numel = 1;
-    for (int d = 0; d < e->ndim; d++)
-        numel *= (uint64_t)l->c->sizes[d];
+    uint64_t need = 0;
     if (dcp_dtype_size(dt) != dcp_dtype_size(e->dtype))
-        return LOCFAIL(l, EIO, "stored dtype %s has another element size than %s", dcp_dtype_name(dt),
-                       dcp_dtype_name(e->dtype));
-    if (data_length != numel * dcp_dtype_size(dt))
-        return LOCFAIL(l, EIO, "%" PRIu64 " bytes stored, the chunk needs %" PRIu64, data_length,
-                       numel * dcp_dtype_size(dt));
-    int64_t st[DCPI_MAX_NDIM];
-    c_strides(l->c->sizes, e->ndim, st);
+        return loc_fail(l, EIO, "stored dtype %s has another element size than %s", dcp_dtype_name(dt),
+                        dcp_dtype_name(e->dtype));
+    if (chunk_bytes(l, dt, &need) < 0)
+        return -1;
+    if (data_length != need)
+        return loc_fail(l, EIO, "%" PRIu64 " bytes stored, the chunk needs %" PRIu64, data_length, need);
+    int64_t st[DCPI_MAX_NDIM], s = 1;
+    for (int d = e->ndim - 1; d >= 0; d--) {   /* cannot overflow: the byte count did not */
+        st[d] = s;
+        s *= l->c->sizes[d] ? l->c->sizes[d] : 1;
+    }
     memset(rec, 0, sizeof *rec);
     rec->data_offset = data_offset;
     rec->data_length = data_length;
@@ -81,54 +86,285 @@ static int raw_record(loc *l, uint64_t data_offset, uint64_t data_length, dcp_dt
     return rec->stride ? 0 : -1;
 }
 
-/* SAFETENSORS-format .distcp: the blob offset is the start of a safetensors
- * buffer holding the file's tensors by key. */
-static int safetensors_record(loc *l, dcp_record *rec)
+/* ------------------------------------------------- SAFETENSORS-format shards */
+
+/* A parsed safetensors header: every tensor of one buffer, sorted by name.
+ * One allocation (offsets instead of pointers) so it can be copied into the
+ * arena whole; parsed once per buffer, since each header names all of a
+ * file's tensors and re-parsing it per chunk would be quadratic. */
+typedef struct st_tensor {
+    uint64_t name_off, shape_off;   /* into the pool */
+    uint32_t name_len;
+    int32_t nd;
+    dcp_dtype dt;                   /* DCP_DTYPE_INVALID for an unknown dtype string */
+    uint64_t begin, end;            /* data_offsets, checked against the file */
+} st_tensor;
+
+struct dcpi_st_index {
+    struct dcpi_st_index *next;
+    uint32_t file;
+    uint64_t offset;                /* of the buffer in the file */
+    uint64_t data_start;            /* absolute offset of its byte buffer */
+    size_t n;
+    st_tensor *t;                   /* n entries, then the pool */
+    char *pool;
+};
+
+static int st_cmp(const void *a, const void *b, void *pool)
+{
+    const st_tensor *x = a, *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp((const char *)pool + x->name_off, (const char *)pool + y->name_off, n);
+    return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+/* Parse the header at b->offset of b->file into a malloc'd index (one block). */
+static struct dcpi_st_index *st_parse(loc *l, size_t *bytes)
 {
     dcp_checkpoint *ck = l->ck;
     const dcp_blob *b = &l->c->blob;
-    uint64_t fsize, data_start;
-    int fd;
-    char what[4096];
-    json_t *root;
-    snprintf(what, sizeof what, "%s/%s: %s", ck->path, ck->files[b->file], l->e->key);
-    if (dcpi_ck_file_size(ck, b->file, &fsize, l->err) < 0 || dcpi_ck_fd(ck, b->file, &fd, l->err) < 0 ||
-        dcpi_st_header(fd, b->offset, fsize, what, &root, &data_start, l->err) < 0)
-        return -1;
-    int rc;
-    json_t *t = json_object_get(root, l->e->key);
-    json_t *dts = json_object_get(t, "dtype"), *offs = json_object_get(t, "data_offsets");
-    json_t *shape = json_object_get(t, "shape");
-    if (!json_is_object(t) || !json_is_string(dts) || !json_is_array(offs) || json_array_size(offs) != 2 ||
-        !json_is_array(shape)) {
-        rc = LOCFAIL(l, EIO, "the safetensors buffer has no well-formed entry for this key");
-    } else {
+    const char *file = ck->files[b->file];
+    uint64_t fsize, n = 0;
+    unsigned char hl[8];
+    if (dcpi_ck_file_size(ck, b->file, &fsize, l->err) < 0)
+        return NULL;
+    if (b->offset > fsize || fsize - b->offset < 8) {
+        loc_fail(l, EIO, "neither a torch.save archive nor a safetensors buffer (file of %" PRIu64 " bytes)", fsize);
+        return NULL;
+    }
+    if (dcpi_pread_full(ck, b->file, hl, 8, b->offset, l->e->key, l->err) < 0)
+        return NULL;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | hl[i];
+    if (n < 2 || n > DCPI_ST_HEADER_MAX || n > fsize - b->offset - 8) {
+        loc_fail(l, EIO, "neither a torch.save archive nor a safetensors buffer (header length %" PRIu64 ")", n);
+        return NULL;
+    }
+    char *hdr = malloc(n);
+    if (!hdr) {
+        dcpi_err(l->err, ENOMEM, "%s/%s: %s: out of memory", ck->path, file, l->e->key);
+        return NULL;
+    }
+    if (dcpi_pread_full(ck, b->file, hdr, n, b->offset + 8, l->e->key, l->err) < 0) {
+        free(hdr);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(hdr, n, 0, &je);
+    free(hdr);
+    if (!json_is_object(root)) {
+        loc_fail(l, EIO, "bad safetensors header: %s", root ? "not a JSON object" : je.text);
+        json_decref(root);
+        return NULL;
+    }
+    uint64_t data_start = b->offset + 8 + n, avail = fsize - data_start;
+    /* Size the block: entries, then names and shapes. */
+    size_t count = 0, pool = 0;
+    const char *name;
+    json_t *t;
+    json_object_foreach(root, name, t) {
+        count++;
+        pool += strlen(name) + 1 + json_array_size(json_object_get(t, "shape")) * sizeof(int64_t) + 8;
+    }
+    size_t total = sizeof(struct dcpi_st_index) + count * sizeof(st_tensor) + pool;
+    struct dcpi_st_index *ix = calloc(1, total);
+    if (!ix) {
+        json_decref(root);
+        dcpi_err(l->err, ENOMEM, "%s/%s: %s: out of memory", ck->path, file, l->e->key);
+        return NULL;
+    }
+    ix->file = b->file;
+    ix->offset = b->offset;
+    ix->data_start = data_start;
+    ix->t = (st_tensor *)(ix + 1);
+    ix->pool = (char *)(ix->t + count);
+    size_t pos = 0;
+    const char *why = NULL;
+    json_object_foreach(root, name, t) {
+        if (!strcmp(name, "__metadata__"))
+            continue;
+        json_t *dts = json_object_get(t, "dtype"), *offs = json_object_get(t, "data_offsets");
+        json_t *shape = json_object_get(t, "shape");
+        if (!json_is_string(dts) || !json_is_array(offs) || json_array_size(offs) != 2 || !json_is_array(shape) ||
+            json_array_size(shape) > DCPI_MAX_NDIM) {
+            why = name;
+            break;
+        }
         json_int_t b0 = json_integer_value(json_array_get(offs, 0)), b1 = json_integer_value(json_array_get(offs, 1));
-        dcp_dtype dt = dcp_dtype_from_safetensors(json_string_value(dts));
-        size_t nd = json_array_size(shape);
-        int same = nd == (size_t)l->e->ndim;
-        for (size_t d = 0; same && d < nd; d++)
-            same = json_integer_value(json_array_get(shape, d)) == l->c->sizes[d];
-        if (dt == DCP_DTYPE_INVALID)
-            rc = LOCFAIL(l, EIO, "unknown safetensors dtype %s", json_string_value(dts));
-        else if (!same)
-            rc = LOCFAIL(l, EIO, "the stored shape differs from the chunk's sizes");
-        else if (b0 < 0 || b1 < b0 || (uint64_t)b1 > fsize - data_start)
-            rc = LOCFAIL(l, EIO, "data_offsets [%lld, %lld] lie outside the file", (long long)b0, (long long)b1);
-        else
-            rc = raw_record(l, data_start + (uint64_t)b0, (uint64_t)(b1 - b0), dt, rec);
+        if (!json_is_integer(json_array_get(offs, 0)) || !json_is_integer(json_array_get(offs, 1)) || b0 < 0 ||
+            b1 < b0 || (uint64_t)b1 > avail) {
+            why = name;
+            break;
+        }
+        st_tensor *e = &ix->t[ix->n++];
+        size_t nl = strlen(name);
+        e->name_off = pos;
+        e->name_len = (uint32_t)nl;
+        memcpy(ix->pool + pos, name, nl + 1);
+        pos += (nl + 8) & ~(size_t)7;
+        e->shape_off = pos;
+        e->nd = (int32_t)json_array_size(shape);
+        for (int d = 0; d < e->nd; d++) {
+            json_t *s = json_array_get(shape, (size_t)d);
+            int64_t v = json_integer_value(s);
+            if (!json_is_integer(s) || v < 0) {
+                why = name;
+                break;
+            }
+            memcpy(ix->pool + pos + (size_t)d * sizeof v, &v, sizeof v);
+        }
+        pos += (size_t)e->nd * sizeof(int64_t);
+        e->dt = dcp_dtype_from_safetensors(json_string_value(dts));
+        e->begin = (uint64_t)b0;
+        e->end = (uint64_t)b1;
+        if (why)
+            break;
+    }
+    if (why) {
+        loc_fail(l, EIO, "malformed safetensors entry for '%.200s'", why);
+        json_decref(root);
+        free(ix);
+        return NULL;
     }
     json_decref(root);
-    return rc;
+    qsort_r(ix->t, ix->n, sizeof *ix->t, st_cmp, ix->pool);
+    *bytes = sizeof *ix + ix->n * sizeof(st_tensor) + pos;
+    return ix;
 }
 
-static const pk_node *unwrap_tensor(const pk_node *n)
+/* The index of the buffer at b: from the checkpoint's list, or parsed and added. */
+static const struct dcpi_st_index *st_index(loc *l)
 {
-    /* torch._utils._rebuild_parameter(data, requires_grad, hooks) wraps a tensor. */
+    dcp_checkpoint *ck = l->ck;
+    const dcp_blob *b = &l->c->blob;
+    const struct dcpi_st_index *found = NULL;
+    pthread_mutex_lock(&ck->lock);
+    for (const struct dcpi_st_index *ix = ck->st_index; ix && !found; ix = ix->next)
+        if (ix->file == b->file && ix->offset == b->offset)
+            found = ix;
+    pthread_mutex_unlock(&ck->lock);
+    if (found)
+        return found;
+    size_t bytes = 0;
+    struct dcpi_st_index *tmp = st_parse(l, &bytes);   /* without the lock: it reads */
+    if (!tmp)
+        return NULL;
+    pthread_mutex_lock(&ck->lock);
+    for (const struct dcpi_st_index *ix = ck->st_index; ix && !found; ix = ix->next)
+        if (ix->file == b->file && ix->offset == b->offset)
+            found = ix;   /* another thread won */
+    if (!found) {
+        /* Copy the used part into the arena and rebase its two inner pointers. */
+        size_t head = sizeof *tmp + tmp->n * sizeof(st_tensor), pool = bytes - head;
+        struct dcpi_st_index *ix = dcpi_arena_alloc(&ck->arena, bytes);
+        if (ix) {
+            *ix = *tmp;
+            ix->t = (st_tensor *)(ix + 1);
+            memcpy(ix->t, tmp->t, tmp->n * sizeof(st_tensor));
+            ix->pool = (char *)(ix->t + ix->n);
+            memcpy(ix->pool, tmp->pool, pool);
+            ix->next = ck->st_index;
+            ck->st_index = ix;
+            found = ix;
+        }
+    }
+    pthread_mutex_unlock(&ck->lock);
+    free(tmp);
+    if (!found)
+        dcpi_err(l->err, ENOMEM, "%s: %s: out of memory", ck->path, l->e->key);
+    return found;
+}
+
+/* SAFETENSORS-format .distcp: the blob offset is the start of a safetensors
+ * buffer holding the file's tensors by key; the blob length is the tensor's
+ * byte count (not the buffer's). */
+static int safetensors_record(loc *l, dcp_record *rec)
+{
+    const struct dcpi_st_index *ix = st_index(l);
+    if (!ix)
+        return -1;
+    const char *key = l->e->key;
+    size_t kl = strlen(key), lo = 0, hi = ix->n;
+    const st_tensor *t = NULL;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const st_tensor *m = &ix->t[mid];
+        size_t n = m->name_len < kl ? m->name_len : kl;
+        int c = memcmp(ix->pool + m->name_off, key, n);
+        if (!c)
+            c = (m->name_len > kl) - (m->name_len < kl);
+        if (!c) {
+            t = m;
+            break;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (!t)
+        return loc_fail(l, EIO, "the safetensors buffer has no tensor named by this key");
+    if (t->dt == DCP_DTYPE_INVALID)
+        return loc_fail(l, EIO, "unknown safetensors dtype");
+    int same = t->nd == l->e->ndim;
+    for (int d = 0; same && d < t->nd; d++) {
+        int64_t v;
+        memcpy(&v, ix->pool + t->shape_off + (size_t)d * sizeof v, sizeof v);
+        same = v == l->c->sizes[d];
+    }
+    if (!same)
+        return loc_fail(l, EIO, "the stored shape differs from the chunk's sizes");
+    if (t->end - t->begin != l->c->blob.length)
+        return loc_fail(l, EIO, "the storage entry says %" PRIu64 " bytes, the safetensors entry holds %" PRIu64,
+                        l->c->blob.length, t->end - t->begin);
+    return raw_record(l, ix->data_start + t->begin, t->end - t->begin, t->dt, rec);
+}
+
+/* ------------------------------------------------------- torch.save archives */
+
+/* The _rebuild_tensor_v2/v3 call behind the wrappers torch.save may use:
+ * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...) and
+ * _rebuild_from_type_v2(func, type, args, state) for plain Tensor/Parameter.
+ * Sets *fn to the rebuild function and *args to its argument tuple. */
+static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args)
+{
+    for (int depth = 0; depth < 4 && n; depth++) {   /* hostile input may nest or cycle */
+        const pk_node *g = pk_call_global(n);
+        if (!g)
+            return -1;
+        const pk_node *a = n->u.call.args;
+        const char *m = g->u.global.module, *name = g->u.global.name;
+        if (!strcmp(m, "torch._utils") && (!strcmp(name, "_rebuild_tensor_v2") || !strcmp(name, "_rebuild_tensor_v3"))) {
+            *fn = g;
+            *args = a;
+            return 0;
+        }
+        if (!strcmp(m, "torch._utils") &&
+            (!strcmp(name, "_rebuild_parameter") || !strcmp(name, "_rebuild_parameter_with_state"))) {
+            n = pk_item(a, 0);
+        } else if (!strcmp(m, "torch._tensor") && !strcmp(name, "_rebuild_from_type_v2")) {
+            const pk_node *f = pk_item(a, 0), *ty = pk_item(a, 1), *fa = pk_item(a, 2);
+            if (!pk_is_global(f, "torch._utils", "_rebuild_tensor_v2") &&
+                !pk_is_global(f, "torch._utils", "_rebuild_tensor_v3"))
+                return -1;
+            if (!pk_is_global(ty, "torch", "Tensor") && !pk_is_global(ty, "torch.nn.parameter", "Parameter"))
+                return -1;
+            if (!fa || fa->type != PK_TUPLE)
+                return -1;
+            *fn = f;
+            *args = fa;
+            return 0;
+        } else {
+            return -1;
+        }
+    }
+    return -1;
+}
+
+static const char *callable_name(const pk_node *n)
+{
     const pk_node *g = pk_call_global(n);
-    if (g && !strcmp(g->u.global.module, "torch._utils") && !strcmp(g->u.global.name, "_rebuild_parameter"))
-        return pk_item(n->u.call.args, 0);
-    return n;
+    return g ? g->u.global.name : "not a call";
 }
 
 static int vec(const pk_node *t, int64_t *out, int *nd)
@@ -139,6 +375,19 @@ static int vec(const pk_node *t, int64_t *out, int *nd)
         if (!pk_int(pk_item(t, i), &out[i]))
             return -1;
     *nd = (int)pk_len(t);
+    return 0;
+}
+
+/* Read a small record's bytes (byteorder) into buf (cap bytes + NUL). */
+static int small_record(loc *l, const dcpi_zip_entry *ze, uint64_t blen, char *buf, size_t cap)
+{
+    uint64_t start;
+    if (ze->size > cap)
+        return loc_fail(l, EIO, "%s record of %" PRIu64 " bytes is too large", ze->name, ze->size);
+    if (dcpi_zip_data(l->ck, &l->c->blob, l->e->key, ze, blen, &start, l->err) < 0 ||
+        dcpi_blob_read(l->ck, &l->c->blob, buf, (size_t)ze->size, start, l->e->key, l->err) < 0)
+        return -1;
+    buf[ze->size] = 0;
     return 0;
 }
 
@@ -158,11 +407,11 @@ static int zip_record(loc *l, dcp_record *rec)
     const dcpi_zip_entry *pe = dcpi_zip_find(&z, "data.pkl");
     uint64_t pstart, dstart;
     if (!pe) {
-        LOCFAIL(l, EIO, "no data.pkl in the torch.save archive");
+        loc_fail(l, EIO, "no data.pkl in the torch.save archive");
         goto out;
     }
     if (pe->size > PKL_MAX) {
-        LOCFAIL(l, EIO, "data.pkl of %" PRIu64 " bytes is too large for a tensor chunk", pe->size);
+        loc_fail(l, EIO, "data.pkl of %" PRIu64 " bytes is too large for a tensor chunk", pe->size);
         goto out;
     }
     if (dcpi_zip_data(ck, b, key, pe, blen, &pstart, l->err) < 0)
@@ -178,104 +427,114 @@ static int zip_record(loc *l, dcp_record *rec)
     snprintf(what, sizeof what, "%s/%s: %s: data.pkl", ck->path, ck->files[b->file], key);
     if (pk_parse(pkl, pe->size, what, &doc, &root, l->err) < 0)
         goto out;
-    const pk_node *t = unwrap_tensor(root), *g = pk_call_global(t);
-    int v3 = g && !strcmp(g->u.global.name, "_rebuild_tensor_v3");
-    if (!g || strcmp(g->u.global.module, "torch._utils") || (!v3 && strcmp(g->u.global.name, "_rebuild_tensor_v2"))) {
-        LOCFAIL(l, EIO, "data.pkl does not rebuild a plain tensor (%s.%s)", g ? g->u.global.module : "?",
-                g ? g->u.global.name : "not a call");
+    const pk_node *fn, *args;
+    if (find_rebuild(root, &fn, &args) < 0) {
+        loc_fail(l, EIO, "data.pkl does not rebuild a plain tensor (%s)", callable_name(root));
         goto out;
     }
-    const pk_node *args = t->u.call.args, *sto = pk_item(args, 0);
+    int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
+    const pk_node *sto = pk_item(args, 0);
     const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
     const char *tag, *skey;
-    size_t skl;
+    size_t skl, tagl;
     int64_t soff, snumel, size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
     int nd, snd;
     const pk_node *cls = pk_item(pid, 1);
-    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, NULL) || strcmp(tag, "storage") ||
+    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, &tagl) || tagl != 7 || memcmp(tag, "storage", 7) ||
         !cls || cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &skey, &skl) ||
         !pk_int(pk_item(pid, 4), &snumel) || !pk_int(pk_item(args, 1), &soff) ||
         vec(pk_item(args, 2), size, &nd) < 0 || vec(pk_item(args, 3), stride, &snd) < 0 || nd != snd) {
-        LOCFAIL(l, EIO, "malformed _rebuild_tensor arguments in data.pkl");
+        loc_fail(l, EIO, "malformed _rebuild_tensor arguments in data.pkl");
         goto out;
     }
     dcp_dtype dt;
-    const pk_node *meta = NULL;
+    const pk_node *meta;
     if (v3) {
         const pk_node *d = pk_item(args, 6);
         dt = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch") ? dcp_dtype_from_name(d->u.global.name)
                                                                                : DCP_DTYPE_INVALID;
         meta = pk_item(args, 7);
+        if (dt == DCP_DTYPE_INVALID) {
+            loc_fail(l, EIO, "unknown dtype %s in _rebuild_tensor_v3",
+                     d && d->type == PK_GLOBAL ? d->u.global.name : "(not a global)");
+            goto out;
+        }
     } else {
         dt = dcp_dtype_from_storage(cls->u.global.name);
         meta = pk_item(args, 6);
-    }
-    if (dt == DCP_DTYPE_INVALID) {
-        LOCFAIL(l, EIO, "unknown storage type %s", cls->u.global.name);
-        goto out;
+        if (dt == DCP_DTYPE_INVALID) {
+            loc_fail(l, EIO, "unknown storage type %s", cls->u.global.name);
+            goto out;
+        }
     }
     size_t esz = dcp_dtype_size(dt);
     if (esz != dcp_dtype_size(l->e->dtype)) {
-        LOCFAIL(l, EIO, "stored dtype %s differs in size from the metadata's %s", dcp_dtype_name(dt),
-                dcp_dtype_name(l->e->dtype));
+        loc_fail(l, EIO, "stored dtype %s differs in size from the metadata's %s", dcp_dtype_name(dt),
+                 dcp_dtype_name(l->e->dtype));
         goto out;
     }
     if (nd != l->e->ndim || memcmp(size, l->c->sizes, (size_t)nd * sizeof *size)) {
-        LOCFAIL(l, EIO, "stored tensor shape differs from the chunk's sizes");
+        loc_fail(l, EIO, "stored tensor shape differs from the chunk's sizes");
         goto out;
     }
-    /* v2 storages count elements, UntypedStorage (v3) counts bytes. */
+    /* Typed storages count elements, UntypedStorage (v3) counts bytes. */
     uint64_t sbytes;
     if (snumel < 0 || !dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1, &sbytes)) {
-        LOCFAIL(l, EIO, "bad storage size %" PRId64, snumel);
+        loc_fail(l, EIO, "bad storage size %" PRId64, snumel);
         goto out;
     }
-    char rname[160];
-    snprintf(rname, sizeof rname, "data/%.*s", (int)(skl > 100 ? 100 : skl), skey);
+    if (skl == 0 || skl > STORAGE_KEY_MAX || memchr(skey, 0, skl)) {
+        loc_fail(l, EIO, "bad storage key in data.pkl");
+        goto out;
+    }
+    char rname[STORAGE_KEY_MAX + 8];
+    snprintf(rname, sizeof rname, "data/%.*s", (int)skl, skey);
     const dcpi_zip_entry *de = dcpi_zip_find(&z, rname);
     if (!de) {
-        LOCFAIL(l, EIO, "storage record %s is missing from the archive", rname);
+        loc_fail(l, EIO, "storage record %s is missing from the archive", rname);
         goto out;
     }
     if (de->size != sbytes) {
-        LOCFAIL(l, EIO, "storage record %s holds %" PRIu64 " bytes, data.pkl says %" PRIu64, rname, de->size, sbytes);
+        loc_fail(l, EIO, "storage record %s holds %" PRIu64 " bytes, data.pkl says %" PRIu64, rname, de->size, sbytes);
         goto out;
     }
     /* Every element the view addresses must lie inside the record. */
-    uint64_t last = (uint64_t)soff, empty = 0;
+    if (soff < 0) {
+        loc_fail(l, EIO, "negative storage offset %" PRId64, soff);
+        goto out;
+    }
+    uint64_t last = (uint64_t)soff;
+    int empty = 0;
     for (int d = 0; d < nd; d++) {
-        if (stride[d] < 0 || soff < 0) {
-            LOCFAIL(l, EIO, "negative stride or storage offset");
+        uint64_t span;
+        if (stride[d] < 0) {
+            loc_fail(l, EIO, "negative stride %" PRId64 " in dimension %d", stride[d], d);
             goto out;
         }
         if (size[d] == 0)
             empty = 1;
-        uint64_t span;
-        if (size[d] > 0 && (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) ||
-                            !dcpi_add_u64(last, span, &last))) {
-            LOCFAIL(l, EIO, "strides overflow");
+        else if (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) || !dcpi_add_u64(last, span, &last)) {
+            loc_fail(l, EIO, "strides overflow");
             goto out;
         }
     }
-    if (!empty && (last >= sbytes / esz)) {
-        LOCFAIL(l, EIO, "the stored view reaches element %" PRIu64 " of a %" PRIu64 "-element storage", last,
-                sbytes / esz);
+    if (!empty && last >= sbytes / esz) {
+        loc_fail(l, EIO, "the stored view reaches element %" PRIu64 " of a %" PRIu64 "-element storage", last,
+                 sbytes / esz);
         goto out;
     }
     if (dcpi_zip_data(ck, b, key, de, blen, &dstart, l->err) < 0)
         goto out;
     uint32_t flags = 0;
     const dcpi_zip_entry *bo = dcpi_zip_find(&z, "byteorder");
-    if (bo && bo->size <= 16) {
-        char order[17] = {0};
-        uint64_t ostart;
-        if (dcpi_zip_data(ck, b, key, bo, blen, &ostart, l->err) < 0 ||
-            dcpi_blob_read(ck, b, order, bo->size, ostart, key, l->err) < 0)
+    if (bo) {   /* absent before torch 2.1: the saver's order, little-endian in practice */
+        char order[17];
+        if (small_record(l, bo, blen, order, 16) < 0)
             goto out;
-        if (!strcmp(order, "big"))
+        if (!strcmp(order, "big")) {
             flags |= DCP_RECORD_BIG_ENDIAN;
-        else if (strcmp(order, "little")) {
-            LOCFAIL(l, EIO, "unknown byteorder '%s'", order);
+        } else if (strcmp(order, "little")) {
+            loc_fail(l, EIO, "unknown byteorder '%s'", order);
             goto out;
         }
     }
@@ -318,8 +577,9 @@ int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, size_t chunk, dcp
         box[used] = 0;
         return dcpi_err(err, ENOENT, "%s: %s: no storage entry for the chunk at offsets [%s]", ck->path, e->key, box);
     }
-    if (c->blob.transforms & DCPI_BLOB_RAW)
+    if (c->blob.transforms & DCPI_BLOB_RAW)   /* Hugging Face layout: checked at open */
         return raw_record(&l, c->blob.offset, c->blob.length, e->dtype, rec);
+    /* Tell a torch.save archive from a safetensors buffer by its first bytes. */
     unsigned char magic[4] = {0};
     uint64_t blen;
     if (dcpi_blob_size(ck, &c->blob, &blen, e->key, err) < 0)
@@ -328,7 +588,7 @@ int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, size_t chunk, dcp
         return -1;
     if (!memcmp(magic, "PK\3\4", 4))
         return zip_record(&l, rec);
-    if (!(c->blob.transforms & DCP_TRANSFORM_ZSTD))
-        return safetensors_record(&l, rec);
-    return LOCFAIL(&l, EIO, "the decoded blob is not a torch.save archive");
+    if (c->blob.transforms & DCP_TRANSFORM_ZSTD)
+        return loc_fail(&l, EIO, "the decoded blob is not a torch.save archive");
+    return safetensors_record(&l, rec);
 }

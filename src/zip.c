@@ -37,8 +37,8 @@ int dcpi_zip_open(dcp_checkpoint *ck, const dcp_blob *b, const char *key, dcpi_z
     if (dcpi_blob_read(ck, b, tail, tl, len - tl, key, err) < 0)
         return -1;
     ssize_t eocd = -1;
-    for (ssize_t i = (ssize_t)tl - 22; i >= 0; i--)
-        if (!memcmp(tail + i, "PK\5\6", 4)) {
+    for (ssize_t i = (ssize_t)tl - 22; i >= 0; i--)   /* its comment must end the blob */
+        if (!memcmp(tail + i, "PK\5\6", 4) && (size_t)i + 22 + le(tail + i + 20, 2) == tl) {
             eocd = i;
             break;
         }

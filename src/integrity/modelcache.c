@@ -17,7 +17,9 @@
 
 #include "integrity.h"
 
-#define MAGIC "DCPMODL2"   /* little-endian varints; see serialise() */
+#define MAGIC "DCPMODL3"   /* little-endian varints; see serialise(). Bump when
+                              * parsing changes what a model holds (3: generation
+                              * strings, rank-local file names) */
 
 /* ------------------------------------------------------------ metadata key */
 

@@ -1,1 +1,0 @@
-# libdcpload and dcpload (issue 6)

@@ -1,1 +1,0 @@
-# writers, converters and synth (issue 4)

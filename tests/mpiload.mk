@@ -1,1 +1,0 @@
-# collective loader tests
