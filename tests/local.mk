@@ -24,7 +24,6 @@ include tests/core.mk
 include tests/unit_pickle.mk
 include tests/unit_record.mk
 include tests/unit_planner.mk
-include tests/write.mk
+include tests/writer.mk
 include tests/catalog.mk
 include tests/fuse.mk
-include tests/mpiload.mk

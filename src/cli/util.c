@@ -4,9 +4,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "dcp_write.h"
 
 void cli_error(const char *fmt, ...)
 {
@@ -26,6 +28,15 @@ dcp_checkpoint *cli_open(const char *path)
     dcp_checkpoint *ck;
     dcp_error err;
     dcp_open_options o = {.flags = cli_catalog_enabled ? DCP_OPEN_CATALOG : 0, .catalog = cli_catalog_path};
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        /* A single torch.save or safetensors file (dcp_write.h). */
+        if (dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err) < 0) {
+            cli_error("%s", err.msg);
+            return NULL;
+        }
+        return ck;
+    }
     if (dcp_open_ex(path, &o, &ck, &err) < 0) {
         cli_error("%s", err.msg);
         return NULL;

@@ -1,0 +1,228 @@
+/* libdcp writers: DCP checkpoints PyTorch can load, torch.save files,
+ * safetensors files, conversions between the three, synthetic checkpoints,
+ * and the layout of a checkpoint seen as one virtual safetensors file.
+ *
+ * Everything streams: tensor bytes pass through buffers of a few MiB, so
+ * memory stays bounded by the number of keys and chunks, never by their
+ * bytes. Outputs are complete or absent: DCP's .metadata is written last
+ * (.metadata.tmp, then rename), converted files and folders are written under
+ * a temporary name and renamed at the end. Errors as in dcp.h. */
+#ifndef DCP_WRITE_H
+#define DCP_WRITE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Called as bytes are written (for progress bars); may be NULL. The same
+ * type as in dcp_integrity.h. */
+typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* Supplies bytes [off, off+len) of an item's byte image (a tensor chunk's
+ * elements in C order, or a bytes item's stored torch.save blob). `tag` is
+ * the caller's, passed through. Returns 0, or -1 with err filled. */
+typedef int (*dcp_fill_fn)(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err);
+
+/* Where bytes come from: fill, and optionally range, which answers 1 when
+ * bytes [off, off+len) of item `tag` are stored as is at *foff of the open
+ * file *fd (the writer then copies them in the kernel with
+ * copy_file_range when it needs no CRC), 0 when not, -1 on error. */
+typedef struct dcp_source {
+    dcp_fill_fn fill;
+    int (*range)(void *ctx, uint64_t tag, uint64_t off, uint64_t len, int *fd, uint64_t *foff, dcp_error *err);
+    void *ctx;
+} dcp_source;
+
+/* ---------------------------------------------------------------- DCP writer */
+
+/* Writes a checkpoint folder as torch 2.13's FileSystemWriter does
+ * (single_file_per_rank=True, SerializationFormat.TORCH_SAVE): data of rank R
+ * in __R_0.distcp, each tensor chunk and bytes item a standalone torch.save
+ * archive, then a protocol-4 pickled .metadata (Metadata with
+ * state_dict_metadata, planner_data, storage_data, storage_meta, version
+ * "1.0.0"). torch.distributed.checkpoint.load reads the result. */
+typedef struct dcp_ckpt_writer dcp_ckpt_writer;
+
+enum {
+    DCP_CKPT_NO_SYNC = 1u << 0,  /* skip fsync of data files and .metadata (sync_files=False) */
+    DCP_CKPT_NO_CRC = 1u << 1    /* zip CRC-32s written as 0 (torch's save.compute_crc32 = False);
+                                    torch.load does not check them */
+};
+
+typedef struct dcp_ckpt_options {
+    unsigned flags;                /* DCP_CKPT_* */
+    const char *checkpoint_id;     /* StorageMeta.checkpoint_id; NULL: the folder as given */
+} dcp_ckpt_options;
+
+/* Create the folder (it may exist, but must not hold a .metadata). opts may be NULL. */
+int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err);
+/* Declare a tensor (before its chunks). */
+int dcp_ckpt_add_tensor(dcp_ckpt_writer *w, const char *key, dcp_dtype dt, int ndim, const int64_t *shape,
+                          dcp_error *err);
+/* Write one chunk held by `rank`: sizes[d] elements from offsets[d] (ndim
+ * values each; NULL for 0-d), its bytes from src (tag passed through). A chunk
+ * whose (key, offsets) was written before is a replica: it is not written
+ * again (*written = 0 when given), like PyTorch's save-plan deduplication. */
+int dcp_ckpt_add_chunk(dcp_ckpt_writer *w, const char *key, int rank, const int64_t *offsets, const int64_t *sizes,
+                         const dcp_source *src, uint64_t tag, int *written, dcp_error *err);
+/* Write a bytes item: len bytes of a torch.save blob, copied verbatim. */
+int dcp_ckpt_add_bytes(dcp_ckpt_writer *w, const char *key, int rank, uint64_t len, const dcp_source *src,
+                       uint64_t tag, dcp_error *err);
+/* Check that every tensor's chunks cover it (volumes add up, boxes inside),
+ * fsync the data files, write .metadata.tmp and rename it to .metadata. */
+int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err);
+/* Free (after finish, or to abandon: the folder is left without .metadata). */
+void dcp_ckpt_free(dcp_ckpt_writer *w);
+/* Bytes of tensor and bytes-item data written so far. */
+uint64_t dcp_ckpt_bytes(const dcp_ckpt_writer *w);
+
+/* ------------------------------------------------- single-file writers */
+
+/* One item of a torch.save or safetensors file. */
+typedef struct dcp_item {
+    const char *key;
+    dcp_kind kind;
+    dcp_dtype dtype;            /* tensors */
+    int ndim;
+    const int64_t *shape;
+    uint64_t nbytes;            /* tensor: numel * size; bytes item: blob length */
+    uint64_t tag;               /* passed to fill */
+} dcp_item;
+
+enum {
+    /* torch.save: split keys on '.' into nested dicts ("a.b" -> {"a": {"b": t}});
+     * otherwise one flat dict, like torch.save(model.state_dict()). */
+    DCP_WRITE_NESTED = 1u << 0,
+    DCP_WRITE_NO_CRC = 1u << 1,     /* torch.save and DCP output: CRC-32s written as 0 */
+    DCP_WRITE_NO_SYNC = 1u << 2     /* no fsync before the final rename */
+};
+
+/* A torch.save file torch.load(weights_only=True) accepts: a dict of tensors
+ * (_rebuild_tensor_v2, or v3 for the dtypes that need UntypedStorage), one
+ * storage per tensor, records as torch 2.13 writes them. A bytes item is
+ * stored as a Python bytes object holding its torch.save blob (load it with
+ * torch.load(io.BytesIO(value))); converting back to DCP restores it as the
+ * same bytes item. Written to path directly (dcp_convert_files adds the
+ * rename); archive_name is the zip's root folder (NULL: the file name
+ * without its suffix, as torch.save names it). */
+int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
+                         unsigned flags, const dcp_source *src, dcp_progress_fn progress, void *pctx,
+                         dcp_error *err);
+
+/* A safetensors file of the tensor items (bytes items are an error here:
+ * callers filter them). Header {"__metadata__": {"format": "pt"}, ...},
+ * padded with spaces to a multiple of 8, data in item order. */
+int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, unsigned flags, const dcp_source *src,
+                          dcp_progress_fn progress, void *pctx, dcp_error *err);
+
+/* ------------------------------------------- the virtual safetensors file */
+
+/* A checkpoint's tensors seen as one safetensors file, for serving without
+ * materialising it: the header bytes, and where each tensor's bytes lie. */
+typedef struct dcp_st_view_tensor {
+    const dcp_entry *entry;
+    uint64_t offset;            /* of its first byte in the virtual file */
+    uint64_t length;
+} dcp_st_view_tensor;
+
+typedef struct dcp_st_view {
+    unsigned char *header;      /* 8-byte little-endian length + JSON, space-padded */
+    uint64_t header_len;        /* bytes of header = offset of the first tensor byte */
+    dcp_st_view_tensor *tensors;     /* ascending offsets, contiguous */
+    size_t ntensors;
+    uint64_t size;              /* the whole virtual file */
+    const dcp_entry **skipped;  /* bytes items and tensors safetensors has no dtype for */
+    size_t nskipped;
+} dcp_st_view;
+
+/* Lay out the entries `select` accepts (all when NULL), in metadata order. */
+int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_entry *e), void *sctx,
+                        dcp_st_view **out, dcp_error *err);
+void dcp_st_view_free(dcp_st_view *l);
+/* Bytes [off, off+len) of the virtual file into buf (clamped at its end;
+ * *got = bytes produced). Any alignment; thread-safe given one plan per thread. */
+int dcp_st_view_read(dcp_checkpoint *ck, const dcp_st_view *l, uint64_t off, void *buf, size_t len,
+                       size_t *got, dcp_plan *plan, dcp_error *err);
+
+/* ---------------------------------------------------------------- convert */
+
+typedef enum dcp_format {
+    DCP_FORMAT_AUTO = 0,
+    DCP_FORMAT_DCP,             /* a checkpoint folder */
+    DCP_FORMAT_TORCH_SAVE,      /* .pt / .pth */
+    DCP_FORMAT_SAFETENSORS      /* .safetensors file, or a folder of shards + model.safetensors.index.json */
+} dcp_format;
+
+/* Called once per item not converted (bytes items into safetensors, dtypes
+ * safetensors lacks, non-tensor values of a torch.save source). */
+typedef void (*dcp_skip_fn)(void *ctx, const char *key, const char *why);
+
+typedef struct dcp_convert_options {
+    dcp_format from, to;        /* AUTO: from the path (dcp_format_guess) */
+    const char *keys;           /* fnmatch pattern (or dotted prefix) selecting keys; NULL: all */
+    uint64_t max_shard_size;    /* safetensors: split into shards past this many bytes; 0: one file */
+    unsigned flags;             /* DCP_WRITE_* */
+    dcp_progress_fn progress;
+    void *progress_ctx;
+    dcp_skip_fn skipped;
+    void *skipped_ctx;
+} dcp_convert_options;
+
+/* The format a path names: an existing folder, or a path with neither a
+ * .pt/.pth nor a .safetensors suffix, is DCP; a folder holding
+ * model.safetensors.index.json (or only *.safetensors) is SAFETENSORS. */
+dcp_format dcp_format_guess(const char *path);
+const char *dcp_format_name(dcp_format f);
+
+/* Convert src to dst (which must not exist). dst appears only when complete. */
+int dcp_convert_files(const char *src, const char *dst, const dcp_convert_options *opt, dcp_error *err);
+
+/* Open a single torch.save (.pt) or safetensors file as a checkpoint, read
+ * with the dcp.h planner and reader. Non-tensor values of a torch.save file
+ * other than bytes objects holding torch.save blobs are left out (counted in
+ * *nskipped when given). */
+int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err);
+
+/* ---------------------------------------------------------------- synth */
+
+typedef enum dcp_shard {
+    DCP_SHARD_ROWS = 0,         /* split dimension 0 over the ranks (torch.chunk) */
+    DCP_SHARD_COLS,             /* split dimension 1 (dimension 0 for 1-d) */
+    DCP_SHARD_BLOCKS,           /* a pr x pc grid over dimensions 0 and 1, pr*pc = ranks */
+    DCP_SHARD_REPLICATED        /* every rank holds everything; written once */
+} dcp_shard;
+
+typedef struct dcp_synth_options {
+    uint64_t nkeys;
+    int ndim;
+    int64_t shape[8];
+    dcp_dtype dtype;
+    int ranks;
+    dcp_shard shard;
+    uint64_t seed;
+    int chunks_per_key;         /* each rank's part split further along dim 0 (>= 1) */
+    uint64_t bytes_items;       /* also write this many small bytes items */
+    int crc;                    /* compute zip CRC-32s (default off: speed; torch.load ignores them) */
+    dcp_progress_fn progress;
+    void *progress_ctx;
+} dcp_synth_options;
+
+/* Key i is "model.layers.<i>.weight"; its C-order bytes are
+ * dcp_synth_byte(seed, i, b) (see dcp-synth(1) for the formula). */
+int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *opt, dcp_error *err);
+/* Fill buf with bytes [off, off+len) of key i's global C-order image. */
+void dcp_synth_fill(uint64_t seed, uint64_t key, dcp_dtype dt, uint64_t off, void *buf, size_t len);
+
+/* "1048576", "64K", "256MiB", "2G" (binary), "5GB" (decimal, as Hugging
+ * Face's max_shard_size). Returns 0, or -1 for a malformed size. */
+int dcp_parse_size(const char *s, uint64_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DCP_WRITE_H */

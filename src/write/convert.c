@@ -1,0 +1,912 @@
+/* dcp_convert_files: DCP <-> torch.save <-> safetensors, streaming.
+ *
+ * Every source becomes a dcp_checkpoint: a DCP (or Hugging Face safetensors)
+ * folder through dcp_open, a single .pt or .safetensors file through
+ * dcp_open_file below, which builds the same model over the one file (a
+ * torch.save storage record or a safetensors range per tensor, strides and
+ * all). Every destination is fed by one fill callback that plans and reads
+ * a few MiB of an entry at a time, so memory is bounded by the key count.
+ * The destination is written under a temporary name beside it and renamed
+ * into place at the end; on failure the temporary is removed. */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dcp_write.h"
+#include "internal.h"
+#include "pickle.h"
+#include "pickle_write.h"
+#include "safetensors.h"
+#include "zip.h"
+#include "zip_write.h"
+
+#define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save source */
+#define MAX_DEPTH 64
+
+int dcp_parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (!s || !isdigit((unsigned char)s[0]))
+        return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -1;
+    static const struct { const char *suf; uint64_t mul; } units[] = {
+        {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000}, {"M", 1ull << 20},
+        {"MiB", 1ull << 20}, {"MB", 1000000}, {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000},
+        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].suf))
+            return __builtin_mul_overflow((uint64_t)v, units[i].mul, out) ? -1 : 0;
+    return -1;
+}
+
+/* ---------------------------------------------------------------- formats */
+
+static int has_suffix(const char *s, const char *suf)
+{
+    size_t n = strlen(s), m = strlen(suf);
+    return n > m && !strcmp(s + n - m, suf);
+}
+
+dcp_format dcp_format_guess(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        char p[4096];
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
+        if (stat(p, &st) == 0)
+            return DCP_FORMAT_SAFETENSORS;
+        return DCP_FORMAT_DCP;
+    }
+    if (has_suffix(path, ".pt") || has_suffix(path, ".pth") || has_suffix(path, ".bin"))
+        return DCP_FORMAT_TORCH_SAVE;
+    if (has_suffix(path, ".safetensors"))
+        return DCP_FORMAT_SAFETENSORS;
+    return DCP_FORMAT_DCP;
+}
+
+const char *dcp_format_name(dcp_format f)
+{
+    switch (f) {
+    case DCP_FORMAT_DCP: return "dcp";
+    case DCP_FORMAT_TORCH_SAVE: return "torch.save";
+    case DCP_FORMAT_SAFETENSORS: return "safetensors";
+    default: return "auto";
+    }
+}
+
+/* ------------------------------------------------- single-file sources */
+
+/* A checkpoint over one file: the folder is the file's, the file table holds
+ * the file alone. Mirrors model.c's open without its folder detection. */
+static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_error *err)
+{
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    dcp_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    dcpi_arena_init(&ck->arena);
+    dcpi_strmap_init(&ck->keys);
+    dcpi_strmap_init(&ck->file_index);
+    pthread_mutex_init(&ck->lock, NULL);
+    ck->path = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    ck->dirfd = ck->path ? open(ck->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    uint32_t f;
+    if (!ck->path || ck->dirfd < 0 || dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0) {
+        int e = errno;
+        if (ck->path && ck->dirfd < 0)
+            dcpi_err(err, e, "%s: cannot open its folder: %s", path, strerror(e));
+        else if (!ck->path)
+            dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        dcp_close(ck);
+        return NULL;
+    }
+    ck->fds = malloc(sizeof *ck->fds);
+    ck->file_sizes = malloc(sizeof *ck->file_sizes);
+    if (!ck->fds || !ck->file_sizes) {
+        dcp_close(ck);
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    ck->fds[0] = -1;
+    ck->file_sizes[0] = -1;
+    return ck;
+}
+
+/* Bytes values of a torch.save source: kept here, not in any file range. */
+typedef struct side_bytes {
+    size_t entry;
+    unsigned char *data;
+    size_t len;
+} side_bytes;
+
+typedef struct pt_load {
+    dcp_checkpoint *ck;
+    const char *path;
+    dcpi_zip z;
+    dcp_blob whole;
+    uint64_t flen;
+    uint32_t rec_flags;
+    side_bytes *side;
+    size_t nside, side_cap;
+    size_t nskipped;
+    int keep_bytes;          /* make bytes items (convert), or leave them out (dcp_open_file) */
+    dcp_error *err;
+} pt_load;
+
+static int vec(const pk_node *t, int64_t *out, int *nd)
+{
+    if (!t || (t->type != PK_TUPLE && t->type != PK_LIST) || pk_len(t) > DCPI_MAX_NDIM)
+        return -1;
+    for (size_t i = 0; i < pk_len(t); i++)
+        if (!pk_int(pk_item(t, i), &out[i]) || out[i] < 0)
+            return -1;
+    *nd = (int)pk_len(t);
+    return 0;
+}
+
+static const pk_node *unwrap_param(const pk_node *n)
+{
+    const pk_node *g = pk_call_global(n);
+    if (g && !strcmp(g->u.global.module, "torch._utils") && !strcmp(g->u.global.name, "_rebuild_parameter"))
+        return pk_item(n->u.call.args, 0);
+    return n;
+}
+
+static int is_tensor(const pk_node *n)
+{
+    const pk_node *g = pk_call_global(unwrap_param(n));
+    return g && !strcmp(g->u.global.module, "torch._utils") &&
+           (!strcmp(g->u.global.name, "_rebuild_tensor_v2") || !strcmp(g->u.global.name, "_rebuild_tensor_v3"));
+}
+
+/* A tensor of the torch.save file: one chunk over its storage record, whose
+ * record (offset, strides) is filled in now so the planner never parses. */
+static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
+{
+    dcp_checkpoint *ck = L->ck;
+    n = unwrap_param(n);
+    const pk_node *g = pk_call_global(n), *args = n->u.call.args;
+    int v3 = !strcmp(g->u.global.name, "_rebuild_tensor_v3");
+    const pk_node *sto = pk_item(args, 0);
+    const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
+    const pk_node *cls = pk_item(pid, 1);
+    const char *tag, *skey;
+    size_t skl;
+    int64_t soff, snumel, size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
+    int nd, snd;
+    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, NULL) || strcmp(tag, "storage") || !cls ||
+        cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &skey, &skl) || skl > 64 ||
+        !pk_int(pk_item(pid, 4), &snumel) || snumel < 0 || !pk_int(pk_item(args, 1), &soff) || soff < 0 ||
+        vec(pk_item(args, 2), size, &nd) < 0 || vec(pk_item(args, 3), stride, &snd) < 0 || nd != snd)
+        return dcpi_err(L->err, EIO, "%s: %s: malformed tensor in data.pkl", L->path, key);
+    dcp_dtype dt;
+    if (v3) {
+        const pk_node *d = pk_item(args, 6);
+        dt = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch") ? dcp_dtype_from_name(d->u.global.name)
+                                                                               : DCP_DTYPE_INVALID;
+    } else {
+        dt = dcp_dtype_from_storage(cls->u.global.name);
+    }
+    if (dt == DCP_DTYPE_INVALID)
+        return dcpi_err(L->err, EIO, "%s: %s: unknown storage type %s", L->path, key, cls->u.global.name);
+    uint64_t esz = dcp_dtype_size(dt), sbytes;
+    if (!dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1, &sbytes))
+        return dcpi_err(L->err, EIO, "%s: %s: bad storage size", L->path, key);
+    char rname[96];
+    snprintf(rname, sizeof rname, "data/%.*s", (int)skl, skey);
+    const dcpi_zip_entry *de = dcpi_zip_find(&L->z, rname);
+    if (!de || de->size != sbytes)
+        return dcpi_err(L->err, EIO, "%s: %s: storage record %s is missing or of the wrong size", L->path, key, rname);
+    /* Every element the view addresses lies inside the record. */
+    uint64_t last = (uint64_t)soff, numel = 1;
+    for (int d = 0; d < nd; d++) {
+        uint64_t span;
+        numel *= (uint64_t)size[d];
+        if (size[d] > 0 && (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) ||
+                            !dcpi_add_u64(last, span, &last)))
+            return dcpi_err(L->err, EIO, "%s: %s: strides overflow", L->path, key);
+    }
+    if (numel && last >= sbytes / esz)
+        return dcpi_err(L->err, EIO, "%s: %s: the view reaches past its storage", L->path, key);
+    uint64_t dstart;
+    if (dcpi_zip_data(ck, &L->whole, key, de, L->flen, &dstart, L->err) < 0)
+        return -1;
+    size_t idx, ci;
+    int64_t zero[DCPI_MAX_NDIM] = {0};
+    if (dcpi_model_entry(ck, key, strlen(key), DCP_KIND_TENSOR, &idx, L->err) < 0)
+        return -1;
+    if (ck->entries[idx].nchunks)
+        return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
+    if (dcpi_model_set_tensor(ck, idx, dt, nd, size, L->err) < 0 ||
+        dcpi_model_add_chunk(ck, idx, zero, size, &ci, L->err) < 0)
+        return -1;
+    struct dcpi_entry_priv *p = &ck->priv[idx];
+    p->chunks[ci].blob = (dcp_blob){.file = 0, .offset = dstart, .length = de->size};
+    p->chunks[ci].has_blob = 1;
+    p->records = calloc(1, sizeof *p->records);
+    int64_t *st = dcpi_arena_memdup(&ck->arena, stride, (size_t)(nd ? nd : 1) * sizeof *stride);
+    if (!p->records || !st)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size, .storage_offset = soff,
+                                     .stride = st, .dtype = dt, .flags = L->rec_flags};
+    p->records[0].state = 1;
+    return 0;
+}
+
+static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
+{
+    if (L->nside == L->side_cap) {
+        size_t nc = L->side_cap ? L->side_cap * 2 : 16;
+        side_bytes *ns = realloc(L->side, nc * sizeof *ns);
+        if (!ns)
+            return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+        L->side = ns;
+        L->side_cap = nc;
+    }
+    L->side[L->nside++] = (side_bytes){entry, data, len};
+    return 0;
+}
+
+/* Re-pickle a plain value as torch.save would (for a non-tensor value of a
+ * torch.save source that becomes a DCP bytes item). 0, or -1 if the value
+ * holds something other than plain data. */
+static int repickle(pw *p, const pk_node *n, int depth)
+{
+    if (!n || depth > MAX_DEPTH)
+        return -1;
+    switch (n->type) {
+    case PK_NONE: pw_none(p); return 0;
+    case PK_BOOL: pw_bool(p, n->u.b); return 0;
+    case PK_INT: pw_int(p, n->u.i); return 0;
+    case PK_BIGINT: pw_long_bytes(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_FLOAT: pw_float(p, n->u.f); return 0;
+    case PK_STR: pw_str(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_BYTES: pw_bytes(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_TUPLE:
+        pw_tuple_begin(p, n->u.seq.n);
+        for (size_t i = 0; i < n->u.seq.n; i++)
+            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
+                return -1;
+        pw_tuple_end(p, n->u.seq.n);
+        return 0;
+    case PK_LIST:
+        pw_list_begin(p);
+        for (size_t i = 0; i < n->u.seq.n; i++) {
+            pw_list_elem(p);
+            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
+                return -1;
+        }
+        pw_list_end(p);
+        return 0;
+    case PK_DICT:
+        pw_dict_begin(p);
+        for (size_t i = 0; i < n->u.dict.n; i++) {
+            pw_dict_key(p);
+            if (repickle(p, n->u.dict.keys[i], depth + 1) < 0 || repickle(p, n->u.dict.vals[i], depth + 1) < 0)
+                return -1;
+        }
+        pw_dict_end(p);
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* A bytes object as torch.save pickles it in protocol 2:
+ * _codecs.encode('<latin-1 text>', 'latin1'). Returns the decoded bytes. */
+static int latin1_bytes(const pk_node *n, unsigned char **out, size_t *len)
+{
+    const pk_node *g = pk_call_global(n);
+    const char *s, *enc;
+    size_t sl;
+    if (n && n->type == PK_BYTES) {
+        *out = malloc(n->u.s.len ? n->u.s.len : 1);
+        if (!*out)
+            return -1;
+        memcpy(*out, n->u.s.p, n->u.s.len);
+        *len = n->u.s.len;
+        return 0;
+    }
+    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
+        pk_len(n->u.call.args) != 2 || !pk_str(pk_item(n->u.call.args, 0), &s, &sl) ||
+        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
+        return 1;
+    unsigned char *b = malloc(sl ? sl : 1), *q = b;
+    if (!b)
+        return -1;
+    for (size_t i = 0; i < sl; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            *q++ = c;
+        } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < sl) {
+            *q++ = (unsigned char)(((c & 0x03) << 6) | ((unsigned char)s[++i] & 0x3f));
+        } else {
+            free(b);
+            return 1;   /* not latin-1 text */
+        }
+    }
+    *out = b;
+    *len = (size_t)(q - b);
+    return 0;
+}
+
+/* torch.save(obj) of a plain value, in memory: a DCP bytes item's blob. */
+static int blob_of_value(pt_load *L, const char *key, const pk_node *v, unsigned char **out, size_t *len)
+{
+    pw p;
+    pw_init(&p, 2, -1, key);
+    if (repickle(&p, v, 0) < 0) {
+        pw_free(&p);
+        return 1;
+    }
+    zw_out o;
+    zw z;
+    int rc = pw_finish(&p, L->err);
+    if (rc == 0 && (rc = zw_out_init(&o, -1, 0, key, L->err)) == 0) {
+        zw_begin(&z, &o, "archive", L->err);
+        rc = zw_torch_prologue(&z, p.buf, p.len, L->err);
+        if (rc == 0)
+            rc = zw_finish(&z, NULL, L->err);
+        zw_free(&z);
+        if (rc == 0) {
+            *out = o.buf;
+            *len = o.len;
+        } else {
+            zw_out_free(&o);
+        }
+    }
+    pw_free(&p);
+    return rc;
+}
+
+static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
+    if (n && n->type == PK_DICT && (depth == 0 || n->u.dict.n)) {
+        for (size_t i = 0; i < n->u.dict.n; i++) {
+            const pk_node *k = n->u.dict.keys[i];
+            char part[64];
+            const char *ks = NULL;
+            size_t kl = 0;
+            int64_t iv;
+            if (pk_str(k, &ks, &kl)) {
+            } else if (pk_int(k, &iv)) {
+                kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
+                ks = part;
+            } else {
+                L->nskipped++;
+                continue;
+            }
+            size_t nl = klen + (klen ? 1 : 0) + kl;
+            char *sub = malloc(nl + 1);
+            if (!sub)
+                return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+            memcpy(sub, key, klen);
+            if (klen)
+                sub[klen] = '.';
+            memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
+            sub[nl] = 0;
+            int rc = pt_walk(L, n->u.dict.vals[i], sub, nl, depth + 1);
+            free(sub);
+            if (rc < 0)
+                return -1;
+        }
+        return 0;
+    }
+    if (depth == 0)
+        return is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
+    if (is_tensor(n))
+        return pt_tensor(L, key, n);
+    /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
+     * bytes item as is; other plain values are pickled into one. */
+    if (!L->keep_bytes) {
+        L->nskipped++;
+        return 0;
+    }
+    unsigned char *data = NULL;
+    size_t len = 0;
+    int r = latin1_bytes(n, &data, &len);
+    if (r < 0)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    if (r == 0 && !(len >= 4 && !memcmp(data, "PK\3\4", 4))) {
+        free(data);
+        r = 1;   /* ordinary bytes: pickled like any plain value */
+    }
+    if (r == 1) {
+        r = blob_of_value(L, key, n, &data, &len);
+        if (r < 0)
+            return -1;
+        if (r == 1) {
+            L->nskipped++;
+            return 0;
+        }
+    }
+    size_t idx;
+    if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0 || side_add(L, idx, data, len) < 0) {
+        free(data);
+        return -1;
+    }
+    return 0;
+}
+
+static void side_free(side_bytes *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(s[i].data);
+    free(s);
+}
+
+static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **side, size_t *nside,
+                           size_t *nskipped, dcp_error *err)
+{
+    const char *base;
+    dcp_checkpoint *ck = ck_for_file(path, &base, err);
+    if (!ck)
+        return -1;
+    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL};
+    pk_doc *doc = NULL;
+    char *pkl = NULL;
+    int rc = -1, zopen = 0;
+    if (dcpi_ck_file_size(ck, 0, &L.flen, err) < 0)
+        goto out;
+    L.whole = (dcp_blob){.file = 0, .offset = 0, .length = L.flen};
+    if (dcpi_zip_open(ck, &L.whole, "", &L.z, err) < 0)
+        goto out;
+    zopen = 1;
+    const dcpi_zip_entry *pe = dcpi_zip_find(&L.z, "data.pkl"), *bo = dcpi_zip_find(&L.z, "byteorder");
+    uint64_t pstart;
+    if (!pe) {
+        dcpi_err(err, EIO, "%s: no data.pkl: not a torch.save file", path);
+        goto out;
+    }
+    if (pe->size > PKL_MAX) {
+        dcpi_err(err, EFBIG, "%s: data.pkl of %" PRIu64 " bytes is too large", path, pe->size);
+        goto out;
+    }
+    if (bo && bo->size <= 16) {
+        char order[17] = {0};
+        uint64_t ostart;
+        if (dcpi_zip_data(ck, &L.whole, "byteorder", bo, L.flen, &ostart, err) < 0 ||
+            dcpi_blob_read(ck, &L.whole, order, bo->size, ostart, "byteorder", err) < 0)
+            goto out;
+        if (!strcmp(order, "big"))
+            L.rec_flags |= DCP_RECORD_BIG_ENDIAN;
+    }
+    if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
+        goto out;
+    if (!(pkl = malloc(pe->size ? pe->size : 1))) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    const pk_node *root;
+    char what[4200];
+    snprintf(what, sizeof what, "%s: data.pkl", path);
+    if (dcpi_blob_read(ck, &L.whole, pkl, pe->size, pstart, "data.pkl", err) < 0 ||
+        pk_parse(pkl, pe->size, what, &doc, &root, err) < 0)
+        goto out;
+    char empty[1] = "";
+    rc = pt_walk(&L, root, empty, 0, 0);
+    if (rc == 0) {
+        ck->info.generation = "torch.save file";
+        ck->info.serialization = "torch_save";
+        ck->info.layout = "single file";
+    }
+out:
+    pk_free(doc);
+    free(pkl);
+    if (zopen)
+        dcpi_zip_close(&L.z);
+    if (rc < 0) {
+        side_free(L.side, L.nside);
+        dcp_close(ck);
+        return -1;
+    }
+    if (side) {
+        *side = L.side;
+        *nside = L.nside;
+    }
+    if (nskipped)
+        *nskipped = L.nskipped;
+    *out = ck;
+    return 0;
+}
+
+static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_error *err)
+{
+    const char *base;
+    dcp_checkpoint *ck = ck_for_file(path, &base, err);
+    if (!ck)
+        return -1;
+    int fd;
+    uint64_t fsize, data;
+    json_t *root = NULL;
+    int rc = -1;
+    if (dcpi_ck_file_size(ck, 0, &fsize, err) < 0 || dcpi_ck_fd(ck, 0, &fd, err) < 0 ||
+        dcpi_st_header(fd, 0, fsize, path, &root, &data, err) < 0)
+        goto out;
+    rc = 0;
+    const char *name;
+    json_t *t;
+    json_object_foreach(root, name, t) {
+        if (!strcmp(name, "__metadata__"))
+            continue;
+        json_t *dts = json_object_get(t, "dtype"), *shape = json_object_get(t, "shape");
+        json_t *offs = json_object_get(t, "data_offsets");
+        dcp_dtype dt = dcp_dtype_from_safetensors(json_string_value(dts));
+        int64_t size[DCPI_MAX_NDIM], zero[DCPI_MAX_NDIM] = {0};
+        size_t nd = json_array_size(shape);
+        uint64_t numel = 1;
+        int ok = dt != DCP_DTYPE_INVALID && json_is_array(shape) && nd <= DCPI_MAX_NDIM && json_is_array(offs) &&
+                 json_array_size(offs) == 2;
+        for (size_t d = 0; ok && d < nd; d++) {
+            json_t *s = json_array_get(shape, d);
+            size[d] = json_integer_value(s);
+            ok = json_is_integer(s) && size[d] >= 0 && dcpi_mul_u64(numel, (uint64_t)size[d], &numel);
+        }
+        json_int_t b0 = json_integer_value(json_array_get(offs, 0)), b1 = json_integer_value(json_array_get(offs, 1));
+        uint64_t nbytes;
+        ok = ok && b0 >= 0 && b1 >= b0 && (uint64_t)b1 <= fsize - data &&
+             dcpi_mul_u64(numel, dcp_dtype_size(dt), &nbytes) && nbytes == (uint64_t)(b1 - b0);
+        if (!ok) {
+            rc = dcpi_err(err, EIO, "%s: %s: bad dtype, shape or data_offsets", path, name);
+            break;
+        }
+        size_t idx, ci;
+        if (dcpi_model_entry(ck, name, strlen(name), DCP_KIND_TENSOR, &idx, err) < 0 ||
+            dcpi_model_set_tensor(ck, idx, dt, (int)nd, size, err) < 0 ||
+            dcpi_model_add_chunk(ck, idx, zero, size, &ci, err) < 0) {
+            rc = -1;
+            break;
+        }
+        ck->priv[idx].chunks[ci].blob = (dcp_blob){.file = 0, .transforms = DCPI_BLOB_RAW,
+                                                   .offset = data + (uint64_t)b0, .length = nbytes};
+        ck->priv[idx].chunks[ci].has_blob = 1;
+    }
+    if (rc == 0) {
+        ck->info.generation = "safetensors file";
+        ck->info.serialization = "safetensors";
+        ck->info.layout = "single file";
+    }
+out:
+    json_decref(root);
+    if (rc < 0) {
+        dcp_close(ck);
+        return -1;
+    }
+    *out = ck;
+    return 0;
+}
+
+int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err)
+{
+    *out = NULL;
+    if (nskipped)
+        *nskipped = 0;
+    if (fmt == DCP_FORMAT_AUTO)
+        fmt = dcp_format_guess(path);
+    if (fmt == DCP_FORMAT_TORCH_SAVE)
+        return open_torch_save(path, out, NULL, NULL, nskipped, err);
+    if (fmt == DCP_FORMAT_SAFETENSORS)
+        return open_safetensors_file(path, out, err);
+    return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
+}
+
+/* ---------------------------------------------------------------- convert */
+
+typedef struct src {
+    dcp_source source;       /* first: the writers' view of this */
+    dcp_checkpoint *ck;
+    dcp_plan plan;
+    side_bytes *side;
+    size_t nside;
+    uint64_t done, total;
+    const dcp_convert_options *opt;
+} src;
+
+static void src_progress(src *s, const dcp_entry *e, uint64_t len)
+{
+    if (e->kind != DCP_KIND_TENSOR)
+        return;
+    s->done += len;
+    if (s->opt->progress)
+        s->opt->progress(s->opt->progress_ctx, s->done, s->total);
+}
+
+/* A range stored as is in one file (no transform, byte swap, stride or
+ * zero fill) can be copied by the kernel. */
+static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, int *fd, uint64_t *foff, dcp_error *err)
+{
+    src *s = ctx;
+    const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
+    if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
+        return 0;   /* side data; or too many files to pin an fd for each */
+    if (dcp_plan_bytes(s->ck, e, off, len, &s->plan, err) < 0)
+        return -1;
+    const dcp_op *op = &s->plan.ops[0];
+    if (s->plan.nops != 1 || s->plan.zero_fill || s->plan.nbytes != len || op->flags || op->dest_offset ||
+        op->length != len || op->dest_stride != op->elem_size)
+        return 0;
+    if (dcp_file_fd(s->ck, op->file, fd, err) < 0)
+        return -1;
+    *foff = op->src_offset;
+    src_progress(s, e, len);
+    return 1;
+}
+
+static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    src *s = ctx;
+    const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
+    if (e->kind == DCP_KIND_BYTES && !e->has_blob) {
+        for (size_t i = 0; i < s->nside; i++) {
+            if (s->side[i].entry == tag) {
+                if (off > s->side[i].len || len > s->side[i].len - off)
+                    return dcpi_err(err, EIO, "%s: read past the end", e->key);
+                memcpy(buf, s->side[i].data + off, len);
+                return 0;
+            }
+        }
+        return dcpi_err(err, EIO, "%s: bytes item without data", e->key);
+    }
+    if (dcp_plan_bytes(s->ck, e, off, len, &s->plan, err) < 0)
+        return -1;
+    if (s->plan.nbytes != len)
+        return dcpi_err(err, EIO, "%s: %s: short read", dcp_path(s->ck), e->key);
+    if (dcp_plan_execute(s->ck, &s->plan, buf, err) < 0)
+        return -1;
+    src_progress(s, e, len);
+    return 0;
+}
+
+static int key_selected(const char *pattern, const char *key)
+{
+    if (!pattern)
+        return 1;
+    if (fnmatch(pattern, key, 0) == 0)
+        return 1;
+    size_t n = strlen(pattern);
+    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
+}
+
+static int bytes_len(src *s, size_t i, const dcp_entry *e, uint64_t *len, dcp_error *err)
+{
+    if (e->has_blob)
+        return dcp_entry_nbytes(s->ck, e, len, err);
+    for (size_t k = 0; k < s->nside; k++)
+        if (s->side[k].entry == i) {
+            *len = s->side[k].len;
+            return 0;
+        }
+    return dcpi_err(err, EIO, "%s: bytes item without data", e->key);
+}
+
+/* Remove what a failed conversion left under its temporary name. */
+static void remove_tmp(const char *p)
+{
+    struct stat st;
+    if (lstat(p, &st) < 0)
+        return;
+    if (!S_ISDIR(st.st_mode)) {
+        unlink(p);
+        return;
+    }
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        unlinkat(dirfd(d), de->d_name, 0);
+    }
+    if (d)
+        closedir(d);
+    rmdir(p);
+}
+
+static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint64_t max, dcp_error *err)
+{
+    if (mkdir(dir, 0777) < 0)
+        return dcpi_err(err, errno, "%s: cannot create: %s", dir, strerror(errno));
+    /* Greedy: a shard takes items until the next would pass max. */
+    size_t nshards = 0;
+    uint64_t cur = 0;
+    size_t *shard_of = malloc((n ? n : 1) * sizeof *shard_of);
+    if (!shard_of)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    for (size_t i = 0; i < n; i++) {
+        if (nshards == 0 || (cur > 0 && max && cur + items[i].nbytes > max)) {
+            nshards++;
+            cur = 0;
+        }
+        cur += items[i].nbytes;
+        shard_of[i] = nshards - 1;
+    }
+    if (nshards == 0)
+        nshards = 1;
+    json_t *index = json_object(), *wm = json_object(), *meta = json_object();
+    uint64_t total = 0;
+    int rc = 0;
+    for (size_t sh = 0, first = 0; sh < nshards && rc == 0; sh++) {
+        size_t last = first;
+        while (last < n && shard_of[last] == sh)
+            last++;
+        char name[64], path[4200];
+        snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", sh + 1, nshards);
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path) {
+            rc = dcpi_err(err, ENAMETOOLONG, "%s: path too long", dir);
+            break;
+        }
+        rc = dcp_write_safetensors(path, items + first, last - first, s->opt->flags, &s->source, NULL, NULL, err);
+        for (size_t i = first; i < last; i++) {
+            json_object_set_new(wm, items[i].key, json_string(name));
+            total += items[i].nbytes;
+        }
+        first = last;
+    }
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    json_object_set_new(index, "metadata", meta);
+    json_object_set_new(index, "weight_map", wm);
+    char ipath[4200];
+    if (rc == 0 && (size_t)snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir) >= sizeof ipath)
+        rc = dcpi_err(err, ENAMETOOLONG, "%s: path too long", dir);
+    if (rc == 0 && json_dump_file(index, ipath, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
+        rc = dcpi_err(err, EIO, "%s: cannot write", ipath);
+    json_decref(index);
+    free(shard_of);
+    return rc;
+}
+
+static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel, size_t nsel, dcp_error *err)
+{
+    dcp_ckpt_writer *w;
+    dcp_ckpt_options o = {.checkpoint_id = dst,
+                          .flags = ((s->opt->flags & DCP_WRITE_NO_SYNC) ? DCP_CKPT_NO_SYNC : 0) |
+                                   ((s->opt->flags & DCP_WRITE_NO_CRC) ? DCP_CKPT_NO_CRC : 0)};
+    if (dcp_ckpt_create(tmp, &o, &w, err) < 0)
+        return -1;
+    int rc = 0;
+    int64_t zero[DCPI_MAX_NDIM] = {0};
+    /* Bytes items first, as FileSystemWriter orders a rank's file. */
+    for (size_t k = 0; k < nsel && rc == 0; k++) {
+        const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
+        uint64_t len;
+        if (e->kind == DCP_KIND_BYTES)
+            rc = bytes_len(s, sel[k], e, &len, err) < 0 ? -1
+                 : dcp_ckpt_add_bytes(w, e->key, 0, len, &s->source, sel[k], err);
+    }
+    for (size_t k = 0; k < nsel && rc == 0; k++) {
+        const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
+        if (e->kind != DCP_KIND_TENSOR)
+            continue;
+        rc = dcp_ckpt_add_tensor(w, e->key, e->dtype, e->ndim, e->shape, err);
+        if (rc == 0)
+            rc = dcp_ckpt_add_chunk(w, e->key, 0, zero, e->shape, &s->source, sel[k], NULL, err);
+    }
+    if (rc == 0)
+        rc = dcp_ckpt_finish(w, err);
+    dcp_ckpt_free(w);
+    return rc;
+}
+
+int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
+{
+    dcp_convert_options none = {0};
+    if (!opt)
+        opt = &none;
+    dcp_format from = opt->from ? opt->from : dcp_format_guess(srcp);
+    dcp_format to = opt->to ? opt->to : dcp_format_guess(dst);
+    struct stat st;
+    if (lstat(dst, &st) == 0)
+        return dcpi_err(err, EEXIST, "%s: already exists (convert never overwrites)", dst);
+    if (stat(srcp, &st) < 0)
+        return dcpi_err(err, errno, "%s: cannot open: %s", srcp, strerror(errno));
+    int src_is_dir = S_ISDIR(st.st_mode);
+    if (to == DCP_FORMAT_SAFETENSORS && opt->max_shard_size && has_suffix(dst, ".safetensors"))
+        return dcpi_err(err, EINVAL, "%s: --max-shard-size writes a folder of shards: give a path without .safetensors",
+                        dst);
+
+    src s = {.opt = opt};
+    s.source = (dcp_source){.fill = src_fill, .range = src_range, .ctx = &s};
+    dcp_plan_init(&s.plan);
+    size_t nskipped = 0;
+    int rc;
+    if (src_is_dir) {
+        dcp_checkpoint *ck;
+        rc = dcp_open(srcp, 0, &ck, err);
+        s.ck = rc == 0 ? ck : NULL;
+    } else if (from == DCP_FORMAT_TORCH_SAVE) {
+        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, err);
+    } else if (from == DCP_FORMAT_SAFETENSORS) {
+        rc = open_safetensors_file(srcp, &s.ck, err);
+    } else {
+        rc = dcpi_err(err, ENOTDIR, "%s: a DCP checkpoint is a folder", srcp);
+    }
+    if (rc < 0)
+        return -1;
+    if (nskipped && opt->skipped)
+        opt->skipped(opt->skipped_ctx, "(torch.save source)", "non-tensor values that are not plain data");
+
+    /* The selection, and what safetensors cannot hold. */
+    size_t n = dcp_num_entries(s.ck), nsel = 0, nitems = 0;
+    size_t *sel = malloc((n ? n : 1) * sizeof *sel);
+    dcp_item *items = calloc(n ? n : 1, sizeof *items);
+    if (!sel || !items)
+        rc = dcpi_err(err, ENOMEM, "%s: out of memory", srcp);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const dcp_entry *e = dcp_entry_at(s.ck, i);
+        if (!key_selected(opt->keys, e->key))
+            continue;
+        if (to == DCP_FORMAT_SAFETENSORS && (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))) {
+            if (opt->skipped)
+                opt->skipped(opt->skipped_ctx, e->key,
+                             e->kind != DCP_KIND_TENSOR ? "a bytes item: safetensors holds tensors only"
+                                                        : "safetensors has no such dtype");
+            continue;
+        }
+        sel[nsel++] = i;
+        dcp_item *it = &items[nitems++];
+        *it = (dcp_item){.key = e->key, .kind = e->kind, .dtype = e->dtype, .ndim = e->ndim, .shape = e->shape,
+                         .tag = i};
+        if (e->kind == DCP_KIND_TENSOR) {
+            it->nbytes = dcp_entry_numel(e) * dcp_dtype_size(e->dtype);
+            s.total += it->nbytes;
+        } else {
+            rc = bytes_len(&s, i, e, &it->nbytes, err);
+        }
+    }
+    if (rc == 0 && opt->keys && nsel == 0)
+        rc = dcpi_err(err, ENOENT, "%s: no key matches '%s'", srcp, opt->keys);
+
+    /* The temporary name: beside dst, hidden, unique to this process. */
+    char tmp[4200];
+    const char *slash = strrchr(dst, '/');
+    snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-%ld", slash ? (int)(slash - dst + 1) : 0, dst, slash ? slash + 1 : dst,
+             (long)getpid());
+    if (rc == 0) {
+        switch (to) {
+        case DCP_FORMAT_DCP:
+            rc = write_dcp(&s, tmp, dst, sel, nsel, err);
+            break;
+        case DCP_FORMAT_TORCH_SAVE: {
+            char root[256];
+            const char *b = slash ? slash + 1 : dst, *dot = strrchr(b, '.');
+            snprintf(root, sizeof root, "%.*s", dot && dot != b ? (int)(dot - b) : (int)strlen(b), b);
+            rc = dcp_write_torch_save(tmp, root, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            break;
+        }
+        case DCP_FORMAT_SAFETENSORS:
+            if (has_suffix(dst, ".safetensors"))
+                rc = dcp_write_safetensors(tmp, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            else
+                rc = write_shards(&s, tmp, items, nitems, opt->max_shard_size, err);
+            break;
+        default:
+            rc = dcpi_err(err, EINVAL, "%s: unknown output format", dst);
+        }
+    }
+    if (rc == 0 && rename(tmp, dst) < 0)
+        rc = dcpi_err(err, errno, "%s: cannot rename %s into place: %s", dst, tmp, strerror(errno));
+    if (rc < 0)
+        remove_tmp(tmp);
+    free(sel);
+    free(items);
+    side_free(s.side, s.nside);
+    dcp_plan_free(&s.plan);
+    dcp_close(s.ck);
+    return rc;
+}

@@ -1,0 +1,28 @@
+# The PyTorch interop tier for the writers: torch.distributed.checkpoint.load reads checkpoints
+# written by `dcp synth` (four shardings) and `dcp convert`, on 1 and on 2 gloo ranks, and
+# torch.load(weights_only=True) reads converted .pt files, all byte-exact against the source.
+. "$top_srcdir/tests/lib.sh"
+need python3
+python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
+scratch
+PY="python3 $top_srcdir/tests/interop/writer_load.py"
+seed=11
+for shard in rows cols blocks replicated; do
+    d="$SCRATCH/synth-$shard"
+    $DCP synth "$d" --keys 3 --shape 12,10 --dtype float32 --ranks 4 --shard "$shard" --seed $seed --chunks-per-key 2
+    $PY synth "$d" $seed 3 1 || fail "synth $shard on 1 rank"
+    $PY synth "$d" $seed 3 2 || fail "synth $shard on 2 ranks"
+done
+$DCP synth "$SCRATCH/synth-bf16" --keys 2 --shape 7,5,3 --dtype bfloat16 --ranks 2 --shard blocks --seed 4
+$PY synth "$SCRATCH/synth-bf16" 4 2 1 || fail "bfloat16 3-d blocks"
+$DCP synth "$SCRATCH/synth-f8" --keys 2 --shape 8,8 --dtype float8_e4m3fn --ranks 2 --shard cols --seed 4
+$PY synth "$SCRATCH/synth-f8" 4 2 1 || fail "float8 (torch.save v3 rebuild)"
+for name in 01_single_plain 03_colwise_4ranks 05_mixed_2ranks; do
+    m="$FIXTURES/$name/expected/manifest.json"
+    $DCP convert -q "$FIXTURES/$name/ckpt" "$SCRATCH/$name.pt"
+    $PY pt "$SCRATCH/$name.pt" "$m" || fail "$name: torch.load of the converted .pt"
+    $DCP convert -q "$SCRATCH/$name.pt" "$SCRATCH/$name-dcp"
+    $PY dcp "$SCRATCH/$name-dcp" "$m" 1 || fail "$name: DCP converted from .pt on 1 rank"
+    $PY dcp "$SCRATCH/$name-dcp" "$m" 2 || fail "$name: DCP converted from .pt on 2 ranks"
+done
+echo ok

@@ -1,0 +1,396 @@
+/* Unit tests of the writers' building blocks: the pickle writer read back by
+ * the restricted pickle reader (both protocols, memo references, batches,
+ * frames past 64 KiB, big integers, bytes), the zip writer read back by the
+ * record locator's zip reader (alignment, sizes, empty records), and the DCP
+ * writer's output read back by dcp_open / dcp_read_entry. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dcp_write.h"
+#include "internal.h"
+#include "pickle.h"
+#include "write/pickle_write.h"
+#include "zip.h"
+#include "write/zip_write.h"
+
+static char tmpdir[256];
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dcp-test-writer.XXXXXX");
+    ck_assert(mkdtemp(tmpdir) != NULL);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    ck_assert(system(cmd) == 0);
+}
+
+static void check_roundtrip(int proto)
+{
+    pw w;
+    pw_init(&w, proto, -1, "test");
+    pw_dict_begin(&w);
+    pw_dict_key(&w);
+    pw_cstr(&w, "ints");
+    pw_list_begin(&w);
+    const int64_t vals[] = {0, 1, 255, 256, 65535, 65536, -1, -129, INT32_MAX, INT32_MIN, (int64_t)1 << 40,
+                            INT64_MIN, INT64_MAX};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        pw_list_elem(&w);
+        pw_int(&w, vals[i]);
+    }
+    pw_list_end(&w);
+    pw_dict_key(&w);
+    pw_cstr(&w, "shared");
+    pw_tuple_begin(&w, 5);
+    for (int i = 0; i < 5; i++)
+        pw_cstr(&w, "same");                 /* memo references after the first */
+    pw_tuple_end(&w, 5);
+    pw_dict_key(&w);
+    pw_cstr(&w, "bytes");
+    const unsigned char raw[] = {0, 0x7f, 0x80, 0xff, 'P', 'K'};
+    pw_bytes(&w, raw, sizeof raw);
+    /* 2500 items: three SETITEMS batches, and (protocol 4) more than one frame. */
+    pw_dict_key(&w);
+    pw_cstr(&w, "big");
+    pw_dict_begin(&w);
+    char k[32];
+    for (int i = 0; i < 2500; i++) {
+        pw_dict_key(&w);
+        snprintf(k, sizeof k, "key.%04d.with.a.longer.name", i);
+        pw_str(&w, k, strlen(k));
+        pw_int(&w, i);
+    }
+    pw_dict_end(&w);
+    pw_dict_key(&w);
+    pw_cstr(&w, "one");
+    pw_list_begin(&w);
+    pw_list_elem(&w);
+    pw_none(&w);
+    pw_list_end(&w);
+    pw_dict_end(&w);
+    dcp_error err;
+    ck_assert_msg(pw_finish(&w, &err) == 0, "%s", err.msg);
+
+    pk_doc *doc;
+    const pk_node *root;
+    ck_assert_msg(pk_parse(w.buf, w.len, "test", &doc, &root, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(root->type, PK_DICT);
+    const pk_node *ints = pk_dict_get(root, "ints");
+    ck_assert_uint_eq(pk_len(ints), sizeof vals / sizeof vals[0]);
+    for (size_t i = 0; i < pk_len(ints); i++) {
+        int64_t v;
+        ck_assert(pk_int(pk_item(ints, i), &v));
+        ck_assert_int_eq(v, vals[i]);
+    }
+    const pk_node *sh = pk_dict_get(root, "shared");
+    ck_assert_uint_eq(pk_len(sh), 5);
+    for (int i = 0; i < 5; i++) {
+        const char *s;
+        size_t n;
+        ck_assert(pk_str(pk_item(sh, (size_t)i), &s, &n));
+        ck_assert(n == 4 && !memcmp(s, "same", 4));
+    }
+    const pk_node *b = pk_dict_get(root, "bytes");
+    if (proto >= 4) {
+        ck_assert_int_eq(b->type, PK_BYTES);
+        ck_assert(b->u.s.len == sizeof raw && !memcmp(b->u.s.p, raw, sizeof raw));
+    } else {
+        ck_assert(pk_is_global(pk_call_global(b), "_codecs", "encode"));
+    }
+    ck_assert_uint_eq(pk_len(pk_dict_get(root, "big")), 2500);
+    ck_assert_uint_eq(pk_len(pk_dict_get(root, "one")), 1);
+    pk_free(doc);
+    if (proto >= 4)
+        ck_assert_msg(memchr(w.buf, 0x95, 16) != NULL, "protocol 4 output is framed");
+    pw_free(&w);
+}
+
+START_TEST(pickle_proto2) { check_roundtrip(2); }
+END_TEST
+
+START_TEST(pickle_proto4) { check_roundtrip(4); }
+END_TEST
+
+START_TEST(pickle_tensor)
+{
+    pw w;
+    pw_init(&w, 2, -1, "test");
+    const int64_t shape[] = {3, 0, 5};
+    pw_torch_tensor(&w, DCP_FLOAT8_E4M3FN, 3, shape, "7");
+    dcp_error err;
+    ck_assert(pw_finish(&w, &err) == 0);
+    pk_doc *doc;
+    const pk_node *root;
+    ck_assert(pk_parse(w.buf, w.len, "test", &doc, &root, &err) == 0);
+    ck_assert(pk_is_global(pk_call_global(root), "torch._utils", "_rebuild_tensor_v3"));
+    const pk_node *args = root->u.call.args, *stride = pk_item(args, 3);
+    int64_t v;
+    ck_assert(pk_int(pk_item(stride, 0), &v) && v == 5);   /* torch: max(size, 1) */
+    ck_assert(pk_int(pk_item(stride, 1), &v) && v == 5);
+    ck_assert(pk_is_global(pk_item(args, 6), "torch", "float8_e4m3fn"));
+    pk_free(doc);
+    pw_free(&w);
+}
+END_TEST
+
+/* A zip written by zw_* is read back by the record locator's reader; every
+ * record's data starts at a multiple of 64 from the archive start. */
+START_TEST(zip_roundtrip)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/z.bin", tmpdir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(fd >= 0);
+    dcp_error err;
+    zw_out o;
+    ck_assert(zw_out_init(&o, fd, 0, path, &err) == 0);
+    ck_assert(zw_out_write(&o, "prefix!", 7, &err) == 0);   /* the archive starts mid-file */
+    zw z;
+    ck_assert(zw_begin(&z, &o, "archive", &err) == 0);
+    ck_assert(zw_torch_prologue(&z, "\x80\x02N.", 4, &err) == 0);
+    unsigned char big[100000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (unsigned char)(i * 7);
+    ck_assert(zw_record(&z, "data/0", big, sizeof big, &err) == 0);
+    ck_assert(zw_record(&z, "data/1", NULL, 0, &err) == 0);
+    uint64_t len;
+    ck_assert(zw_finish(&z, &len, &err) == 0);
+    ck_assert(zw_out_flush(&o, &err) == 0);
+    zw_free(&z);
+    zw_out_free(&o);
+    close(fd);
+
+    /* Walk the central directory by hand: names, sizes, 64-byte alignment. */
+    size_t n;
+    FILE *f = fopen(path, "rb");
+    ck_assert(f != NULL);
+    unsigned char *b = malloc(200000);
+    n = fread(b, 1, 200000, f);
+    fclose(f);
+    ck_assert_uint_eq(n, 7 + len);
+    const unsigned char *a = b + 7, *eocd = a + len - 22;
+    ck_assert(!memcmp(eocd, "PK\5\6", 4));
+    ck_assert(!memcmp(eocd - 20, "PK\6\7", 4));     /* zip64 locator, always */
+    uint32_t cdofs = (uint32_t)(eocd[16] | eocd[17] << 8 | eocd[18] << 16 | (uint32_t)eocd[19] << 24);
+    unsigned nent = eocd[10] | eocd[11] << 8;
+    ck_assert_uint_eq(nent, 8);   /* data.pkl, 3 prologue records, data/0, data/1, version, serialization_id */
+    const unsigned char *p = a + cdofs;
+    int saw_big = 0, saw_empty = 0;
+    for (unsigned i = 0; i < nent; i++) {
+        ck_assert(!memcmp(p, "PK\1\2", 4));
+        uint32_t size = (uint32_t)(p[24] | p[25] << 8 | p[26] << 16 | (uint32_t)p[27] << 24);
+        unsigned nl = p[28] | p[29] << 8, xl = p[30] | p[31] << 8, cl = p[32] | p[33] << 8;
+        uint32_t lofs = (uint32_t)(p[42] | p[43] << 8 | p[44] << 16 | (uint32_t)p[45] << 24);
+        const unsigned char *lh = a + lofs;
+        ck_assert(!memcmp(lh, "PK\3\4", 4));
+        size_t dstart = lofs + 30 + (size_t)(lh[26] | lh[27] << 8) + (size_t)(lh[28] | lh[29] << 8);
+        ck_assert_msg(dstart % 64 == 0, "record %u data at %zu", i, dstart);
+        if (nl == 14 && !memcmp(p + 46, "archive/data/0", 14)) {
+            ck_assert(size == sizeof big && !memcmp(a + dstart, big, sizeof big));
+            saw_big = 1;
+        }
+        if (nl == 14 && !memcmp(p + 46, "archive/data/1", 14)) {
+            ck_assert(size == 0 && (p[8] | p[9] << 8) == 0x0800);   /* no data descriptor */
+            saw_empty = 1;
+        }
+        p += 46 + nl + xl + cl;
+    }
+    ck_assert(saw_big && saw_empty);
+    free(b);
+}
+END_TEST
+
+static int mem_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)tag;
+    (void)err;
+    memcpy(buf, (const unsigned char *)ctx + off, len);
+    return 0;
+}
+
+static int fill_two(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)err;
+    memcpy(buf, ((unsigned char **)ctx)[tag] + off, len);
+    return 0;
+}
+
+/* The DCP writer's output opens with libdcp and reads back byte-exact;
+ * replicas are written once; .metadata appears only at finish. */
+START_TEST(dcp_writer_roundtrip)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/ck", tmpdir);
+    dcp_error err;
+    dcp_ckpt_writer *w;
+    ck_assert_msg(dcp_ckpt_create(dir, NULL, &w, &err) == 0, "%s", err.msg);
+    const int64_t shape[] = {4, 6};
+    ck_assert(dcp_ckpt_add_tensor(w, "a.w", DCP_INT16, 2, shape, &err) == 0);
+    int16_t data[24];
+    for (int i = 0; i < 24; i++)
+        data[i] = (int16_t)(i * 1000 - 7);
+    /* Two column halves from two ranks: each chunk's own C order. */
+    int16_t half[2][12];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 6; c++)
+            half[c / 3][r * 3 + c % 3] = data[r * 6 + c];
+    const int64_t o0[] = {0, 0}, o1[] = {0, 3}, sz[] = {4, 3};
+    dcp_source s0 = {.fill = mem_fill, .ctx = half[0]}, s1 = {.fill = mem_fill, .ctx = half[1]};
+    int written;
+    ck_assert(dcp_ckpt_add_chunk(w, "a.w", 0, o0, sz, &s0, 0, &written, &err) == 0 && written);
+    ck_assert(dcp_ckpt_add_chunk(w, "a.w", 1, o1, sz, &s1, 0, &written, &err) == 0 && written);
+    ck_assert(dcp_ckpt_add_chunk(w, "a.w", 1, o0, sz, &s0, 0, &written, &err) == 0 && !written);
+    const int64_t none[1] = {0};
+    ck_assert(dcp_ckpt_add_tensor(w, "scalar", DCP_FLOAT64, 0, none, &err) == 0);
+    double pi = 3.25;
+    dcp_source sp = {.fill = mem_fill, .ctx = &pi};
+    ck_assert(dcp_ckpt_add_chunk(w, "scalar", 1, NULL, NULL, &sp, 0, NULL, &err) == 0);
+    struct stat st;
+    char meta[400];
+    snprintf(meta, sizeof meta, "%s/.metadata", dir);
+    ck_assert(stat(meta, &st) < 0);
+    ck_assert_msg(dcp_ckpt_finish(w, &err) == 0, "%s", err.msg);
+    dcp_ckpt_free(w);
+    ck_assert(stat(meta, &st) == 0);
+
+    dcp_checkpoint *ck;
+    ck_assert_msg(dcp_open(dir, 0, &ck, &err) == 0, "%s", err.msg);
+    const dcp_entry *e = dcp_find(ck, "a.w");
+    ck_assert(e && e->nchunks == 2 && e->dtype == DCP_INT16);
+    void *buf;
+    uint64_t len;
+    ck_assert(dcp_read_entry(ck, e, &buf, &len, &err) == 0);
+    ck_assert(len == sizeof data && !memcmp(buf, data, sizeof data));
+    free(buf);
+    e = dcp_find(ck, "scalar");
+    ck_assert(e && e->ndim == 0);
+    ck_assert(dcp_read_entry(ck, e, &buf, &len, &err) == 0);
+    ck_assert(len == 8 && !memcmp(buf, &pi, 8));
+    free(buf);
+
+    /* The virtual safetensors view, read in odd pieces, equals the file
+     * dcp_write_safetensors writes for the same tensors. */
+    dcp_st_view *v;
+    ck_assert_msg(dcp_st_view_build(ck, NULL, NULL, &v, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(v->ntensors, 2);
+    unsigned char *img = malloc(v->size + 16);
+    dcp_plan plan;
+    dcp_plan_init(&plan);
+    for (uint64_t off = 0; off < v->size + 10; off += 7) {
+        size_t got;
+        ck_assert_msg(dcp_st_view_read(ck, v, off, img + (off < v->size ? off : v->size), 7, &got, &plan, &err) == 0,
+                      "%s", err.msg);
+        ck_assert_uint_eq(got, off >= v->size ? 0 : (v->size - off < 7 ? v->size - off : 7));
+    }
+    dcp_plan_free(&plan);
+    dcp_item items[2];
+    for (size_t i = 0; i < 2; i++) {
+        const dcp_entry *te = v->tensors[i].entry;
+        items[i] = (dcp_item){.key = te->key, .kind = te->kind, .dtype = te->dtype, .ndim = te->ndim,
+                              .shape = te->shape, .nbytes = v->tensors[i].length, .tag = i};
+    }
+    unsigned char *tensor_bytes[2];
+    for (size_t i = 0; i < 2; i++)
+        ck_assert(dcp_read_entry(ck, v->tensors[i].entry, (void **)&tensor_bytes[i], &len, &err) == 0);
+    char stp[400];
+    snprintf(stp, sizeof stp, "%s/x.safetensors", tmpdir);
+    dcp_source src = {.fill = fill_two, .ctx = tensor_bytes};
+    ck_assert_msg(dcp_write_safetensors(stp, items, 2, DCP_WRITE_NO_SYNC, &src, NULL, NULL, &err) == 0, "%s", err.msg);
+    FILE *f = fopen(stp, "rb");
+    unsigned char *file = malloc(v->size + 1);
+    ck_assert(fread(file, 1, v->size + 1, f) == v->size);
+    fclose(f);
+    ck_assert(!memcmp(file, img, v->size));
+    free(file);
+    free(img);
+    free(tensor_bytes[0]);
+    free(tensor_bytes[1]);
+    dcp_st_view_free(v);
+    dcp_close(ck);
+}
+END_TEST
+
+/* Coverage is checked at finish, and a checkpoint folder is never reused. */
+START_TEST(dcp_writer_errors)
+{
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/bad", tmpdir);
+    dcp_error err;
+    dcp_ckpt_writer *w;
+    ck_assert(dcp_ckpt_create(dir, NULL, &w, &err) == 0);
+    const int64_t shape[] = {4}, off[] = {0}, sz[] = {2}, out[] = {3};
+    char zeros[16] = {0};
+    dcp_source s = {.fill = mem_fill, .ctx = zeros};
+    ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) == 0);
+    ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) < 0);
+    ck_assert(strstr(err.msg, "declared twice"));
+    ck_assert(dcp_ckpt_add_chunk(w, "t", 0, out, sz, &s, 0, NULL, &err) < 0);
+    ck_assert(strstr(err.msg, "outside"));
+    ck_assert(dcp_ckpt_add_chunk(w, "t", 0, off, sz, &s, 0, NULL, &err) == 0);
+    ck_assert(dcp_ckpt_finish(w, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "t: chunks hold 2 elements"), "%s", err.msg);
+    dcp_ckpt_free(w);
+    char meta[400];
+    struct stat st;
+    snprintf(meta, sizeof meta, "%s/.metadata", dir);
+    ck_assert(stat(meta, &st) < 0);
+}
+END_TEST
+
+START_TEST(synth_formula)
+{
+    /* word 0 of key 0, seed 0: mix(mix(0) + G). */
+    unsigned char b[16];
+    dcp_synth_fill(0, 0, DCP_UINT8, 0, b, 16);
+    unsigned char c[5];
+    dcp_synth_fill(0, 0, DCP_UINT8, 3, c, 5);   /* any offset gives the same bytes */
+    ck_assert(!memcmp(b + 3, c, 5));
+    dcp_synth_fill(0, 0, DCP_BOOL, 0, b, 16);
+    for (int i = 0; i < 16; i++)
+        ck_assert(b[i] <= 1);
+}
+END_TEST
+
+START_TEST(parse_size)
+{
+    uint64_t v;
+    ck_assert(dcp_parse_size("64K", &v) == 0 && v == 65536);
+    ck_assert(dcp_parse_size("5GB", &v) == 0 && v == 5000000000ull);
+    ck_assert(dcp_parse_size("2GiB", &v) == 0 && v == 2ull << 30);
+    ck_assert(dcp_parse_size("12", &v) == 0 && v == 12);
+    ck_assert(dcp_parse_size("x", &v) < 0);
+    ck_assert(dcp_parse_size("-1", &v) < 0);
+    ck_assert(dcp_parse_size("99999999999999999999T", &v) < 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("writer");
+    TCase *t = tcase_create("writer");
+    tcase_add_checked_fixture(t, setup, teardown);
+    tcase_add_test(t, pickle_proto2);
+    tcase_add_test(t, pickle_proto4);
+    tcase_add_test(t, pickle_tensor);
+    tcase_add_test(t, zip_roundtrip);
+    tcase_add_test(t, dcp_writer_roundtrip);
+    tcase_add_test(t, dcp_writer_errors);
+    tcase_add_test(t, synth_formula);
+    tcase_add_test(t, parse_size);
+    suite_add_tcase(s, t);
+    SRunner *r = srunner_create(s);
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}
