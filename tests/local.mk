@@ -27,3 +27,4 @@ include tests/unit_planner.mk
 include tests/writer.mk
 include tests/catalog.mk
 include tests/fuse.mk
+include tests/load.mk

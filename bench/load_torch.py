@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""PyTorch's own collective load for bench-load.sh: N gloo ranks (CPU) call
+torch.distributed.checkpoint.load into preallocated tensors of the dcpload
+layout (rows: DTensors sharded on dimension 0, from preallocated local
+shards; replicate: whole plain tensors on every rank). Prints the time of the
+load (barrier to barrier, the slowest rank) and the bytes the ranks read
+through read(2) and friends (rchar of /proc/self/io, summed).
+
+usage: load_torch.py CKPT N rows|replicate
+"""
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+
+def rchar():
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+def split(n, parts, i):
+    q, r = divmod(n, parts)
+    return i * q + min(i, r), q + (1 if i < r else 0)
+
+
+def run(rank, n, ckpt, layout, port, q):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    md = FileSystemReader(ckpt).read_metadata()
+    sd = {}
+    mesh = None
+    if layout == "rows":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+        mesh = init_device_mesh("cpu", (n,))
+    for key, m in md.state_dict_metadata.items():
+        if not isinstance(m, TensorStorageMetadata):
+            continue
+        shape = list(m.size)
+        if layout == "rows" and len(shape) >= 1:
+            off, ln = split(shape[0], n, rank)
+            # DTensor Shard(0) splits by ceil division: the bench uses divisible shapes
+            local = torch.zeros([ln] + shape[1:], dtype=m.properties.dtype)
+            stride = [1] * len(shape)
+            for d in range(len(shape) - 2, -1, -1):
+                stride[d] = stride[d + 1] * shape[d + 1]
+            sd[key] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
+                                         shape=torch.Size(shape), stride=tuple(stride))
+        else:
+            sd[key] = torch.zeros(shape, dtype=m.properties.dtype)
+    dist.barrier()
+    r0 = rchar()
+    t0 = time.perf_counter()
+    dcp.load(sd, checkpoint_id=ckpt)
+    dist.barrier()
+    t1 = time.perf_counter()
+    q.put((rank, t1 - t0, rchar() - r0))
+    dist.destroy_process_group()
+
+
+def main():
+    ckpt, n, layout = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, n, ckpt, layout, port, q)) for r in range(n)]
+    for p in procs:
+        p.start()
+    res = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    print(f"{max(r[1] for r in res):.6f} {sum(r[2] for r in res)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+/* libdcpload: load a PyTorch Distributed Checkpoint collectively over MPI.
+ *
+ * Every rank of a communicator passes the regions of the tensors it owns (in
+ * any sharding, not necessarily the one the checkpoint was saved with) and
+ * memory it has already allocated, host or CUDA; one collective call fills it
+ * in place. All ranks build the same global plan from everyone's requests:
+ * each needed byte range of storage is read once, by one rank, and delivered
+ * to every rank that needs it (a local copy, a point-to-point message, or a
+ * broadcast on a sub-communicator when several ranks need the same bytes).
+ *
+ * Errors are collective: an unknown key, a region outside its tensor, a dtype
+ * mismatch, a failed read or an unusable CUDA destination on any rank makes
+ * the call return -1 on every rank with the same message ("rank R: ...").
+ *
+ * Link with -ldcpload -ldcp and MPI (MPICH). The library starts one I/O
+ * thread per call that never calls MPI: initialise MPI with at least
+ * MPI_THREAD_FUNNELED (with MPI_THREAD_SINGLE reads are not overlapped).
+ */
+#ifndef DCP_LOAD_H
+#define DCP_LOAD_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dcp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a region's destination buffer lives. */
+typedef enum dcp_load_mem {
+    DCP_LOAD_HOST = 0,
+    DCP_LOAD_CUDA = 1       /* device memory of the device the loader picks (dcp_load_cuda_device) */
+} dcp_load_mem;
+
+/* One box of one tensor for this rank: [offsets, offsets+lengths) of the
+ * global tensor `key`, written in C order to dest (prod(lengths) elements of
+ * dtype). A bytes item is requested with ndim 0 and dtype DCP_UINT8 (or
+ * DCP_DTYPE_INVALID); dest then receives its whole stored bytes (size them
+ * with dcp_entry_nbytes). */
+typedef struct dcp_load_region {
+    const char *key;
+    dcp_dtype dtype;          /* must equal the stored dtype; DCP_DTYPE_INVALID accepts it */
+    int ndim;                 /* must equal the tensor's ndim (0 for 0-d tensors) */
+    const int64_t *offsets;   /* ndim values (may be NULL when ndim is 0) */
+    const int64_t *lengths;   /* ndim values */
+    void *dest;               /* may be NULL for an empty region */
+    dcp_load_mem mem;
+} dcp_load_region;
+
+/* Per-rank statistics of one call. Sums over ranks: bytes_sent equals
+ * bytes_received; bytes_read equals bytes_unique (each byte read once). */
+typedef struct dcp_load_stats {
+    uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size) */
+    uint64_t bytes_sent;        /* payload sent; a broadcast counts once per receiving rank */
+    uint64_t bytes_received;
+    uint64_t bytes_local;       /* bytes placed from this rank's own reads */
+    uint64_t bytes_loaded;      /* bytes of this rank's regions */
+    uint64_t bytes_unique;      /* unique storage bytes all ranks need (same on every rank) */
+    uint64_t reads;             /* storage reads issued by this rank */
+    uint64_t messages;          /* point-to-point sends and broadcast roots of this rank */
+    double seconds_exchange;    /* validating and exchanging requests */
+    double seconds_plan;        /* building the global plan and sub-communicators */
+    double seconds_read;        /* time the I/O thread spent in reads */
+    double seconds_transfer;    /* reading, delivering and copying, until all ranks finish */
+    double seconds_total;       /* the whole call */
+} dcp_load_stats;
+
+/* Option flags. */
+enum {
+    /* Deliver with point-to-point messages only (no broadcasts). */
+    DCP_LOAD_NO_BCAST = 1u << 0,
+    /* Do not read collectively: every rank reads what it needs itself, whole
+     * records, one after another, as torch.distributed.checkpoint's default
+     * reader does. For comparisons; errors are still agreed collectively. */
+    DCP_LOAD_INDEPENDENT = 1u << 1
+};
+
+typedef struct dcp_load_options {
+    unsigned flags;             /* DCP_LOAD_* */
+    size_t staging_bytes;       /* size of each staging buffer; 0: 16 MiB; at most 1 GiB */
+    unsigned nstaging;          /* buffers for reads and as many for receives; 0: 4 */
+} dcp_load_options;
+
+/* Open a checkpoint on every rank of comm. Collective: if any rank fails,
+ * every rank returns -1 with that rank's message and no checkpoint. */
+int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
+                  dcp_error *err);
+
+/* Fill this rank's regions. Collective over comm; every rank passes the same
+ * checkpoint (opened on its own) and its own regions (any number, also 0).
+ * opts and stats may be NULL. */
+int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+             const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
+
+/* The CUDA device this rank uses for DCP_LOAD_CUDA destinations: its rank
+ * among the ranks of its node, modulo the number of devices. Collective
+ * (splits comm by node). Returns -1 with a message when the library was
+ * built without CUDA or no device is usable; the result may differ between
+ * ranks, so it is not agreed. */
+int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err);
+
+/* Whether this library was built with the CUDA path. */
+int dcp_load_have_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DCP_LOAD_H */

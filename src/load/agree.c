@@ -1,0 +1,43 @@
+/* Collective error agreement: no rank returns before every rank knows the
+ * outcome, and all return the same message, so nothing hangs and no rank is
+ * left in a different state. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "load.h"
+
+int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
+{
+    int me, n;
+    if (MPI_Comm_rank(comm, &me) != MPI_SUCCESS || MPI_Comm_size(comm, &n) != MPI_SUCCESS)
+        return ldi_err(err, EIO, "MPI: invalid communicator");
+    /* the lowest failing rank speaks for all */
+    int mine = rc < 0 ? me : n, first = n;
+    if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+        return ldi_err(err, EIO, "MPI_Allreduce failed while agreeing on errors");
+    if (first == n)
+        return 0;
+    struct {
+        int code;
+        char msg[DCP_ERRMSG_MAX];
+    } m;
+    memset(&m, 0, sizeof m);
+    if (me == first) {
+        m.code = err && err->code ? err->code : EIO;
+        size_t k = n > 1 ? (size_t)snprintf(m.msg, sizeof m.msg, "rank %d: ", me) : 0;
+        const char *why = err ? err->msg : "failed";
+        size_t len = strnlen(why, sizeof err->msg);
+        if (len > sizeof m.msg - 1 - k)
+            len = sizeof m.msg - 1 - k;   /* the prefix may cut the tail */
+        memcpy(m.msg + k, why, len);
+    }
+    if (MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, first, comm) != MPI_SUCCESS)
+        return ldi_err(err, EIO, "MPI_Bcast failed while agreeing on errors");
+    m.msg[sizeof m.msg - 1] = '\0';
+    if (err) {
+        err->code = m.code;
+        memcpy(err->msg, m.msg, sizeof err->msg);
+    }
+    return -1;
+}

@@ -1,0 +1,130 @@
+/* The public entry points of libdcpload: dcp_load_open, dcp_load and the
+ * CUDA device query. Each step that can fail on some ranks is followed by a
+ * collective agreement, so every rank leaves with the same result. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load.h"
+
+int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
+                  dcp_error *err)
+{
+    dcp_checkpoint *ck = NULL;
+    int rc = path ? dcp_open(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
+    if (ldi_agree(comm, rc, err) < 0) {
+        dcp_close(ck);
+        *out = NULL;
+        return -1;
+    }
+    *out = ck;
+    return 0;
+}
+
+int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
+{
+    char msg[256];
+    if (ldi_cuda_pick(ldi_node_rank(comm), device, msg, sizeof msg) < 0)
+        return ldi_err(err, ENODEV, "dcp_load: %s", msg);
+    return 0;
+}
+
+static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
+{
+    memset(o, 0, sizeof *o);
+    if (opts)
+        *o = *opts;
+    if (!o->staging_bytes)
+        o->staging_bytes = LDI_STAGING_DEFAULT;
+    if (o->staging_bytes < 4096)
+        o->staging_bytes = 4096;
+    if (o->staging_bytes > LDI_MSG_MAX)   /* a unit is one message */
+        o->staging_bytes = LDI_MSG_MAX;
+    if (!o->nstaging)
+        o->nstaging = LDI_NSTAGING_DEFAULT;
+    if (o->nstaging > 64)
+        o->nstaging = 64;
+}
+
+int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+             const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err)
+{
+    double t0 = ldi_now();
+    dcp_load_stats st;
+    memset(&st, 0, sizeof st);
+    dcp_error scratch;
+    if (!err)
+        err = &scratch;
+    memset(err, 0, sizeof *err);
+    dcp_load_options o;
+    set_defaults(opts, &o);
+
+    /* a private communicator: our messages never match the caller's */
+    MPI_Comm c;
+    if (MPI_Comm_dup(comm, &c) != MPI_SUCCESS)
+        return ldi_err(err, EIO, "dcp_load: MPI_Comm_dup failed");
+    int me, n;
+    MPI_Comm_rank(c, &me);
+    MPI_Comm_size(c, &n);
+    ldi_reqs reqs = {0};
+    ldi_gplan g = {0};
+    int rc = -1, have_plan = 0;
+
+    /* CUDA: only touched when some rank asks for it */
+    int mine = 0, any = 0, device = -1, cuda_ok = 0;
+    for (size_t i = 0; regions && i < nregions; i++)
+        mine |= regions[i].mem == DCP_LOAD_CUDA;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c);
+    char cuda_msg[256] = "no CUDA destination";
+    if (any) {
+        int local = ldi_node_rank(c);   /* collective; the runtime only where needed */
+        if (mine)
+            cuda_ok = ldi_cuda_pick(local, &device, cuda_msg, sizeof cuda_msg) == 0;
+    }
+
+    int lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
+    lrc = ldi_exchange(c, ck, regions, nregions, &reqs, err);
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
+    double t1 = ldi_now();
+    st.seconds_exchange = t1 - t0;
+    for (size_t i = reqs.first[me]; i < reqs.first[me + 1]; i++)
+        st.bytes_loaded += reqs.v[i].nbytes;
+
+    if (o.flags & DCP_LOAD_INDEPENDENT) {
+        lrc = ldi_independent(ck, &reqs, me, &st, err);
+        st.seconds_transfer = ldi_now() - t1;
+        MPI_Barrier(c);   /* the job ends when the slowest rank ends */
+        st.seconds_transfer = ldi_now() - t1;
+        rc = ldi_agree(c, lrc, err);
+        goto out;
+    }
+
+    ldi_plan_opts po = {.unit_max = o.staging_bytes, .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0};
+    lrc = ldi_gplan_build(ck, &reqs, n, me, &po, &g, err);
+    have_plan = lrc == 0;
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
+    lrc = ldi_gplan_groups(c, &g, err);
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
+    double t2 = ldi_now();
+    st.seconds_plan = t2 - t1;
+    st.bytes_unique = g.unique_bytes;
+
+    ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device};
+    lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
+    rc = ldi_agree(c, lrc, err);
+    st.seconds_transfer = ldi_now() - t2;
+out:
+    if (have_plan)
+        ldi_gplan_free(&g);
+    ldi_reqs_free(&reqs);
+    MPI_Comm_free(&c);
+    st.seconds_total = ldi_now() - t0;
+    if (stats)
+        *stats = st;
+    return rc;
+}

@@ -1,0 +1,433 @@
+/* dcpload: load a checkpoint's tensors collectively on N MPI ranks.
+ *
+ *   mpiexec -n N dcpload CKPT [--keys PATTERN] [--layout rows|cols|blocks|replicate]
+ *                             [--device host|cuda] [--json]
+ *
+ * Every rank allocates its share of each selected tensor (by the layout),
+ * loads it with dcp_load, and reports an XXH3-64 of the loaded bytes; rank 0
+ * prints every rank's lines in rank order. Options for comparisons and tests
+ * are documented in dcpload(1): --strategy, --staging, --no-bcast; the environment variable DCPLOAD_TEST_BAD_KEY_RANK=R makes
+ * rank R also ask for a key that does not exist.
+ */
+#include <errno.h>
+#include <fnmatch.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+#include <xxhash.h>
+#ifdef HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "dcp.h"
+#include "dcp_load.h"
+
+enum layout { L_ROWS, L_COLS, L_BLOCKS, L_REPLICATE };
+
+struct opts {
+    const char *path;
+    const char *keys;
+    enum layout layout;
+    int cuda, json, independent, no_bcast;
+    size_t staging;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: mpiexec -n N dcpload CKPT [--keys PATTERN] [--layout rows|cols|blocks|replicate]\n"
+               "                                [--device host|cuda] [--json]\n"
+               "       [--strategy collective|independent] [--staging BYTES] [--no-bcast]\n");
+}
+
+/* The same key selection as dcp ls --keys: fnmatch, and a pattern without
+ * wildcards also selects the keys under it ("model" selects "model.x"). */
+static int key_matches(const char *pattern, const char *key)
+{
+    if (!pattern || fnmatch(pattern, key, 0) == 0)
+        return 1;
+    size_t n = strlen(pattern);
+    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
+}
+
+/* numpy.array_split: the first n mod parts parts get one more. */
+static void split(int64_t n, int parts, int i, int64_t *off, int64_t *len)
+{
+    int64_t q = n / parts, rem = n % parts;
+    *len = q + (i < rem);
+    *off = (int64_t)i * q + (i < rem ? i : rem);
+}
+
+/* P: the largest divisor of n not above sqrt(n). */
+static int grid_rows(int n)
+{
+    int p = 1;
+    for (int d = 1; (int64_t)d * d <= n; d++)
+        if (n % d == 0)
+            p = d;
+    return p;
+}
+
+static void share(const dcp_entry *e, enum layout l, int rank, int nranks, int64_t *off, int64_t *len)
+{
+    for (int d = 0; d < e->ndim; d++) {
+        off[d] = 0;
+        len[d] = e->shape[d];
+    }
+    if (e->ndim == 0 || l == L_REPLICATE)
+        return;
+    int last = e->ndim - 1;
+    if (l == L_ROWS || (l == L_BLOCKS && e->ndim == 1)) {
+        split(e->shape[0], nranks, rank, &off[0], &len[0]);
+    } else if (l == L_COLS) {
+        split(e->shape[last], nranks, rank, &off[last], &len[last]);
+    } else {
+        int p = grid_rows(nranks), q = nranks / p;
+        split(e->shape[0], p, rank / q, &off[0], &len[0]);
+        split(e->shape[last], q, rank % q, &off[last], &len[last]);
+    }
+}
+
+/* ------------------------------------------------------------ output */
+
+struct out {
+    char *p;
+    size_t len, cap;
+};
+
+static void outf(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void outf(struct out *o, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(o->p ? o->p + o->len : NULL, o->p ? o->cap - o->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if (o->p && o->len + (size_t)n < o->cap) {
+            o->len += (size_t)n;
+            return;
+        }
+        size_t cap = o->cap ? o->cap : 4096;
+        while (cap <= o->len + (size_t)n)
+            cap *= 2;
+        char *q = realloc(o->p, cap);
+        if (!q)
+            return;
+        o->p = q;
+        o->cap = cap;
+    }
+}
+
+static void out_json_string(struct out *o, const char *s)
+{
+    outf(o, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            outf(o, "\\%c", *c);
+        else if (*c < 0x20)
+            outf(o, "\\u%04x", *c);
+        else
+            outf(o, "%c", *c);
+    }
+    outf(o, "\"");
+}
+
+static void out_dims(struct out *o, const int64_t *v, int n)
+{
+    outf(o, "[");
+    for (int i = 0; i < n; i++)
+        outf(o, "%s%" PRId64, i ? "," : "", v[i]);
+    outf(o, "]");
+}
+
+/* Rank 0 prints every rank's text, in rank order. */
+static void print_all(MPI_Comm comm, const struct out *o, FILE *f)
+{
+    int me, n;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    int len = o->len > INT_MAX ? INT_MAX : (int)o->len;
+    int *lens = me == 0 ? calloc((size_t)n, sizeof *lens) : NULL, *displs = NULL;
+    MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, comm);
+    char *all = NULL;
+    if (me == 0) {
+        displs = calloc((size_t)n, sizeof *displs);
+        long long total = 0;
+        for (int r = 0; r < n; r++) {
+            displs[r] = (int)total;
+            total += lens[r];
+        }
+        if (total > INT_MAX)   /* print rank 0's alone rather than fail */
+            total = 0;
+        all = malloc((size_t)total + 1);
+    }
+    MPI_Gatherv(o->p, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm);
+    if (me == 0 && all) {
+        long long total = displs[n - 1] + (long long)lens[n - 1];
+        fwrite(all, 1, (size_t)total, f);
+        fflush(f);
+    }
+    free(all);
+    free(lens);
+    free(displs);
+}
+
+/* ------------------------------------------------------------ main */
+
+static int parse(int argc, char **argv, struct opts *o)
+{
+    static const struct option lo[] = {
+        {"keys", required_argument, 0, 'k'},     {"layout", required_argument, 0, 'l'},
+        {"device", required_argument, 0, 'd'},   {"json", no_argument, 0, 'j'},
+        {"strategy", required_argument, 0, 's'}, {"staging", required_argument, 0, 'S'},
+        {"no-bcast", no_argument, 0, 'B'},       {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    o->layout = L_ROWS;
+    int c;
+    while ((c = getopt_long(argc, argv, "k:l:d:jh", lo, NULL)) != -1) {
+        switch (c) {
+        case 'k': o->keys = optarg; break;
+        case 'l':
+            if (!strcmp(optarg, "rows")) o->layout = L_ROWS;
+            else if (!strcmp(optarg, "cols")) o->layout = L_COLS;
+            else if (!strcmp(optarg, "blocks")) o->layout = L_BLOCKS;
+            else if (!strcmp(optarg, "replicate")) o->layout = L_REPLICATE;
+            else { fprintf(stderr, "dcpload: unknown layout '%s' (rows, cols, blocks, replicate)\n", optarg); return 2; }
+            break;
+        case 'd':
+            if (!strcmp(optarg, "host")) o->cuda = 0;
+            else if (!strcmp(optarg, "cuda")) o->cuda = 1;
+            else { fprintf(stderr, "dcpload: unknown device '%s' (host, cuda)\n", optarg); return 2; }
+            break;
+        case 'j': o->json = 1; break;
+        case 's':
+            if (!strcmp(optarg, "collective")) o->independent = 0;
+            else if (!strcmp(optarg, "independent")) o->independent = 1;
+            else { fprintf(stderr, "dcpload: unknown strategy '%s' (collective, independent)\n", optarg); return 2; }
+            break;
+        case 'S': {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || v == 0) {
+                fprintf(stderr, "dcpload: bad --staging '%s'\n", optarg);
+                return 2;
+            }
+            o->staging = (size_t)v;
+            break;
+        }
+        case 'B': o->no_bcast = 1; break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    o->path = argv[optind];
+    return 0;
+}
+
+struct job {
+    dcp_load_region *reg;
+    int64_t *dims;
+    size_t n;                /* regions with buffers we own */
+    size_t nreg;             /* regions passed to dcp_load (n, plus the test hook's) */
+    uint64_t *nbytes;
+};
+
+static void job_free(struct job *j, int cuda)
+{
+    for (size_t i = 0; i < j->n; i++) {
+#ifdef HAVE_CUDA
+        if (cuda) {
+            if (j->reg[i].dest)
+                cudaFree(j->reg[i].dest);
+            continue;
+        }
+#else
+        (void)cuda;
+#endif
+        free(j->reg[i].dest);
+    }
+    free(j->reg);
+    free(j->dims);
+    free(j->nbytes);
+}
+
+/* This rank's regions: its share of every selected tensor. Buffers are
+ * allocated unless CUDA is unusable (dcp_load then reports why). */
+static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nranks, int cuda_ok,
+                     struct job *j, dcp_error *err)
+{
+    size_t n = 0, cap = dcp_num_entries(ck) + 1;
+    j->reg = calloc(cap, sizeof *j->reg);
+    j->dims = calloc(cap * 2 * 64, sizeof *j->dims);
+    j->nbytes = calloc(cap, sizeof *j->nbytes);
+    if (!j->reg || !j->dims || !j->nbytes) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < dcp_num_entries(ck); i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (e->kind != DCP_KIND_TENSOR || !key_matches(o->keys, e->key) || e->ndim > 64)
+            continue;
+        dcp_load_region *r = &j->reg[n];
+        int64_t *off = j->dims + n * 128, *len = off + 64;
+        share(e, o->layout, me, nranks, off, len);
+        uint64_t nb = dcp_dtype_size(e->dtype);
+        for (int d = 0; d < e->ndim; d++)
+            nb *= (uint64_t)len[d];
+        r->key = e->key;
+        r->dtype = e->dtype;
+        r->ndim = e->ndim;
+        r->offsets = off;
+        r->lengths = len;
+        r->mem = o->cuda ? DCP_LOAD_CUDA : DCP_LOAD_HOST;
+        j->nbytes[n] = nb;
+        j->n = j->nreg = ++n;
+        if (!nb)
+            continue;
+        if (o->cuda) {
+#ifdef HAVE_CUDA
+            if (cuda_ok && cudaMalloc(&r->dest, (size_t)nb) != cudaSuccess) {
+                snprintf(err->msg, sizeof err->msg, "%s: cudaMalloc of %" PRIu64 " bytes failed", e->key, nb);
+                return -1;
+            }
+#else
+            (void)cuda_ok;
+#endif
+        } else if (!(r->dest = malloc((size_t)nb))) {
+            snprintf(err->msg, sizeof err->msg, "%s: cannot allocate %" PRIu64 " bytes", e->key, nb);
+            return -1;
+        } else {
+            memset(r->dest, 0xA5, (size_t)nb);   /* touched up front: the load is timed, not page faults */
+        }
+    }
+    /* the test hook: this rank also asks for a key that does not exist */
+    const char *bad = getenv("DCPLOAD_TEST_BAD_KEY_RANK");
+    if (bad && atoi(bad) == me) {
+        static const int64_t zero[1] = {0}, one[1] = {1};
+        dcp_load_region *r = &j->reg[n];
+        r->key = "dcpload.test.no_such_key";
+        r->ndim = 1;
+        r->offsets = zero;
+        r->lengths = one;
+        r->mem = DCP_LOAD_HOST;
+        static float sink;
+        r->dest = &sink;
+        j->nreg = n + 1;   /* not owned: never freed or hashed */
+    }
+    return 0;
+}
+
+static uint64_t hash_region(const dcp_load_region *r, uint64_t nb, int cuda)
+{
+    if (!nb)
+        return XXH3_64bits("", 0);
+#ifdef HAVE_CUDA
+    if (cuda) {
+        void *h = malloc((size_t)nb);
+        uint64_t x = 0;
+        if (h && cudaMemcpy(h, r->dest, (size_t)nb, cudaMemcpyDeviceToHost) == cudaSuccess)
+            x = XXH3_64bits(h, (size_t)nb);
+        free(h);
+        return x;
+    }
+#else
+    (void)cuda;
+#endif
+    return r->dest ? XXH3_64bits(r->dest, (size_t)nb) : 0;
+}
+
+int main(int argc, char **argv)
+{
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm comm = MPI_COMM_WORLD;
+    int me, nranks;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &nranks);
+
+    struct opts o;
+    int prc = parse(argc, argv, &o);
+    if (prc) {
+        MPI_Finalize();
+        return prc == 1 ? 0 : 2;
+    }
+    dcp_error err = {0};
+    dcp_checkpoint *ck = NULL;
+    struct job job = {0};
+    int rc = 1;
+    if (dcp_load_open(comm, o.path, DCP_OPEN_DEFAULT, &ck, &err) < 0) {
+        fprintf(stderr, "dcpload: %s\n", err.msg);
+        goto out;
+    }
+    int cuda_ok = 0, device;
+    if (o.cuda) {
+        dcp_error cerr;
+        cuda_ok = dcp_load_cuda_device(comm, &device, &cerr) == 0;
+#ifdef HAVE_CUDA
+        if (cuda_ok)
+            cuda_ok = cudaSetDevice(device) == cudaSuccess;
+#endif
+    }
+    int lrc = build_job(ck, &o, me, nranks, cuda_ok, &job, &err), any;
+    MPI_Allreduce(&lrc, &any, 1, MPI_INT, MPI_MIN, comm);
+    if (any < 0) {
+        fprintf(stderr, "dcpload: %s\n", lrc < 0 ? err.msg : "another rank failed to allocate its buffers");
+        goto out;
+    }
+    dcp_load_options lo = {0};
+    lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0);
+    lo.staging_bytes = o.staging;
+    dcp_load_stats st;
+    MPI_Barrier(comm);   /* time the load, not the ranks' different start-up */
+    if (dcp_load(comm, ck, job.reg, job.nreg, &lo, &st, &err) < 0) {
+        fprintf(stderr, "dcpload: %s\n", err.msg);
+        goto out;
+    }
+    struct out txt = {0};
+    if (o.json) {
+        for (size_t i = 0; i < job.n; i++) {
+            const dcp_load_region *r = &job.reg[i];
+            outf(&txt, "{\"rank\":%d,\"key\":", me);
+            out_json_string(&txt, r->key);
+            outf(&txt, ",\"offsets\":");
+            out_dims(&txt, r->offsets, r->ndim);
+            outf(&txt, ",\"lengths\":");
+            out_dims(&txt, r->lengths, r->ndim);
+            outf(&txt, ",\"xxh3\":\"%016" PRIx64 "\"}\n", (uint64_t)hash_region(r, job.nbytes[i], o.cuda));
+        }
+        outf(&txt,
+             "{\"rank\":%d,\"bytes_read\":%" PRIu64 ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
+             ",\"seconds\":%.6f}\n",
+             me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total);
+    } else {
+        if (me == 0)
+            outf(&txt, "%zu tensors on %d ranks, %" PRIu64 " unique bytes\n", job.n, nranks, st.bytes_unique);
+        outf(&txt,
+             "rank %d: loaded %" PRIu64 " bytes; read %" PRIu64 " (%" PRIu64 " reads), sent %" PRIu64
+             ", received %" PRIu64 "; %.3f s (exchange %.3f, plan %.3f, transfer %.3f, reading %.3f)\n",
+             me, st.bytes_loaded, st.bytes_read, st.reads, st.bytes_sent, st.bytes_received, st.seconds_total,
+             st.seconds_exchange, st.seconds_plan, st.seconds_transfer, st.seconds_read);
+    }
+    print_all(comm, &txt, stdout);
+    free(txt.p);
+    rc = 0;
+out:
+    job_free(&job, o.cuda);
+    dcp_close(ck);
+    MPI_Finalize();
+    return rc;
+}

@@ -1,0 +1,607 @@
+/* Running the global plan on one rank.
+ *
+ * An I/O thread reads this rank's units in order: straight into the
+ * destination when this rank needs the whole unit contiguously in one host
+ * buffer, otherwise into a staging buffer of the read pool. A unit nobody
+ * else needs is placed by the I/O thread itself. The main thread alone calls
+ * MPI: it walks the units this rank takes part in, in the global order, and
+ * posts the sends and broadcasts of units it read and the receives of units
+ * it needs (straight into the destination when possible, otherwise into the
+ * receive pool), completing the oldest transfers when it runs out of
+ * buffers. Every rank posts in the same global order and only ever waits for
+ * its oldest transfer, which depends on earlier transfers only: no deadlock.
+ *
+ * A failed read or copy is recorded and the protocol goes on (with whatever
+ * bytes the buffer holds), so no peer waits forever; the caller agrees on
+ * the error afterwards.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load.h"
+
+enum { ROLE_READ = 1, ROLE_RECV = 2 };
+
+struct pend {
+    size_t unit;
+    int role;
+    int slot;                  /* staging slot, -1 when direct */
+    unsigned char *buf;
+    const ldi_frag *frags;     /* receiver: this rank's fragments */
+    size_t nfrags;
+    MPI_Request *reqs;         /* this ring slot's block of the request pool */
+    size_t nreq;
+    int done;
+};
+
+struct exec {
+    MPI_Comm comm;
+    dcp_checkpoint *ck;
+    const ldi_reqs *r;
+    const ldi_gplan *g;
+    ldi_dest *dest;
+    dcp_load_stats *st;
+    int me;
+    size_t staging;
+    unsigned w;                /* buffers per pool */
+    unsigned char **bufs;      /* 2w: read pool then receive pool */
+    unsigned char *busy;       /* per buffer */
+
+    /* this rank's reads, in order; shared with the I/O thread under lock */
+    size_t *reads;
+    size_t nreads;
+    struct ready {
+        unsigned char *buf;
+        int slot;
+        int state;             /* 0 not read, 1 ready for the main thread, 2 finished by the I/O thread */
+    } *ready;
+    size_t io_next;            /* next read for the I/O thread */
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int threaded;
+    int io_failed;
+    dcp_error io_err;
+    double io_seconds;
+    uint64_t io_bytes, io_reads, io_local;
+
+    /* main thread: transfers in flight, a ring in posting order */
+    struct pend *pend;
+    size_t head, npend, pcap;  /* pcap: the most in flight */
+    MPI_Request *reqpool;      /* pcap blocks of maxreq requests, allocated up front */
+    MPI_Status *stat;          /* maxreq statuses (never read) */
+    size_t maxreq;
+    int failed;
+    dcp_error *err;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static const ldi_frag *my_frags(const struct exec *x, const ldi_unit *u, size_t *n)
+{
+    const ldi_frag *f = x->g->frags + u->frag0;
+    size_t i = 0;
+    while (i < u->nfrag && f[i].rank < x->me)
+        i++;
+    size_t j = i;
+    while (j < u->nfrag && f[j].rank == x->me)
+        j++;
+    *n = j - i;
+    return f + i;
+}
+
+/* Do these fragments fill [0, total) of the rank's buffer for the unit and
+ * land contiguously in one host destination, untransformed? Then the unit's
+ * bytes can go straight there; *dest is where byte 0 goes. */
+static int direct_target(const struct exec *x, const ldi_frag *f, size_t n, uint64_t total,
+                         unsigned char **dest)
+{
+    if (!n)
+        return 0;
+    uint32_t req = x->g->gops[f[0].gop].req;
+    const ldi_req *q = &x->r->v[req];
+    if (q->mem != DCP_LOAD_HOST || f[0].img != 0)
+        return 0;
+    uint64_t img = 0, pos = ldi_frag_dest(x->g, &f[0]), start = pos;
+    for (size_t i = 0; i < n; i++) {
+        const dcp_op *op = &x->g->gops[f[i].gop].op;
+        if (x->g->gops[f[i].gop].req != req || op->flags & (DCP_OP_BSWAP | DCP_OP_CONJ | DCP_OP_NEG) ||
+            (op->dest_stride != op->elem_size && f[i].len != op->elem_size) || f[i].img != img ||
+            ldi_frag_dest(x->g, &f[i]) != pos)
+            return 0;
+        img += f[i].len;
+        pos += f[i].len;
+    }
+    if (img != total)
+        return 0;
+    *dest = (unsigned char *)q->dest + start;
+    return 1;
+}
+
+static int all_host(const struct exec *x, const ldi_frag *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (x->r->v[x->g->gops[f[i].gop].req].mem != DCP_LOAD_HOST)
+            return 0;
+    return 1;
+}
+
+/* A unit this rank reads that nobody else needs, all host: the I/O thread
+ * finishes it alone. */
+static int io_only(const struct exec *x, const ldi_unit *u)
+{
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    return u->ndlv == 0 && n == u->nfrag && all_host(x, f, n);
+}
+
+static void fail(struct exec *x, const dcp_error *e)
+{
+    if (!x->failed && x->err) {
+        *x->err = *e;
+        x->failed = 1;
+    }
+}
+
+/* ------------------------------------------------------------ the I/O side */
+
+static int free_slot(struct exec *x, unsigned from, unsigned to)
+{
+    for (unsigned i = from; i < to; i++)
+        if (!x->busy[i])
+            return (int)i;
+    return -1;
+}
+
+/* Read unit k of this rank's reads into its target. Called with the lock
+ * held when a read slot is needed and free; drops the lock while reading. */
+static void io_unit(struct exec *x, size_t k)
+{
+    const ldi_unit *u = &x->g->units[x->reads[k]];
+    const ldi_space *sp = &x->g->spaces[u->space];
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    unsigned char *buf;
+    int slot = -1;
+    if (!direct_target(x, f, n, u->len, &buf)) {
+        slot = free_slot(x, 0, x->w);   /* the caller made sure there is one */
+        if (slot < 0) {   /* unreachable; keep the protocol going, flag the rank */
+            ldi_err(&x->io_err, EIO, "dcp_load: no free staging buffer");
+            x->io_failed = 1;
+            slot = 0;
+        }
+        x->busy[slot] = 1;
+        buf = x->bufs[slot];
+    }
+    int failed = x->io_failed;
+    if (x->threaded)
+        pthread_mutex_unlock(&x->lock);
+
+    double t0 = ldi_now();
+    dcp_error e = {0};
+    int rc = 0;
+    if (!failed) {   /* after a failure keep the protocol going, skip the reads */
+        dcp_op op = {0};
+        op.file = sp->file;
+        op.flags = sp->decoded ? DCP_OP_DECODED : 0;
+        op.blob = sp->blob;
+        op.src_offset = u->off;
+        op.length = u->len;
+        op.elem_size = 1;
+        op.dest_stride = 1;
+        rc = dcp_op_fetch(x->ck, sp->e, &op, buf, &e);
+    }
+    int finished = 0;
+    if (rc == 0 && !failed && io_only(x, u)) {
+        if (slot >= 0)
+            rc = ldi_dest_place(x->dest, x->g, x->r, f, n, buf, -1, &e);
+        finished = 1;
+    } else if (io_only(x, u)) {
+        finished = 1;
+    }
+    double t1 = ldi_now();
+
+    if (x->threaded)
+        pthread_mutex_lock(&x->lock);
+    x->io_seconds += t1 - t0;
+    if (!failed) {
+        x->io_bytes += u->len;
+        x->io_reads++;
+    }
+    if (finished)
+        for (size_t i = 0; i < n; i++)
+            x->io_local += f[i].len;
+    if (rc < 0 && !x->io_failed) {
+        x->io_failed = 1;
+        x->io_err = e;
+    }
+    if (finished) {
+        if (slot >= 0)
+            x->busy[slot] = 0;
+        x->ready[k].state = 2;
+    } else {
+        x->ready[k].buf = buf;
+        x->ready[k].slot = slot;
+        x->ready[k].state = 1;
+    }
+    if (x->threaded)
+        pthread_cond_broadcast(&x->cond);
+}
+
+/* Does unit k need a staging slot? */
+static int needs_slot(struct exec *x, size_t k)
+{
+    const ldi_unit *u = &x->g->units[x->reads[k]];
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    unsigned char *buf;
+    return !direct_target(x, f, n, u->len, &buf);
+}
+
+static void *io_thread(void *arg)
+{
+    struct exec *x = arg;
+    ldi_dest_bind(x->dest);
+    pthread_mutex_lock(&x->lock);
+    while (x->io_next < x->nreads) {
+        size_t k = x->io_next;
+        if (needs_slot(x, k) && free_slot(x, 0, x->w) < 0) {
+            pthread_cond_wait(&x->cond, &x->lock);
+            continue;
+        }
+        x->io_next++;
+        io_unit(x, k);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ the MPI side */
+
+static void release(struct exec *x, int slot)
+{
+    if (slot < 0)
+        return;
+    dcp_error e;
+    if (ldi_dest_fence(x->dest, slot, &e) < 0)
+        fail(x, &e);
+    if (x->threaded)
+        pthread_mutex_lock(&x->lock);
+    x->busy[slot] = 0;
+    if (x->threaded) {
+        pthread_cond_broadcast(&x->cond);
+        pthread_mutex_unlock(&x->lock);
+    }
+}
+
+/* After the transfers of pending entry p are done. */
+static void finish(struct exec *x, struct pend *p)
+{
+    if (p->role == ROLE_RECV && p->slot >= 0) {
+        dcp_error e;
+        if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, p->buf, p->slot, &e) < 0)
+            fail(x, &e);
+    }
+    release(x, p->slot);
+}
+
+static void wait_oldest(struct exec *x)
+{
+    struct pend *p = &x->pend[x->head];
+    if (!p->done) {
+        MPI_Waitall((int)p->nreq, p->reqs, x->stat);
+        finish(x, p);
+    }
+    x->head = (x->head + 1) % x->pcap;
+    x->npend--;
+}
+
+/* Complete whatever has arrived, without blocking. */
+static void progress(struct exec *x)
+{
+    for (size_t i = 0; i < x->npend; i++) {
+        struct pend *p = &x->pend[(x->head + i) % x->pcap];
+        int done = 0;
+        if (p->done)
+            continue;
+        MPI_Testall((int)p->nreq, p->reqs, &done, x->stat);
+        if (done) {
+            finish(x, p);
+            p->done = 1;
+        }
+    }
+    while (x->npend && x->pend[x->head].done)
+        wait_oldest(x);
+}
+
+/* A new transfer entry; its request block holds maxreq requests. */
+static struct pend *push(struct exec *x)
+{
+    while (x->npend >= x->pcap)
+        wait_oldest(x);
+    size_t slot = (x->head + x->npend++) % x->pcap;
+    struct pend *p = &x->pend[slot];
+    memset(p, 0, sizeof *p);
+    p->reqs = x->reqpool + slot * x->maxreq;
+    return p;
+}
+
+static int group_root(const ldi_gplan *g, const ldi_group *gr, int rank)
+{
+    const int *r = g->group_ranks + gr->rank0;
+    for (size_t i = 0; i < gr->n; i++)
+        if (r[i] == rank)
+            return (int)i;
+    return -1;
+}
+
+static void mpi_fail(struct exec *x, int rc, const char *what)
+{
+    char m[MPI_MAX_ERROR_STRING];
+    dcp_error e;
+    ldi_err(&e, EIO, "dcp_load: %s: %s", what, ldi_mpi_errstr(rc, m, sizeof m));
+    fail(x, &e);
+}
+
+/* Without an I/O thread: read this rank's units up to k here, in order. */
+static void inline_io(struct exec *x, size_t k)
+{
+    while (x->io_next <= k && x->io_next < x->nreads) {
+        size_t j = x->io_next;
+        if (needs_slot(x, j) && free_slot(x, 0, x->w) < 0 && x->npend) {
+            wait_oldest(x);   /* read slots are held by pending sends only */
+            continue;
+        }
+        x->io_next++;
+        io_unit(x, j);
+    }
+}
+
+/* Unit ui, read by this rank as reads[k]: send it on. */
+static int as_reader(struct exec *x, size_t ui, size_t k)
+{
+    const ldi_unit *u = &x->g->units[ui];
+    /* wait for the I/O side */
+    for (;;) {
+        if (x->threaded)
+            pthread_mutex_lock(&x->lock);
+        int state = x->ready[k].state;
+        if (x->threaded)
+            pthread_mutex_unlock(&x->lock);
+        if (state)
+            break;
+        if (!x->threaded) {
+            inline_io(x, k);
+            continue;
+        }
+        if (x->npend) {
+            wait_oldest(x);   /* frees buffers the I/O thread may wait for */
+            continue;
+        }
+        pthread_mutex_lock(&x->lock);
+        while (!x->ready[k].state)
+            pthread_cond_wait(&x->cond, &x->lock);
+        pthread_mutex_unlock(&x->lock);
+    }
+    struct ready *rd = &x->ready[k];
+    struct pend *p = push(x);
+    p->unit = ui;
+    p->role = ROLE_READ;
+    p->slot = rd->slot;
+    p->buf = rd->buf;
+    for (size_t i = 0; i < u->ndlv; i++) {
+        const ldi_dlv *d = &x->g->dlvs[u->dlv0 + i];
+        const ldi_span *s = x->g->spans + d->cov0;
+        int rc;
+        if (d->kind == LDI_P2P) {
+            rc = ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, p->reqs, &p->nreq);
+            x->st->bytes_sent += d->bytes;
+        } else {
+            const ldi_group *gr = &x->g->groups[d->group];
+            rc = ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, p->reqs,
+                                  &p->nreq);
+            x->st->bytes_sent += d->bytes * (gr->n - 1);
+        }
+        x->st->messages++;
+        if (rc != MPI_SUCCESS)
+            mpi_fail(x, rc, "sending a unit");
+    }
+    /* this rank's own share, unless it was read in place */
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    unsigned char *direct;
+    if (n) {
+        for (size_t i = 0; i < n; i++)
+            x->st->bytes_local += f[i].len;
+        if (!direct_target(x, f, n, u->len, &direct)) {
+            dcp_error e;
+            if (ldi_dest_place(x->dest, x->g, x->r, f, n, p->buf, p->slot, &e) < 0)
+                fail(x, &e);
+        }
+    }
+    return 0;
+}
+
+/* Unit ui, needed by this rank from another reader. */
+static int as_receiver(struct exec *x, size_t ui)
+{
+    const ldi_unit *u = &x->g->units[ui];
+    const ldi_dlv *d = NULL;
+    for (size_t i = 0; i < u->ndlv && !d; i++) {
+        const ldi_dlv *c = &x->g->dlvs[u->dlv0 + i];
+        if (c->kind == LDI_P2P ? c->peer == x->me
+                               : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
+            d = c;
+    }
+    if (!d)
+        return 0;   /* cannot happen: every receiving rank has a delivery */
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    unsigned char *buf;
+    int slot = -1;
+    if (!direct_target(x, f, n, d->bytes, &buf)) {
+        /* receive slots are held by pending receives only: waiting frees one */
+        while ((slot = free_slot(x, x->w, 2 * x->w)) < 0 && x->npend)
+            wait_oldest(x);
+        dcp_error e;
+        if (ldi_dest_fence(x->dest, slot, &e) < 0)
+            fail(x, &e);
+        x->busy[slot] = 1;
+        buf = x->bufs[slot];
+    }
+    struct pend *p = push(x);
+    p->unit = ui;
+    p->role = ROLE_RECV;
+    p->slot = slot;
+    p->buf = buf;
+    p->frags = f;
+    p->nfrags = n;
+    int rc;
+    if (d->kind == LDI_P2P) {
+        rc = ldi_irecv(buf, d->bytes, u->reader, x->comm, p->reqs, &p->nreq);
+    } else {
+        const ldi_group *gr = &x->g->groups[d->group];
+        rc = ldi_ibcast(buf, d->bytes, group_root(x->g, gr, u->reader), gr->comm, p->reqs, &p->nreq);
+    }
+    if (rc != MPI_SUCCESS)
+        mpi_fail(x, rc, "receiving a unit");
+    x->st->bytes_received += d->bytes;
+    return 0;
+}
+
+/* ------------------------------------------------------------ entry */
+
+int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
+                const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err)
+{
+    struct exec x;
+    memset(&x, 0, sizeof x);
+    x.comm = comm;
+    x.ck = ck;
+    x.r = reqs;
+    x.g = g;
+    x.st = st;
+    x.me = g->me;
+    x.err = err;
+    x.staging = o->staging_bytes;
+    x.w = o->nstaging;
+    int rc = 0, provided = MPI_THREAD_SINGLE, started = 0;
+    MPI_Query_thread(&provided);
+
+    int need_cuda = 0;
+    for (size_t i = reqs->first[x.me]; i < reqs->first[x.me + 1]; i++)
+        need_cuda |= reqs->v[i].mem == DCP_LOAD_CUDA;
+    /* this rank's reads, in global order (units are sorted by it) */
+    for (size_t i = 0; i < g->nunits; i++)
+        x.nreads += g->units[i].reader == x.me;
+    x.reads = malloc((x.nreads ? x.nreads : 1) * sizeof *x.reads);
+    x.ready = calloc(x.nreads ? x.nreads : 1, sizeof *x.ready);
+    x.bufs = calloc(2 * (size_t)x.w, sizeof *x.bufs);
+    x.busy = calloc(2 * (size_t)x.w, 1);
+    /* transfers in flight, at most, and the requests one unit may need */
+    x.pcap = 4 * (size_t)x.w + 8;
+    x.maxreq = 1;
+    for (size_t i = 0; i < g->nunits; i++) {
+        const ldi_unit *u = &g->units[i];
+        size_t nr = 0;
+        for (size_t k = 0; k < u->ndlv; k++)
+            nr += ldi_msg_count(g->dlvs[u->dlv0 + k].bytes);
+        if (u->reader == x.me && nr > x.maxreq)
+            x.maxreq = nr;
+        else if (u->reader != x.me && u->ndlv && ldi_msg_count(u->len) > x.maxreq)
+            x.maxreq = ldi_msg_count(u->len);
+    }
+    x.pend = calloc(x.pcap, sizeof *x.pend);
+    x.reqpool = calloc(x.pcap * x.maxreq, sizeof *x.reqpool);
+    x.stat = calloc(x.maxreq, sizeof *x.stat);
+    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat) {
+        ldi_err(err, ENOMEM, "dcp_load: out of memory");
+        x.failed = 1;
+    }
+    if (!x.failed && ldi_dest_open(need_cuda, o->device, 2 * (int)x.w, &x.dest, err) < 0)
+        x.failed = 1;
+    for (unsigned i = 0; i < 2 * x.w && !x.failed; i++)
+        if (!(x.bufs[i] = ldi_staging_alloc(x.dest, x.staging))) {
+            ldi_err(err, ENOMEM, "dcp_load: cannot allocate %zu staging buffers of %zu bytes",
+                    2 * (size_t)x.w, x.staging);
+            x.failed = 1;
+        }
+    /* zero regions with parts no chunk covers, before any placement */
+    for (size_t i = reqs->first[x.me]; i < reqs->first[x.me + 1] && !x.failed; i++)
+        if (g->zero[i] && ldi_dest_zero(x.dest, &reqs->v[i], err) < 0)
+            x.failed = 1;
+    /* resources are agreed before the first transfer: a rank that cannot run
+     * must not leave the others waiting */
+    if (ldi_agree(comm, x.failed ? -1 : 0, err) < 0) {
+        rc = -1;
+        goto out;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < g->nunits; i++)
+        if (g->units[i].reader == x.me)
+            x.reads[k++] = i;
+
+    x.threaded = provided >= MPI_THREAD_FUNNELED;
+    pthread_t th;
+    if (x.threaded) {
+        pthread_mutex_init(&x.lock, NULL);
+        pthread_cond_init(&x.cond, NULL);
+        if (pthread_create(&th, NULL, io_thread, &x) != 0)
+            x.threaded = 0;
+        else
+            started = 1;
+    }
+
+    /* walk the units in the global order */
+    k = 0;
+    for (size_t i = 0; i < g->nunits; i++) {
+        const ldi_unit *u = &g->units[i];
+        if (u->reader == x.me) {
+            size_t mine = k++;
+            if (!io_only(&x, u))
+                as_reader(&x, i, mine);
+            else if (!x.threaded)
+                inline_io(&x, mine);
+        } else {
+            size_t n;
+            my_frags(&x, u, &n);
+            if (n)
+                as_receiver(&x, i);
+        }
+        progress(&x);
+    }
+    while (x.npend)
+        wait_oldest(&x);
+    if (started) {
+        pthread_join(th, NULL);
+    }
+    dcp_error e;
+    if (ldi_dest_finish(x.dest, &e) < 0)
+        fail(&x, &e);
+    if (x.io_failed)
+        fail(&x, &x.io_err);
+    st->bytes_read += x.io_bytes;
+    st->reads += x.io_reads;
+    st->bytes_local += x.io_local;
+    st->seconds_read += x.io_seconds;
+    rc = x.failed ? -1 : 0;
+    if (x.threaded) {
+        pthread_mutex_destroy(&x.lock);
+        pthread_cond_destroy(&x.cond);
+    }
+out:
+    if (x.bufs)
+        for (unsigned i = 0; i < 2 * x.w; i++)
+            ldi_staging_free(x.dest, x.bufs[i]);
+    ldi_dest_close(x.dest);
+    free(x.bufs);
+    free(x.busy);
+    free(x.reads);
+    free(x.ready);
+    free(x.pend);
+    free(x.reqpool);
+    free(x.stat);
+    return rc;
+}

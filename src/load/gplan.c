@@ -1,0 +1,668 @@
+/* The global plan. Every rank runs this on the same exchanged requests and
+ * gets the same result, so no plan is ever sent.
+ *
+ * 1. Every request is planned with the core planner: ops, each a contiguous
+ *    byte range of a source stream (a data file or a decoded blob).
+ * 2. The ops' source ranges are merged per stream into segments (their union),
+ *    and segments are cut into units of at most unit_max bytes, at element
+ *    boundaries of the ops crossing the cut. Each unit is read once.
+ * 3. Units are assigned to reader ranks balanced by bytes: a unit needed by a
+ *    single rank goes to that rank while it stays under its share; the rest
+ *    are handed out in stream and offset order, filling one rank after the
+ *    other, so neighbouring runs of a shard file stay with one reader and are
+ *    read in offset order.
+ * 4. Per unit, the bytes each other rank needs (its spans) are delivered by a
+ *    point-to-point message, or by one broadcast on a sub-communicator to the
+ *    ranks that need exactly the same spans.
+ * 5. The global order interleaves the readers' units round-robin, so every
+ *    reader works at once; all ranks post their transfers in that order.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load.h"
+
+/* ------------------------------------------------------------ growable arrays */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) {
+        if (c > SIZE_MAX / 2 / elem)
+            return -1;
+        c *= 2;
+    }
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+#define GROW(arr, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
+
+/* ------------------------------------------------------------ source streams */
+
+struct spacemap {
+    uint64_t *keys;    /* hash slots: index+1, 0 empty */
+    size_t cap;
+};
+
+static uint64_t space_hash(uint32_t file, int decoded, uint64_t off)
+{
+    uint64_t h = file * 0x9E3779B97F4A7C15ull ^ (uint64_t)decoded * 0xC2B2AE3D27D4EB4Full ^ off;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 29);
+}
+
+static int same_space(const ldi_space *s, uint32_t file, int decoded, const dcp_blob *b)
+{
+    return s->file == file && s->decoded == decoded &&
+           (!decoded || (s->blob.offset == b->offset && s->blob.length == b->length));
+}
+
+/* The stream index of an op, added when new. */
+static int space_of(ldi_gplan *g, size_t *scap, struct spacemap *m, const dcp_op *op,
+                    const dcp_entry *e, uint32_t *out)
+{
+    int decoded = (op->flags & DCP_OP_DECODED) != 0;
+    uint32_t file = decoded ? op->blob.file : op->file;
+    uint64_t off = decoded ? op->blob.offset : 0;
+    if (g->nspaces * 2 + 2 > m->cap) {   /* rehash at half load */
+        size_t cap = m->cap ? m->cap * 2 : 64;
+        uint64_t *k = calloc(cap, sizeof *k);
+        if (!k)
+            return -1;
+        for (size_t i = 0; i < g->nspaces; i++) {
+            const ldi_space *s = &g->spaces[i];
+            size_t h = space_hash(s->file, s->decoded, s->decoded ? s->blob.offset : 0) & (cap - 1);
+            while (k[h])
+                h = (h + 1) & (cap - 1);
+            k[h] = i + 1;
+        }
+        free(m->keys);
+        m->keys = k;
+        m->cap = cap;
+    }
+    size_t h = space_hash(file, decoded, off) & (m->cap - 1);
+    while (m->keys[h]) {
+        if (same_space(&g->spaces[m->keys[h] - 1], file, decoded, &op->blob)) {
+            *out = (uint32_t)(m->keys[h] - 1);
+            return 0;
+        }
+        h = (h + 1) & (m->cap - 1);
+    }
+    if (g->nspaces >= UINT32_MAX || GROW(g->spaces, *scap, g->nspaces + 1) < 0)
+        return -1;
+    ldi_space *s = &g->spaces[g->nspaces];
+    memset(s, 0, sizeof *s);
+    s->file = file;
+    s->decoded = decoded;
+    if (decoded)
+        s->blob = op->blob;
+    s->e = e;
+    m->keys[h] = g->nspaces + 1;
+    *out = (uint32_t)g->nspaces++;
+    return 0;
+}
+
+/* ------------------------------------------------------------ step 1: ops */
+
+static int plan_all(dcp_checkpoint *ck, const ldi_reqs *r, ldi_gplan *g, dcp_error *err)
+{
+    dcp_plan p;
+    dcp_plan_init(&p);
+    size_t gcap = 0, scap = 0;
+    struct spacemap m = {0};
+    int rc = -1;
+    g->zero = calloc(r->n ? r->n : 1, 1);
+    if (!g->zero) {
+        ldi_err(err, ENOMEM, "dcp_load: out of memory");
+        goto out;
+    }
+    for (size_t qi = 0; qi < r->n; qi++) {
+        const ldi_req *q = &r->v[qi];
+        int prc = q->e->kind == DCP_KIND_BYTES ? dcp_plan_bytes(ck, q->e, 0, q->nbytes, &p, err)
+                                               : dcp_plan_region(ck, q->e, q->off, q->len, &p, err);
+        if (prc < 0)
+            goto out;
+        if (p.nbytes != q->nbytes) {
+            ldi_err(err, EIO, "%s: %s: the planner sized the region %" PRIu64 " bytes, expected %" PRIu64,
+                    dcp_path(ck), q->e->key, p.nbytes, q->nbytes);
+            goto out;
+        }
+        g->zero[qi] = (unsigned char)p.zero_fill;
+        for (size_t i = 0; i < p.nops; i++) {
+            const dcp_op *op = &p.ops[i];
+            if (!op->length)
+                continue;
+            if (!op->elem_size || op->length % op->elem_size) {
+                ldi_err(err, EIO, "%s: %s: malformed plan op", dcp_path(ck), q->e->key);
+                goto out;
+            }
+            if (GROW(g->gops, gcap, g->ngops + 1) < 0) {
+                ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+                goto out;
+            }
+            ldi_gop *o = &g->gops[g->ngops];
+            o->op = *op;
+            o->req = (uint32_t)qi;
+            o->rank = q->rank;
+            o->dtype = p.dtype;
+            if (space_of(g, &scap, &m, op, q->e, &o->space) < 0) {
+                ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+                goto out;
+            }
+            g->ngops++;
+        }
+    }
+    rc = 0;
+out:
+    dcp_plan_free(&p);
+    free(m.keys);
+    return rc;
+}
+
+/* ------------------------------------------------------------ step 2: units */
+
+static int cmp_gop(const void *a, const void *b, void *arg)
+{
+    const ldi_gop *gops = arg;
+    const ldi_gop *x = &gops[*(const uint32_t *)a], *y = &gops[*(const uint32_t *)b];
+    if (x->space != y->space)
+        return x->space < y->space ? -1 : 1;
+    if (x->op.src_offset != y->op.src_offset)
+        return x->op.src_offset < y->op.src_offset ? -1 : 1;
+    return *(const uint32_t *)a < *(const uint32_t *)b ? -1 : 1;
+}
+
+/* Spaces are numbered in first-use order; units must follow file and offset
+ * order, so renumber them by (decoded, file, blob offset). */
+static int cmp_space(const void *a, const void *b, void *arg)
+{
+    const ldi_space *sp = arg;
+    const ldi_space *x = &sp[*(const uint32_t *)a], *y = &sp[*(const uint32_t *)b];
+    if (x->decoded != y->decoded)
+        return x->decoded - y->decoded;
+    if (x->file != y->file)
+        return x->file < y->file ? -1 : 1;
+    if (x->blob.offset != y->blob.offset)
+        return x->blob.offset < y->blob.offset ? -1 : 1;
+    return x->blob.length < y->blob.length ? -1 : x->blob.length > y->blob.length;
+}
+
+static int renumber_spaces(ldi_gplan *g, dcp_error *err)
+{
+    size_t n = g->nspaces;
+    uint32_t *idx = malloc((n ? n : 1) * sizeof *idx), *perm = malloc((n ? n : 1) * sizeof *perm);
+    ldi_space *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (!idx || !perm || !sorted) {
+        free(idx);
+        free(perm);
+        free(sorted);
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+    }
+    for (size_t i = 0; i < n; i++)
+        idx[i] = (uint32_t)i;
+    if (n > 1)
+        qsort_r(idx, n, sizeof *idx, cmp_space, g->spaces);
+    for (size_t k = 0; k < n; k++) {
+        sorted[k] = g->spaces[idx[k]];
+        perm[idx[k]] = (uint32_t)k;
+    }
+    for (size_t i = 0; i < g->ngops; i++)
+        g->gops[i].space = perm[g->gops[i].space];
+    free(g->spaces);
+    g->spaces = sorted;
+    free(idx);
+    free(perm);
+    return 0;
+}
+
+struct builder {
+    dcp_checkpoint *ck;
+    ldi_gplan *g;
+    const ldi_plan_opts *o;
+    size_t ucap, fcap, dcap, scap, gcap, grcap;
+    uint32_t *active;
+    size_t nactive, acap;
+};
+
+static uint64_t gop_end(const ldi_gop *o) { return o->op.src_offset + o->op.length; }
+
+/* Move the cut x down until it is on the element grid of every op crossing it. */
+static int align_cut(struct builder *b, uint64_t s, uint64_t *x)
+{
+    for (int pass = 0; pass < 8; pass++) {
+        int moved = 0;
+        for (size_t i = 0; i < b->nactive; i++) {
+            const ldi_gop *o = &b->g->gops[b->active[i]];
+            uint64_t st = o->op.src_offset;
+            if (st < *x && gop_end(o) > *x && (*x - st) % o->op.elem_size) {
+                *x = st + (*x - st) / o->op.elem_size * o->op.elem_size;
+                moved = 1;
+            }
+        }
+        if (*x <= s)
+            return -1;
+        if (!moved)
+            return 0;
+    }
+    return -1;
+}
+
+static int cmp_frag(const void *a, const void *b)
+{
+    const ldi_frag *x = a, *y = b;
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    if (x->src != y->src)
+        return x->src < y->src ? -1 : 1;
+    return x->gop < y->gop ? -1 : x->gop > y->gop;
+}
+
+static int add_unit(struct builder *b, uint32_t space, uint64_t s, uint64_t x, dcp_error *err)
+{
+    ldi_gplan *g = b->g;
+    if (GROW(g->units, b->ucap, g->nunits + 1) < 0 || GROW(g->frags, b->fcap, g->nfrags + b->nactive) < 0)
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+    ldi_unit *u = &g->units[g->nunits++];
+    memset(u, 0, sizeof *u);
+    u->space = space;
+    u->off = s;
+    u->len = x - s;
+    u->reader = -1;
+    u->frag0 = g->nfrags;
+    for (size_t i = 0; i < b->nactive; i++) {
+        const ldi_gop *o = &g->gops[b->active[i]];
+        uint64_t a = o->op.src_offset > s ? o->op.src_offset : s, e = gop_end(o) < x ? gop_end(o) : x;
+        if (a >= e)
+            continue;
+        ldi_frag *f = &g->frags[g->nfrags++];
+        f->gop = b->active[i];
+        f->rank = o->rank;
+        f->src = a;
+        f->len = e - a;
+        f->img = a - s;
+    }
+    u->nfrag = g->nfrags - u->frag0;
+    if (u->nfrag > 1)
+        qsort(g->frags + u->frag0, u->nfrag, sizeof *g->frags, cmp_frag);
+    return 0;
+}
+
+static int build_units(struct builder *b, dcp_error *err)
+{
+    ldi_gplan *g = b->g;
+    uint32_t *ord = malloc((g->ngops ? g->ngops : 1) * sizeof *ord);
+    if (!ord)
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+    for (size_t i = 0; i < g->ngops; i++)
+        ord[i] = (uint32_t)i;
+    if (g->ngops > 1)
+        qsort_r(ord, g->ngops, sizeof *ord, cmp_gop, g->gops);
+    int rc = -1;
+    for (size_t i = 0; i < g->ngops;) {
+        /* one segment: ops of one stream whose ranges overlap or touch */
+        uint32_t space = g->gops[ord[i]].space;
+        uint64_t start = g->gops[ord[i]].op.src_offset, end = gop_end(&g->gops[ord[i]]);
+        size_t j = i + 1;
+        while (j < g->ngops && g->gops[ord[j]].space == space && g->gops[ord[j]].op.src_offset <= end) {
+            uint64_t e = gop_end(&g->gops[ord[j]]);
+            if (e > end)
+                end = e;
+            j++;
+        }
+        g->unique_bytes += end - start;
+        /* cut it into units, sweeping the ops crossing each unit */
+        b->nactive = 0;
+        size_t next = i;
+        for (uint64_t s = start; s < end;) {
+            uint64_t x = end - s > b->o->unit_max ? s + b->o->unit_max : end;
+            while (next < j && g->gops[ord[next]].op.src_offset < x) {
+                if (GROW(b->active, b->acap, b->nactive + 1) < 0) {
+                    ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+                    goto out;
+                }
+                b->active[b->nactive++] = ord[next++];
+            }
+            if (x < end && align_cut(b, s, &x) < 0) {
+                ldi_err(err, EIO, "%s/%s: %s: overlapping reads of different element sizes cannot be split",
+                        dcp_path(b->ck), dcp_file_name(b->ck, g->spaces[space].file),
+                        g->spaces[space].e->key);
+                goto out;
+            }
+            if (add_unit(b, space, s, x, err) < 0)
+                goto out;
+            s = x;
+            size_t k = 0;   /* drop ops that end before the next unit */
+            for (size_t a = 0; a < b->nactive; a++)
+                if (gop_end(&g->gops[b->active[a]]) > s)
+                    b->active[k++] = b->active[a];
+            b->nactive = k;
+        }
+        i = j;
+    }
+    rc = 0;
+out:
+    free(ord);
+    return rc;
+}
+
+/* ------------------------------------------------------------ step 3: readers */
+
+/* The only rank needing bytes of u, or -1. */
+static int sole_rank(const ldi_gplan *g, const ldi_unit *u)
+{
+    const ldi_frag *f = g->frags + u->frag0;
+    return u->nfrag && f[0].rank == f[u->nfrag - 1].rank ? f[0].rank : -1;   /* sorted by rank */
+}
+
+static int assign_readers(ldi_gplan *g, dcp_error *err)
+{
+    int n = g->nranks;
+    g->load = calloc((size_t)n, sizeof *g->load);
+    if (!g->load)
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+    uint64_t target = (g->unique_bytes + (uint64_t)n - 1) / (uint64_t)n, slack = target / 8;
+    /* units only one rank needs: read by it while it stays near its share */
+    for (size_t i = 0; i < g->nunits; i++) {
+        ldi_unit *u = &g->units[i];
+        int d = sole_rank(g, u);
+        if (d >= 0 && g->load[d] + u->len <= target + slack) {
+            u->reader = d;
+            g->load[d] += u->len;
+        }
+    }
+    /* the rest in stream and offset order, filling one rank after another */
+    int k = 0;
+    for (size_t i = 0; i < g->nunits; i++) {
+        ldi_unit *u = &g->units[i];
+        if (u->reader >= 0)
+            continue;
+        while (k < n - 1 && g->load[k] >= target)
+            k++;
+        u->reader = k;
+        g->load[k] += u->len;
+    }
+    /* a decoded (zstd) blob is decompressed whole by whoever reads part of
+     * it: one reader per blob, the one of its first unit */
+    for (size_t i = 0, first = 0; i < g->nunits; i++) {
+        ldi_unit *u = &g->units[i];
+        if (!g->spaces[u->space].decoded)
+            continue;
+        if (i == 0 || u->space != g->units[i - 1].space) {
+            first = i;
+            continue;
+        }
+        int to = g->units[first].reader;
+        g->load[u->reader] -= u->len;
+        g->load[to] += u->len;
+        u->reader = to;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ step 4: deliveries */
+
+struct cand {
+    int rank;
+    size_t span0, nspan;
+    uint64_t hash, bytes;
+};
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->hash != y->hash)
+        return x->hash < y->hash ? -1 : 1;
+    if (x->nspan != y->nspan)
+        return x->nspan < y->nspan ? -1 : 1;
+    return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static int same_spans(const ldi_gplan *g, const struct cand *x, const struct cand *y)
+{
+    return x->nspan == y->nspan &&
+           !memcmp(g->spans + x->span0, g->spans + y->span0, x->nspan * sizeof *g->spans);
+}
+
+/* The group of these sorted ranks, created when new; -1 when there are
+ * already LDI_MAX_SUBCOMMS groups. */
+static int intern_group(struct builder *b, const int *ranks, size_t n)
+{
+    ldi_gplan *g = b->g;
+    for (size_t i = 0; i < g->ngroups; i++)
+        if (g->groups[i].n == n && !memcmp(g->group_ranks + g->groups[i].rank0, ranks, n * sizeof *ranks))
+            return (int)i;
+    if (g->ngroups >= LDI_MAX_SUBCOMMS || GROW(g->groups, b->gcap, g->ngroups + 1) < 0 ||
+        GROW(g->group_ranks, b->grcap, g->ngroup_ranks + n) < 0)
+        return -1;
+    ldi_group *gr = &g->groups[g->ngroups];
+    gr->rank0 = g->ngroup_ranks;
+    gr->n = n;
+    gr->comm = MPI_COMM_NULL;
+    memcpy(g->group_ranks + g->ngroup_ranks, ranks, n * sizeof *ranks);
+    g->ngroup_ranks += n;
+    return (int)g->ngroups++;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int add_dlv(struct builder *b, int kind, int peer, int group, const struct cand *c)
+{
+    ldi_gplan *g = b->g;
+    if (GROW(g->dlvs, b->dcap, g->ndlvs + 1) < 0)
+        return -1;
+    ldi_dlv *d = &g->dlvs[g->ndlvs++];
+    d->kind = kind;
+    d->peer = peer;
+    d->group = group;
+    d->bytes = c->bytes;
+    d->cov0 = c->span0;
+    d->ncov = c->nspan;
+    return 0;
+}
+
+static int unit_deliveries(struct builder *b, ldi_unit *u, struct cand **cands, size_t *ccap,
+                           int **members, size_t *mcap)
+{
+    ldi_gplan *g = b->g;
+    ldi_frag *fr = g->frags + u->frag0;
+    size_t nc = 0;
+    u->dlv0 = g->ndlvs;
+    /* spans and image offsets of every receiving rank */
+    for (size_t i = 0; i < u->nfrag;) {
+        size_t j = i;
+        while (j < u->nfrag && fr[j].rank == fr[i].rank)
+            j++;
+        if (fr[i].rank == u->reader) {
+            i = j;
+            continue;
+        }
+        if (GROW(*cands, *ccap, nc + 1) < 0)
+            return -1;
+        struct cand *c = &(*cands)[nc++];
+        c->rank = fr[i].rank;
+        c->span0 = g->nspans;
+        c->bytes = 0;
+        uint64_t h = 1469598103934665603ull;
+        for (size_t k = i; k < j; k++) {
+            uint64_t a = fr[k].src - u->off, e = a + fr[k].len;
+            ldi_span *last = g->nspans > c->span0 ? &g->spans[g->nspans - 1] : NULL;
+            if (last && a <= last->b) {
+                if (e > last->b) {
+                    c->bytes += e - last->b;
+                    last->b = e;
+                }
+                fr[k].img = c->bytes - (last->b - a);
+                continue;
+            }
+            if (GROW(g->spans, b->scap, g->nspans + 1) < 0)
+                return -1;
+            g->spans[g->nspans++] = (ldi_span){a, e};
+            fr[k].img = c->bytes;
+            c->bytes += e - a;
+        }
+        c->nspan = g->nspans - c->span0;
+        for (size_t k = c->span0; k < g->nspans; k++)
+            h = (h ^ g->spans[k].a ^ (g->spans[k].b << 1)) * 1099511628211ull;
+        c->hash = h;
+        i = j;
+    }
+    if (nc > 1)   /* qsort must not see the NULL of an empty array */
+        qsort(*cands, nc, sizeof **cands, cmp_cand);
+    /* ranks needing identical spans share one broadcast */
+    for (size_t i = 0; i < nc;) {
+        size_t j = i + 1;
+        while (j < nc && same_spans(g, &(*cands)[i], &(*cands)[j]))
+            j++;
+        int group = -1;
+        if (j - i >= 2 && !b->o->no_bcast) {
+            if (GROW(*members, *mcap, j - i + 1) < 0)
+                return -1;
+            size_t m = 0;
+            for (size_t k = i; k < j; k++)
+                (*members)[m++] = (*cands)[k].rank;
+            (*members)[m++] = u->reader;
+            qsort(*members, m, sizeof **members, cmp_int);
+            group = intern_group(b, *members, m);
+        }
+        if (group >= 0) {
+            if (add_dlv(b, LDI_BCAST, -1, group, &(*cands)[i]) < 0)
+                return -1;
+        } else {
+            for (size_t k = i; k < j; k++)
+                if (add_dlv(b, LDI_P2P, (*cands)[k].rank, -1, &(*cands)[k]) < 0)
+                    return -1;
+        }
+        i = j;
+    }
+    u->ndlv = g->ndlvs - u->dlv0;
+    return 0;
+}
+
+static int build_deliveries(struct builder *b, dcp_error *err)
+{
+    struct cand *cands = NULL;
+    int *members = NULL;
+    size_t ccap = 0, mcap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < b->g->nunits && rc == 0; i++)
+        rc = unit_deliveries(b, &b->g->units[i], &cands, &ccap, &members, &mcap);
+    free(cands);
+    free(members);
+    return rc < 0 ? ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan") : 0;
+}
+
+/* ------------------------------------------------------------ step 5: order */
+
+static int cmp_seq(const void *a, const void *b)
+{
+    const ldi_unit *x = a, *y = b;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* The k-th unit of every reader comes before the (k+1)-th of any. */
+static int order_units(ldi_gplan *g, dcp_error *err)
+{
+    uint64_t *count = calloc((size_t)g->nranks, sizeof *count);
+    if (!count)
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory for the global plan");
+    for (size_t i = 0; i < g->nunits; i++) {
+        ldi_unit *u = &g->units[i];
+        u->seq = count[u->reader]++ * (uint64_t)g->nranks + (uint64_t)u->reader;
+    }
+    if (g->nunits > 1)
+        qsort(g->units, g->nunits, sizeof *g->units, cmp_seq);
+    free(count);
+    return 0;
+}
+
+/* ------------------------------------------------------------ entry points */
+
+int ldi_gplan_build(dcp_checkpoint *ck, const ldi_reqs *reqs, int nranks, int me,
+                    const ldi_plan_opts *o, ldi_gplan *g, dcp_error *err)
+{
+    memset(g, 0, sizeof *g);
+    g->nranks = nranks;
+    g->me = me;
+    struct builder b = {.ck = ck, .g = g, .o = o};
+    int rc = -1;
+    if (o->unit_max == 0) {
+        ldi_err(err, EINVAL, "dcp_load: zero staging size");
+        goto out;
+    }
+    if (plan_all(ck, reqs, g, err) < 0 || renumber_spaces(g, err) < 0 || build_units(&b, err) < 0 ||
+        assign_readers(g, err) < 0 || build_deliveries(&b, err) < 0 || order_units(g, err) < 0)
+        goto out;
+    rc = 0;
+out:
+    free(b.active);
+    if (rc < 0)
+        ldi_gplan_free(g);
+    return rc;
+}
+
+int ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g, dcp_error *err)
+{
+    MPI_Group world;
+    if (MPI_Comm_group(comm, &world) != MPI_SUCCESS)
+        return ldi_err(err, EIO, "dcp_load: MPI_Comm_group failed");
+    int rc = 0;
+    /* in group order on every rank, so overlapping creations cannot deadlock */
+    for (size_t i = 0; i < g->ngroups && rc == 0; i++) {
+        ldi_group *gr = &g->groups[i];
+        const int *ranks = g->group_ranks + gr->rank0;
+        int member = 0;
+        for (size_t k = 0; k < gr->n; k++)
+            member |= ranks[k] == g->me;
+        if (!member)
+            continue;
+        if (gr->n == (size_t)g->nranks) {
+            gr->comm = comm;   /* everyone: the loader's own communicator */
+            continue;
+        }
+        MPI_Group sub;
+        int mrc = MPI_Group_incl(world, (int)gr->n, ranks, &sub);
+        if (mrc == MPI_SUCCESS) {
+            mrc = MPI_Comm_create_group(comm, sub, (int)i, &gr->comm);
+            MPI_Group_free(&sub);
+        }
+        if (mrc != MPI_SUCCESS) {
+            char m[MPI_MAX_ERROR_STRING];
+            rc = ldi_err(err, EIO, "dcp_load: creating a broadcast group of %zu ranks: %s", gr->n,
+                         ldi_mpi_errstr(mrc, m, sizeof m));
+        }
+    }
+    MPI_Group_free(&world);
+    return rc;
+}
+
+void ldi_gplan_free(ldi_gplan *g)
+{
+    for (size_t i = 0; i < g->ngroups; i++)
+        if (g->groups[i].comm != MPI_COMM_NULL && g->groups[i].n != (size_t)g->nranks)
+            MPI_Comm_free(&g->groups[i].comm);
+    free(g->spaces);
+    free(g->gops);
+    free(g->zero);
+    free(g->units);
+    free(g->frags);
+    free(g->dlvs);
+    free(g->spans);
+    free(g->groups);
+    free(g->group_ranks);
+    free(g->load);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,32 @@
+# libdcpload, the collective MPI loader, and dcpload (issue 6). A front end:
+# only these files include MPI (and CUDA when configure found it).
+lib_LTLIBRARIES += libdcpload.la
+include_HEADERS += include/dcp_load.h
+noinst_HEADERS += src/load/load.h
+libdcpload_la_SOURCES = \
+	src/load/util.c \
+	src/load/agree.c \
+	src/load/transfer.c \
+	src/load/request.c \
+	src/load/gplan.c \
+	src/load/dest.c \
+	src/load/exec.c \
+	src/load/independent.c \
+	src/load/api.c
+libdcpload_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -pthread
+libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread
+libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -export-symbols-regex '^dcp_'
+
+bin_PROGRAMS += dcpload
+dcpload_SOURCES = src/load/dcpload.c
+dcpload_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) $(XXHASH_CFLAGS)
+dcpload_LDADD = libdcpload.la libdcp.la $(MPI_LIBS) $(XXHASH_LIBS)
+
+if HAVE_CUDA
+libdcpload_la_CFLAGS += $(CUDA_CFLAGS)
+libdcpload_la_LIBADD += $(CUDA_LIBS)
+dcpload_CFLAGS += $(CUDA_CFLAGS)
+dcpload_LDADD += $(CUDA_LIBS)
+endif
+
+dist_man_MANS += man/dcpload.1 man/dcp_load.3

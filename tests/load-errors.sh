@@ -1,0 +1,45 @@
+# Collective errors: one rank asking for an unknown key, a missing
+# checkpoint, a CUDA destination without a usable GPU. Every rank must fail
+# with the same message, within the timeout (never hang).
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
+scratch
+CK="$FIXTURES/02_rowwise_4ranks/ckpt"
+
+# every_rank_fails N WANT ARGS...: all N ranks print the same error containing WANT
+every_rank_fails() {
+    local n=$1 want=$2 rc=0; shift 2
+    mpirun "$n" "$DCPLOAD" "$@" >"$SCRATCH/out" 2>"$SCRATCH/err" || rc=$?
+    [ "$rc" -ne 0 ] || fail "dcpload $* succeeded"
+    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "dcpload $* hung (timeout)"
+    grep '^dcpload: ' "$SCRATCH/err" >"$SCRATCH/msgs" || fail "no error message: $(cat "$SCRATCH/err")"
+    local lines distinct
+    lines=$(wc -l <"$SCRATCH/msgs")
+    distinct=$(sort -u "$SCRATCH/msgs" | wc -l)
+    [ "$lines" -eq "$n" ] || fail "$lines of $n ranks reported the error: $(cat "$SCRATCH/err")"
+    [ "$distinct" -eq 1 ] || fail "ranks report different errors: $(cat "$SCRATCH/msgs")"
+    grep -q -- "$want" "$SCRATCH/msgs" || fail "error lacks '$want': $(cat "$SCRATCH/msgs")"
+    [ ! -s "$SCRATCH/out" ] || fail "output despite the error: $(head -3 "$SCRATCH/out")"
+}
+
+for bad in 0 2 3; do
+    DCPLOAD_TEST_BAD_KEY_RANK=$bad every_rank_fails 4 \
+        "rank $bad: $CK: dcpload.test.no_such_key: no such key in the checkpoint" "$CK" --json
+done
+DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 2 "rank 1: " "$CK" --layout replicate
+DCPLOAD_TEST_BAD_KEY_RANK=0 every_rank_fails 1 "dcpload.test.no_such_key: no such key" "$CK"
+DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 3 "no such key" "$CK" --strategy independent
+
+every_rank_fails 3 "$SCRATCH/none" "$SCRATCH/none" --json
+
+# without a GPU (or a CUDA build) a CUDA destination fails clearly everywhere
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    every_rank_fails 2 "CUDA destination: " "$CK" --device cuda
+    grep -Eq "no usable GPU|built without CUDA" "$SCRATCH/msgs" || fail "unclear CUDA message: $(cat "$SCRATCH/msgs")"
+fi
+
+# usage errors are not collective but must not hang either
+rc=0
+mpirun 2 "$DCPLOAD" "$CK" --layout diagonal >/dev/null 2>"$SCRATCH/err" || rc=$?
+[ "$rc" -eq 2 ] || fail "bad layout: status $rc"
+grep -q "unknown layout 'diagonal'" "$SCRATCH/err" || fail "bad layout message: $(cat "$SCRATCH/err")"

@@ -1,0 +1,28 @@
+# dcpload on checkpoints PyTorch 2.x saves with 4 gloo ranks (DTensors by rows,
+# columns, blocks, replicated) in three serializations: torch.save records,
+# SAFETENSORS shards, zstd-compressed records (decoded streams). 3 ranks, so
+# no layout matches the saved one.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
+need python3
+need_python_module numpy
+python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+scratch
+for variant in torch_save safetensors zstd; do
+    if [ "$variant" = zstd ] && ! python3 -c 'import zstandard' 2>/dev/null && ! python3 -c 'import pyzstd' 2>/dev/null; then
+        echo "zstd variant skipped: no zstandard/pyzstd module"; continue
+    fi
+    timeout 300 python3 "$top_srcdir/tests/interop/save_dtensor.py" "$SCRATCH/$variant" "$variant" \
+        >"$SCRATCH/$variant.log" 2>&1 || { cat "$SCRATCH/$variant.log"; fail "PyTorch save ($variant) failed"; }
+    runs="$SCRATCH/$variant-runs"
+    mkdir -p "$runs"
+    for n in 1 3; do
+        for layout in rows cols blocks replicate; do
+            mpirun "$n" "$DCPLOAD" "$SCRATCH/$variant/ckpt" --layout "$layout" --json --staging 8192 \
+                >"$runs/$layout-$n.json" 2>"$runs/err" ||
+                fail "$variant: dcpload -n $n --layout $layout failed: $(cat "$runs/err")"
+        done
+    done
+    python3 "$top_srcdir/tests/load_check.py" "$DCP" "$SCRATCH/$variant/ckpt" "$SCRATCH/$variant/truth.json" \
+        "$runs" || fail "$variant"
+done

@@ -1,0 +1,26 @@
+# dcpload with small staging buffers on 3 and 4 ranks: records split into many
+# units (cuts inside ops, packed spans for ranks needing parts of a unit), and
+# --no-bcast, which delivers replicated bytes point to point instead of by
+# broadcast groups. Checked against the ground truth like load-fixtures.sh.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
+need python3
+need_python_module numpy
+scratch
+for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks; do
+    for variant in small nobcast; do
+        dir="$SCRATCH/$name-$variant"
+        mkdir -p "$dir"
+        extra="--staging 4096"
+        [ "$variant" = nobcast ] && extra="$extra --no-bcast"
+        for n in 3 4; do
+            for layout in rows cols blocks replicate; do
+                # shellcheck disable=SC2086
+                mpirun "$n" "$DCPLOAD" "$FIXTURES/$name/ckpt" --layout "$layout" --json $extra \
+                    >"$dir/$layout-$n.json" 2>"$dir/err" ||
+                    fail "$name: dcpload -n $n --layout $layout $extra failed: $(cat "$dir/err")"
+            done
+        done
+        python3 "$top_srcdir/tests/load_check.py" "$DCP" "$FIXTURES/$name/ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" || fail "$name $variant"
+    done
+done
