@@ -28,3 +28,4 @@ include tests/writer.mk
 include tests/catalog.mk
 include tests/fuse.mk
 include tests/load.mk
+include tests/fuzz/local.mk
