@@ -4,9 +4,11 @@
 # Target (issue #4): every conversion direction moves the bytes at >= 0.7x the speed of
 # `cp` of the same checkpoint's shard files, with a peak RSS under 256 MiB.
 #
-# Method. `dcp synth` makes a 2 GiB checkpoint (32 float32 tensors of 4096x4096, sharded
-# over 4 ranks along dimension 0 as FSDP does; DCPFS_BENCH_SHARD=cols|blocks for the strided
-# case); a torch.save and a safetensors copy of it are made once, untimed. Then each round
+# Method. `dcp synth --crc` makes a 2 GiB checkpoint (32 float32 tensors of 4096x4096,
+# sharded over 4 ranks along dimension 0 as FSDP does; DCPFS_BENCH_SHARD=cols|blocks for the
+# strided case) with zip CRC-32s recorded, as PyTorch writes them; a torch.save and a
+# safetensors copy of it are made once, untimed. convert carries recorded CRCs over and
+# computes the others, so the safetensors sources show the computing path. Then each round
 # times, one after the other, `cp` of the 4 shard files and every conversion direction with
 # the default options except --no-sync (cp does not fsync either), each into the same
 # filesystem. Page cache: warm and kept warm (sources are read once before the rounds; no
@@ -49,7 +51,7 @@ say "conditions: warm page cache, outputs not fsynced (cp neither; convert --no-
 say "            best of $REPS rounds; $(nproc) CPUs; load average at start $(loadavg)"
 
 t0=$(date +%s.%N)
-$DCP synth "$DIR/src" --keys $KEYS --shape $SHAPE --dtype float32 --ranks $RANKS --shard "$SHARD" >/dev/null
+$DCP synth "$DIR/src" --keys $KEYS --shape $SHAPE --dtype float32 --ranks $RANKS --shard "$SHARD" --crc >/dev/null
 t1=$(date +%s.%N)
 synth_s=$(fmt %.2f "$t1 - $t0")
 $DCP --no-catalog convert -q --no-sync "$DIR/src" "$DIR/src.pt"
@@ -66,6 +68,7 @@ CASES=(
     "DCP -> safetensors|$DIR/src|$DIR/out.safetensors|"
     "torch.save -> DCP|$DIR/src.pt|$DIR/out|"
     "safetensors -> DCP|$DIR/src.safetensors|$DIR/out|"
+    "safetensors -> torch.save|$DIR/src.safetensors|$DIR/out.pt|"
     "DCP -> DCP (resharded to 1 rank)|$DIR/src|$DIR/out|--to dcp"
     "DCP -> torch.save --no-crc|$DIR/src|$DIR/out.pt|--no-crc"
 )
@@ -121,7 +124,7 @@ say "conversion target met in every default direction: $met_all (load average at
 rm -rf "$DIR/src.pt" "$DIR/src.safetensors"
 
 say ""
-say "synth: 2 GiB, $RANKS ranks ($SHARD): $synth_s s"
+say "synth: 2 GiB, $RANKS ranks ($SHARD), with CRCs: $synth_s s"
 rm -rf "$DIR/src"
 t0=$(date +%s.%N)
 $DCP synth "$DIR/many" --keys 100000 --shape 64 --dtype float32 --ranks 8 >/dev/null

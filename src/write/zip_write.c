@@ -9,6 +9,7 @@
  *   central entries without padding; zip64 EOCD (made by 0x031e, needs 45),
  *   locator, classic EOCD with fields clamped to 0xFFFF/0xFFFFFFFF. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,10 +22,13 @@
 
 #include "zip_write.h"
 
-#define OUT_BUF (4u << 20)      /* gather small records into writes of up to 4 MiB */
+#define OUT_BUF (1u << 20)      /* gather small records into writes of up to 1 MiB (one per rank file) */
 #define DIRECT_MIN (64u << 10)  /* pieces this large go straight to the file, not through buf */
 #define KERNEL_MIN (64u << 10)  /* shorter as-is runs are read and written, not copied in the kernel */
 #define PAGE_ALIGN 4096u
+#ifndef THREAD_MIN
+#define THREAD_MIN (4u << 20)  /* records this large get their CRC computed beside the copy */
+#endif
 #define U32MAX 0xFFFFFFFFu
 
 ssize_t (*zw_copy_file_range)(int, loff_t *, int, loff_t *, size_t, unsigned) = copy_file_range;
@@ -469,11 +473,110 @@ static int copy_run(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint6
     return 0;
 }
 
+/* The CRC of a record's pieces computed on a second thread while the next
+ * piece is read and this one written: piece is split in halves, one being
+ * filled while the CRC thread reads the other. At most one piece is handed
+ * over at a time; the caller waits for the thread before handing the next,
+ * so a half is never refilled while its CRC is being computed. */
+typedef struct crc_worker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const unsigned char *job;      /* piece handed over, NULL when idle */
+    size_t job_len;
+    int quit;
+    uint32_t crc;                  /* running CRC (the record's while the thread has it) */
+} crc_worker;
+
+static void *crc_main(void *arg)
+{
+    crc_worker *w = arg;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->job && !w->quit)
+            pthread_cond_wait(&w->cond, &w->lock);
+        if (!w->job)
+            break;
+        const unsigned char *p = w->job;
+        size_t n = w->job_len;
+        uint32_t crc = w->crc;
+        pthread_mutex_unlock(&w->lock);
+        crc = zw_crc32(crc, p, n);
+        pthread_mutex_lock(&w->lock);
+        w->crc = crc;
+        w->job = NULL;
+        pthread_cond_broadcast(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static int crc_worker_start(crc_worker *w, uint32_t crc)
+{
+    memset(w, 0, sizeof *w);
+    w->crc = crc;
+    if (pthread_mutex_init(&w->lock, NULL))
+        return -1;
+    if (pthread_cond_init(&w->cond, NULL)) {
+        pthread_mutex_destroy(&w->lock);
+        return -1;
+    }
+    if (pthread_create(&w->thread, NULL, crc_main, w)) {
+        pthread_cond_destroy(&w->cond);
+        pthread_mutex_destroy(&w->lock);
+        return -1;
+    }
+    return 0;
+}
+
+/* Wait until the thread is idle; its CRC is then the record's. */
+static uint32_t crc_worker_wait(crc_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->job)
+        pthread_cond_wait(&w->cond, &w->lock);
+    uint32_t crc = w->crc;
+    pthread_mutex_unlock(&w->lock);
+    return crc;
+}
+
+/* Hand over the next piece (the thread is idle), starting from crc. */
+static void crc_worker_post(crc_worker *w, uint32_t crc, const void *p, size_t n)
+{
+    pthread_mutex_lock(&w->lock);
+    w->crc = crc;
+    w->job = p;
+    w->job_len = n;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static uint32_t crc_worker_stop(crc_worker *w)
+{
+    uint32_t crc = crc_worker_wait(w);
+    pthread_mutex_lock(&w->lock);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->lock);
+    return crc;
+}
+
 int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len, void *piece, size_t piece_len,
             uint64_t *done, uint64_t total, dcp_progress_fn progress, void *pctx, dcp_error *err)
 {
     int need_crc = z && !z->no_crc;
-    for (uint64_t off = 0; off < len;) {
+    /* A large record whose CRC is computed: on a second thread, pieces of
+     * half the buffer (a multiple of 16 still). */
+    crc_worker cw;
+    int async = need_crc && len >= THREAD_MIN && piece_len >= 2 * 4096 && crc_worker_start(&cw, z->rec_crc) == 0;
+    int posted = 0;                /* the thread holds the record's CRC */
+    size_t half = async ? piece_len / 2 / 4096 * 4096 : piece_len;
+    unsigned k = 0;
+    int rc = 0;
+    for (uint64_t off = 0; off < len && rc == 0;) {
         uint64_t n = 0;
         /* Runs stored as is whose CRC is not needed, or recorded by the
          * source, go without computing one; the rest is read once into piece
@@ -481,20 +584,45 @@ int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len,
         dcp_run run;
         if (src->range && o->fd >= 0) {
             int r = src->range(src->ctx, tag, off, len - off, &run, err);
-            if (r < 0)
-                return -1;
+            if (r < 0) {
+                rc = -1;
+                break;
+            }
             if (r == 1 && run.length >= KERNEL_MIN && run.length <= len - off && (!need_crc || run.has_crc)) {
-                if (copy_run(o, z, src, tag, off, &run, piece, piece_len, err) < 0)
-                    return -1;
+                if (posted) {
+                    z->rec_crc = crc_worker_wait(&cw);
+                    posted = 0;
+                }
+                if (copy_run(o, z, src, tag, off, &run, piece, piece_len, err) < 0) {
+                    rc = -1;
+                    break;
+                }
                 n = run.length;
             }
         }
-        if (n == 0) {
+        if (n == 0 && async) {
+            unsigned char *buf = (unsigned char *)piece + (k++ & 1) * half;
+            n = len - off < half ? len - off : half;
+            /* the other half may still be with the CRC thread: fill this one meanwhile */
+            if (src->fill(src->ctx, tag, off, buf, (size_t)n, err) < 0) {
+                rc = -1;
+                break;
+            }
+            uint32_t crc = posted ? crc_worker_wait(&cw) : z->rec_crc;
+            crc_worker_post(&cw, crc, buf, (size_t)n);
+            posted = 1;
+            if (zw_out_write(o, buf, (size_t)n, err) < 0) {
+                rc = -1;
+                break;
+            }
+            z->rec_done += n;
+        } else if (n == 0) {
             n = len - off < piece_len ? len - off : piece_len;
-            if (src->fill(src->ctx, tag, off, piece, (size_t)n, err) < 0)
-                return -1;
-            if ((z ? zw_record_data(z, piece, (size_t)n, err) : zw_out_write(o, piece, (size_t)n, err)) < 0)
-                return -1;
+            if (src->fill(src->ctx, tag, off, piece, (size_t)n, err) < 0 ||
+                (z ? zw_record_data(z, piece, (size_t)n, err) : zw_out_write(o, piece, (size_t)n, err)) < 0) {
+                rc = -1;
+                break;
+            }
         }
         off += n;
         if (done)
@@ -502,5 +630,10 @@ int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len,
         if (progress)
             progress(pctx, done ? *done : off, total);
     }
-    return 0;
+    if (async) {
+        uint32_t crc = crc_worker_stop(&cw);
+        if (posted)
+            z->rec_crc = crc;
+    }
+    return rc;
 }

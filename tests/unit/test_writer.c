@@ -248,18 +248,25 @@ END_TEST
 /* ---- zw_pump's paths: kernel copy, read+write, recorded CRCs, fallbacks. */
 
 #define RUN_LEN 300000u                   /* past KERNEL_MIN */
+#define BIG_LEN (5u << 20)                /* past THREAD_MIN: CRC on a second thread */
+static size_t run_len = RUN_LEN;
+static uint64_t fail_at = UINT64_MAX;     /* file_fill fails at this item offset */
 
 typedef struct file_src {
     int fd;
     uint64_t base;                        /* the item's first byte in the file */
     int has_crc;
     uint32_t crc;                         /* recorded for the whole item */
+    uint64_t split;                       /* when set: only [split, end) is a run, with CRC crc */
 } file_src;
+static uint64_t split_at;                 /* file_src.split for pump_case */
 
 static int file_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
 {
     (void)tag;
     file_src *f = ctx;
+    if (off <= fail_at && fail_at < off + len)
+        return dcpi_err(err, EIO, "injected read error");
     ssize_t r = pread(f->fd, buf, len, (off_t)(f->base + off));
     return r == (ssize_t)len ? 0 : dcpi_err(err, EIO, "short read");
 }
@@ -269,9 +276,13 @@ static int file_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_r
     (void)tag;
     (void)err;
     file_src *f = ctx;
-    /* the recorded CRC covers the whole item only */
-    *run = (dcp_run){.fd = f->fd, .offset = f->base + off, .length = len, .has_crc = f->has_crc && off == 0,
-                     .crc = f->crc};
+    if (f->split && off < f->split) {   /* a head without recorded CRC */
+        *run = (dcp_run){.fd = f->fd, .offset = f->base + off, .length = f->split - off};
+        return 1;
+    }
+    /* the recorded CRC covers the whole item (or tail) only */
+    *run = (dcp_run){.fd = f->fd, .offset = f->base + off, .length = len,
+                     .has_crc = f->has_crc && off == f->split, .crc = f->crc};
     return 1;
 }
 
@@ -301,8 +312,8 @@ static ssize_t cfr_stub(int in, loff_t *ioff, int out, loff_t *ooff, size_t len,
 static uint32_t pump_case(int aligned, int no_crc, int has_crc, uint32_t recorded, int mode, int *rc,
                           char *msg, size_t msglen)
 {
-    static unsigned char data[RUN_LEN];
-    for (size_t i = 0; i < sizeof data; i++)
+    static unsigned char data[BIG_LEN];
+    for (size_t i = 0; i < run_len; i++)
         data[i] = (unsigned char)((i * 2654435761u) >> 13);
     char out[300], in[300];
     snprintf(out, sizeof out, "%s/pump.zip", tmpdir);
@@ -316,17 +327,18 @@ static uint32_t pump_case(int aligned, int no_crc, int has_crc, uint32_t recorde
     ck_assert(zw_begin(&z, &o, "archive", &err) == 0);
     z.no_crc = no_crc;
     ck_assert(zw_torch_prologue(&z, "\x80\x02N.", 4, &err) == 0);
-    ck_assert(zw_record_begin(&z, "data/0", RUN_LEN, &err) == 0);
-    file_src fs = {.base = 8192 + o.pos % 4096 + (aligned ? 0 : 100), .has_crc = has_crc, .crc = recorded};
+    ck_assert(zw_record_begin(&z, "data/0", run_len, &err) == 0);
+    file_src fs = {.base = 8192 + o.pos % 4096 + (aligned ? 0 : 100), .has_crc = has_crc, .crc = recorded,
+                   .split = split_at};
     fs.fd = open(in, O_RDWR | O_CREAT | O_TRUNC, 0644);
     ck_assert(fs.fd >= 0);
-    ck_assert(pwrite(fs.fd, data, sizeof data, (off_t)fs.base) == (ssize_t)sizeof data);
+    ck_assert(pwrite(fs.fd, data, run_len, (off_t)fs.base) == (ssize_t)run_len);
     dcp_source src = {.fill = file_fill, .range = file_range, .ctx = &fs};
     void *piece = malloc(1 << 16);
     cfr_mode = mode;
     cfr_calls = 0;
     zw_copy_file_range = cfr_stub;
-    *rc = zw_pump(&o, &z, &src, 0, RUN_LEN, piece, 1 << 16, NULL, 0, NULL, NULL, &err);
+    *rc = zw_pump(&o, &z, &src, 0, run_len, piece, 1 << 16, NULL, 0, NULL, NULL, &err);
     zw_copy_file_range = copy_file_range;
     if (*rc < 0)
         snprintf(msg, msglen, "%s", err.msg);
@@ -349,10 +361,10 @@ static uint32_t pump_case(int aligned, int no_crc, int has_crc, uint32_t recorde
                 uint32_t lofs = (uint32_t)(p[42] | p[43] << 8 | p[44] << 16 | (uint32_t)p[45] << 24);
                 const unsigned char *lh = a + lofs;
                 size_t dstart = lofs + 30 + (size_t)(lh[26] | lh[27] << 8) + (size_t)(lh[28] | lh[29] << 8);
-                ck_assert(!memcmp(a + dstart, data, RUN_LEN));
-                ck_assert(!memcmp(a + dstart + RUN_LEN, "PK\7\10", 4));   /* descriptor: same CRC */
+                ck_assert(!memcmp(a + dstart, data, run_len));
+                ck_assert(!memcmp(a + dstart + run_len, "PK\7\10", 4));   /* descriptor: same CRC */
                 crc = (uint32_t)(p[16] | p[17] << 8 | p[18] << 16 | (uint32_t)p[19] << 24);
-                ck_assert(!memcmp(a + dstart + RUN_LEN + 4, p + 16, 4));
+                ck_assert(!memcmp(a + dstart + run_len + 4, p + 16, 4));
                 seen = 1;
             }
             p += 46 + nl + xl + cl;
@@ -410,6 +422,29 @@ START_TEST(pump_paths)
     pump_case(1, 1, 0, 0, CFR_EOF, &rc, msg, sizeof msg);
     ck_assert_int_eq(rc, -1);
     ck_assert_msg(strstr(msg, "pump.zip") && strstr(msg, "ends early"), "%s", msg);
+
+    /* A large record whose CRC is computed: on the second thread, same CRC. */
+    static unsigned char d3[BIG_LEN];
+    for (size_t i = 0; i < sizeof d3; i++)
+        d3[i] = (unsigned char)((i * 2654435761u) >> 13);
+    uint32_t want_big = (uint32_t)crc32(crc32(0, Z_NULL, 0), d3, BIG_LEN);
+    run_len = BIG_LEN;
+    ck_assert_uint_eq(pump_case(0, 0, 0, 0, CFR_REAL, &rc, msg, sizeof msg), want_big);
+    ck_assert_int_eq(rc, 0);
+    /* ... then a run with a recorded CRC: the thread hands its CRC back before they combine */
+    split_at = 2u << 20;
+    uint32_t tail = (uint32_t)crc32(crc32(0, Z_NULL, 0), d3 + split_at, (uInt)(BIG_LEN - split_at));
+    ck_assert_uint_eq(pump_case(1, 0, 1, tail, CFR_REAL, &rc, msg, sizeof msg), want_big);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_gt(cfr_calls, 0);
+    split_at = 0;
+    /* ... and a read error part way: reported, the thread stopped (no leak under ASan). */
+    fail_at = 3u << 20;
+    pump_case(0, 0, 0, 0, CFR_REAL, &rc, msg, sizeof msg);
+    fail_at = UINT64_MAX;
+    run_len = RUN_LEN;
+    ck_assert_int_eq(rc, -1);
+    ck_assert_msg(strstr(msg, "injected read error"), "%s", msg);
 }
 END_TEST
 
