@@ -15,7 +15,7 @@
 # caches are dropped: a cold read measures this VM's shared disk, not our code). Before every
 # timed command, untimed, the previous output is deleted and `sync` flushes what the previous
 # command left dirty, so no run pays for another's writeback. Each line reports the best of
-# DCPFS_BENCH_REPS rounds (default 3) for wall time and, separately, CPU time (user+sys,
+# DCPFS_BENCH_REPS rounds (default 5) for wall time and, separately, CPU time (user+sys,
 # less sensitive to other load); ratios are cp's time / the conversion's time (1.0 = as fast
 # as cp), "target met" is judged on the wall-time ratio. The load average is printed at the
 # start and end: on a busy machine treat wall times as noisy and look at the CPU ratios.
@@ -23,7 +23,7 @@ set -euo pipefail
 : "${top_builddir:=$(cd "$(dirname "$0")/.." && pwd)}"
 DCP="$top_builddir/dcp"
 DIR="${DCPFS_BENCH_DIR:-${TMPDIR:-/tmp}/dcpfs-bench}/convert.$$"
-REPS="${DCPFS_BENCH_REPS:-3}"
+REPS="${DCPFS_BENCH_REPS:-5}"
 SHARD="${DCPFS_BENCH_SHARD:-rows}"
 KEYS=32 SHAPE=4096,4096 RANKS=4
 BYTES=$((KEYS * 4096 * 4096 * 4))
