@@ -41,7 +41,7 @@ free_kb=$(df -Pk "$(dirname "$DIR")" | awk 'NR==2 {print $4}')
 avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
 [ "$avail_kb" -gt $((8 * 1024 * 1024)) ] || skip "needs 8 GiB of available memory for a warm page cache"
 mkdir "$DIR"
-trap 'rm -rf "$DIR"' EXIT
+trap 'rm -rf "$DIR"; rmdir "$(dirname "$DIR")" 2>/dev/null || true' EXIT
 
 fmt() { awk "BEGIN{printf \"$1\", $2}"; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
