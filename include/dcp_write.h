@@ -28,13 +28,23 @@ typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
  * the caller's, passed through. Returns 0, or -1 with err filled. */
 typedef int (*dcp_fill_fn)(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err);
 
+/* A run of an item's bytes stored as is in an open file. */
+typedef struct dcp_run {
+    int fd;
+    uint64_t offset;            /* in the file */
+    uint64_t length;
+    int has_crc;                /* the run is a whole zip record of the source, whose */
+    uint32_t crc;               /* recorded CRC-32 is this */
+} dcp_run;
+
 /* Where bytes come from: fill, and optionally range, which answers 1 when
- * bytes [off, off+len) of item `tag` are stored as is at *foff of the open
- * file *fd (the writer then copies them in the kernel with
- * copy_file_range when it needs no CRC), 0 when not, -1 on error. */
+ * the first run->length bytes (1 <= length <= len) of [off, off+len) of item
+ * `tag` lie as is in a file (the writer then copies them in the kernel with
+ * copy_file_range when it needs no CRC, or the run's recorded CRC serves), 0
+ * when not, -1 on error. */
 typedef struct dcp_source {
     dcp_fill_fn fill;
-    int (*range)(void *ctx, uint64_t tag, uint64_t off, uint64_t len, int *fd, uint64_t *foff, dcp_error *err);
+    int (*range)(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_run *run, dcp_error *err);
     void *ctx;
 } dcp_source;
 

@@ -17,6 +17,17 @@ $DCP synth "$SCRATCH/synth-bf16" --keys 2 --shape 7,5,3 --dtype bfloat16 --ranks
 $PY synth "$SCRATCH/synth-bf16" 4 2 1 || fail "bfloat16 3-d blocks"
 $DCP synth "$SCRATCH/synth-f8" --keys 2 --shape 8,8 --dtype float8_e4m3fn --ranks 2 --shard cols --seed 4
 $PY synth "$SCRATCH/synth-f8" 4 2 1 || fail "float8 (torch.save v3 rebuild)"
+# Tensors of 512 KiB: runs long enough for the kernel-copy and recorded-CRC paths of convert
+# (the fixtures above are too small for them), through every direction.
+big="$SCRATCH/big"
+$DCP synth "$big" --keys 3 --shape 512,256 --dtype float32 --ranks 2 --shard rows --seed 8 --crc
+$DCP convert -q "$big" "$big.pt"
+$PY ptsynth "$big.pt" 8 3 || fail "torch.load of a .pt converted from a 512 KiB-tensor checkpoint"
+$DCP convert -q "$big.pt" "$big-from-pt"
+$PY synth "$big-from-pt" 8 3 2 || fail "DCP converted back from that .pt, on 2 ranks"
+$DCP convert -q "$big" "$big.safetensors"
+$DCP convert -q "$big.safetensors" "$big-from-st"
+$PY synth "$big-from-st" 8 3 1 || fail "DCP converted from safetensors"
 for name in 01_single_plain 03_colwise_4ranks 05_mixed_2ranks; do
     m="$FIXTURES/$name/expected/manifest.json"
     $DCP convert -q "$FIXTURES/$name/ckpt" "$SCRATCH/$name.pt"

@@ -7,8 +7,9 @@ tests_unit_test_writer_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_writer_DEPENDENCIES = libdcp.la
 
 WRITER_TESTS = tests/writer-roundtrip.sh tests/writer-synth.sh tests/writer-errors.sh tests/writer-rss.sh \
+	tests/writer-zipcrc.sh \
 	tests/writer-pyread.sh \
 	tests/interop-writer.sh
 TESTS += $(WRITER_TESTS)
 dist_check_SCRIPTS += $(WRITER_TESTS)
-EXTRA_DIST += tests/writer_check.py tests/interop/writer_load.py tests/interop/writer_synth_expect.py
+EXTRA_DIST += tests/writer_check.py tests/writer_zipcheck.py tests/interop/writer_load.py tests/interop/writer_synth_expect.py

@@ -615,37 +615,97 @@ typedef struct src {
     dcp_plan plan;
     side_bytes *side;
     size_t nside;
+    uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
 } src;
 
-static void src_progress(src *s, const dcp_entry *e, uint64_t len)
+/* Progress by position (entry's base + end of the bytes just produced), so
+ * bytes produced twice (a kernel copy that fell back to reading) count once. */
+static void src_progress(src *s, size_t tag, const dcp_entry *e, uint64_t end)
 {
-    if (e->kind != DCP_KIND_TENSOR)
+    if (e->kind != DCP_KIND_TENSOR || !s->base || s->base[tag] + end <= s->done)
         return;
-    s->done += len;
+    s->done = s->base[tag] + end;
     if (s->opt->progress)
         s->opt->progress(s->opt->progress_ctx, s->done, s->total);
 }
 
-/* A range stored as is in one file (no transform, byte swap, stride or
- * zero fill) can be copied by the kernel. */
-static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, int *fd, uint64_t *foff, dcp_error *err)
+#define PROBE (8u << 20)          /* bytes planned to see whether a region is stored as is */
+#define RANGE_MAX (1ull << 30)    /* at most this much planned at once (bounded op lists) */
+
+/* The op that produces the first bytes of a plan, when it copies them as
+ * is (no transform, byte swap, stride or zero fill); NULL otherwise. */
+static const dcp_op *as_is_head(const dcp_plan *p)
+{
+    if (p->zero_fill)
+        return NULL;
+    for (size_t i = 0; i < p->nops; i++) {
+        const dcp_op *op = &p->ops[i];
+        if (op->dest_offset == 0)
+            return !op->flags && op->dest_stride == op->elem_size ? op : NULL;
+    }
+    return NULL;
+}
+
+/* The CRC-32 a zip writer recorded for the record whose data is exactly
+ * [foff, foff+len) of fd: its data descriptor follows the data (PyTorch's
+ * writer always writes one, with the signature). 1 when found with the
+ * record's size and a non-zero CRC (0 is what writers that skip CRCs store),
+ * 0 otherwise. A descriptor that lies yields the lie: the output then
+ * carries the source's recorded CRC, so zip readers still see a mismatch. */
+static int recorded_crc(int fd, uint64_t foff, uint64_t len, uint32_t *crc)
+{
+    unsigned char d[24];
+    ssize_t got = pread(fd, d, sizeof d, (off_t)(foff + len));
+    if (got < 16)
+        return 0;
+    uint64_t v[4] = {0};
+    for (int f = 0; f < 4; f++)
+        for (int b = 3; b >= 0; b--)
+            v[f] = v[f] << 8 | d[4 * f + b];
+    if (v[0] != 0x08074b50u || v[1] == 0)
+        return 0;
+    int match = len < 0xFFFFFFFFu && v[2] == len && v[3] == len;   /* 4-byte sizes */
+    if (!match && got == 24) {                                       /* zip64: 8-byte sizes */
+        uint64_t c = 0, u = 0;
+        for (int b = 7; b >= 0; b--) {
+            c = c << 8 | d[8 + b];
+            u = u << 8 | d[16 + b];
+        }
+        match = c == len && u == len;
+    }
+    if (match)
+        *crc = (uint32_t)v[1];
+    return match;
+}
+
+/* The longest prefix of [off, off+len) stored as is in one file: planned
+ * first over a probe, then (when the probe is one run) over up to 1 GiB,
+ * so a strided region never makes a huge plan. */
+static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_run *run, dcp_error *err)
 {
     src *s = ctx;
     const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
+    src_progress(s, (size_t)tag, e, off);   /* the writer asks in order: all before off is written */
     if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
         return 0;   /* side data; or too many files to pin an fd for each */
-    if (dcp_plan_bytes(s->ck, e, off, len, &s->plan, err) < 0)
+    uint64_t want = len < PROBE ? len : PROBE;
+    if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
         return -1;
-    const dcp_op *op = &s->plan.ops[0];
-    if (s->plan.nops != 1 || s->plan.zero_fill || s->plan.nbytes != len || op->flags || op->dest_offset ||
-        op->length != len || op->dest_stride != op->elem_size)
+    const dcp_op *op = as_is_head(&s->plan);
+    if (op && op->length == want && len > want) {
+        want = len < RANGE_MAX ? len : RANGE_MAX;
+        if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
+            return -1;
+        op = as_is_head(&s->plan);
+    }
+    if (!op || op->length == 0 || op->length > want)
         return 0;
-    if (dcp_file_fd(s->ck, op->file, fd, err) < 0)
+    *run = (dcp_run){.offset = op->src_offset, .length = op->length};
+    if (dcp_file_fd(s->ck, op->file, &run->fd, err) < 0)
         return -1;
-    *foff = op->src_offset;
-    src_progress(s, e, len);
+    run->has_crc = recorded_crc(run->fd, run->offset, run->length, &run->crc);
     return 1;
 }
 
@@ -670,7 +730,7 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
         return dcpi_err(err, EIO, "%s: %s: short read", dcp_path(s->ck), e->key);
     if (dcp_plan_execute(s->ck, &s->plan, buf, err) < 0)
         return -1;
-    src_progress(s, e, len);
+    src_progress(s, (size_t)tag, e, off + len);
     return 0;
 }
 
@@ -845,7 +905,8 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     size_t n = dcp_num_entries(s.ck), nsel = 0, nitems = 0;
     size_t *sel = malloc((n ? n : 1) * sizeof *sel);
     dcp_item *items = calloc(n ? n : 1, sizeof *items);
-    if (!sel || !items)
+    s.base = calloc(n ? n : 1, sizeof *s.base);
+    if (!sel || !items || !s.base)
         rc = dcpi_err(err, ENOMEM, "%s: out of memory", srcp);
     for (size_t i = 0; i < n && rc == 0; i++) {
         const dcp_entry *e = dcp_entry_at(s.ck, i);
@@ -864,6 +925,7 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
                          .tag = i};
         if (e->kind == DCP_KIND_TENSOR) {
             it->nbytes = dcp_entry_numel(e) * dcp_dtype_size(e->dtype);
+            s.base[i] = s.total;
             s.total += it->nbytes;
         } else {
             rc = bytes_len(&s, i, e, &it->nbytes, err);
@@ -901,10 +963,13 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     }
     if (rc == 0 && rename(tmp, dst) < 0)
         rc = dcpi_err(err, errno, "%s: cannot rename %s into place: %s", dst, tmp, strerror(errno));
+    if (rc == 0 && s.done < s.total && opt->progress)   /* the last bytes went by kernel copy */
+        opt->progress(opt->progress_ctx, s.total, s.total);
     if (rc < 0)
         remove_tmp(tmp);
     free(sel);
     free(items);
+    free(s.base);
     side_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);

@@ -9,6 +9,6 @@ libdcp_la_SOURCES += \
 	src/write/safetensors_writer.c \
 	src/write/convert.c \
 	src/write/synth.c
-libdcp_la_CFLAGS += $(ZLIB_CFLAGS)
-libdcp_la_LIBADD += $(ZLIB_LIBS)
+libdcp_la_CFLAGS += $(ZLIB_CFLAGS) $(LIBDEFLATE_CFLAGS)
+libdcp_la_LIBADD += $(ZLIB_LIBS) $(LIBDEFLATE_LIBS)
 dist_man_MANS += man/dcp-convert.1 man/dcp-synth.1

@@ -16,7 +16,7 @@
 #include "pickle_write.h"
 #include "zip_write.h"
 
-#define PIECE (8u << 20)
+#define PIECE (1u << 20)              /* bytes at a time: stays in L2 between read, CRC and write */
 #define BYTES_ITEM_MAX (1ull << 30)   /* a bytes item is pickled whole */
 
 /* A tree of dotted key parts for DCP_WRITE_NESTED: children in first-seen order. */
@@ -221,7 +221,7 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
     if (rc == 0)
         rc = zw_torch_prologue(&z, p.buf, p.len, err);
     pw_free(&p);
-    c.piece = rc == 0 ? malloc(PIECE) : NULL;
+    c.piece = rc == 0 ? aligned_alloc(4096, PIECE) : NULL;
     if (rc == 0 && !c.piece)
         rc = dcpi_err(err, ENOMEM, "%s: out of memory", path);
     for (size_t i = 0; i < n && rc == 0; i++) {

@@ -9,17 +9,29 @@
  *   central entries without padding; zip64 EOCD (made by 0x031e, needs 45),
  *   locator, classic EOCD with fields clamped to 0xFFFF/0xFFFFFFFF. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 #include "zip_write.h"
 
-#define OUT_BUF (8u << 20)      /* gather small records into writes of up to 8 MiB */
+#define OUT_BUF (1u << 20)      /* gather small records into writes of up to 1 MiB (one per rank file) */
+#define DIRECT_MIN (64u << 10)  /* pieces this large go straight to the file, not through buf */
+#define KERNEL_MIN (64u << 10)  /* shorter as-is runs are read and written, not copied in the kernel */
+#define PAGE_ALIGN 4096u
+#ifndef THREAD_MIN
+#define THREAD_MIN (4u << 20)  /* records this large get their CRC computed beside the copy */
+#endif
 #define U32MAX 0xFFFFFFFFu
+
+ssize_t (*zw_copy_file_range)(int, loff_t *, int, loff_t *, size_t, unsigned) = copy_file_range;
 
 /* ---------------------------------------------------------------- output */
 
@@ -79,10 +91,10 @@ int zw_out_write(zw_out *o, const void *p, size_t n, dcp_error *err)
         o->buf = nb;
         o->cap = nc;
     }
-    if (n > o->cap - o->len) {
+    if (o->fd >= 0 && (n > o->cap - o->len || n >= DIRECT_MIN)) {
         if (zw_out_flush(o, err) < 0)
             return -1;
-        if (n >= o->cap / 2) {   /* large: straight to the file */
+        if (n >= DIRECT_MIN) {   /* large: straight to the file, no copy into buf */
             o->pos += n;
             o->len = n;          /* write_all writes at pos - len */
             int rc = write_all(o, p, n, err);
@@ -135,8 +147,11 @@ static uint64_t std_hash(const char *s, size_t len)
 }
 static uint64_t hash_combine(uint64_t seed, uint64_t v) { return seed ^ (v + 0x9e3779b9ull + (seed << 6) + (seed >> 2)); }
 
-static uint32_t crc_update(uint32_t crc, const void *p, size_t n)
+uint32_t zw_crc32(uint32_t crc, const void *p, size_t n)
 {
+#ifdef HAVE_LIBDEFLATE
+    return libdeflate_crc32(crc, p, n);
+#else
     const unsigned char *b = p;
     while (n) {
         uInt k = n > (1u << 30) ? (1u << 30) : (uInt)n;
@@ -145,6 +160,7 @@ static uint32_t crc_update(uint32_t crc, const void *p, size_t n)
         n -= k;
     }
     return crc;
+#endif
 }
 
 /* ---------------------------------------------------------------- archive */
@@ -233,7 +249,7 @@ int zw_record_begin(zw *z, const char *name, uint64_t size, dcp_error *err)
     z->open = 1;
     z->rec_size = size;
     z->rec_done = 0;
-    z->rec_crc = (uint32_t)crc32(0, Z_NULL, 0);
+    z->rec_crc = 0;
     return 0;
 }
 
@@ -243,7 +259,7 @@ int zw_record_data(zw *z, const void *p, size_t n, dcp_error *err)
         return dcpi_err(err, EINVAL, "%s: %s: more data than the record's size", z->out->what,
                         z->n ? z->e[z->n - 1].name : "?");
     if (!z->no_crc)
-        z->rec_crc = crc_update(z->rec_crc, p, n);
+        z->rec_crc = zw_crc32(z->rec_crc, p, n);
     z->rec_done += n;
     return zw_out_write(z->out, p, n, err);
 }
@@ -381,60 +397,232 @@ void zw_free(zw *z)
     z->n = z->cap = 0;
 }
 
-/* In-kernel copy of n bytes at foff of fd to the output's position: 1 done,
- * 0 when the kernel cannot (the caller falls back to reading), -1 on error. */
-static int out_copy(zw_out *o, int fd, uint64_t foff, uint64_t n, dcp_error *err)
+/* In-kernel copy of up to n bytes at foff of fd to the output's position;
+ * *copied gets how many. Fewer than n only when the kernel cannot copy
+ * between these files (EXDEV across filesystems before Linux 5.19, ENOSYS,
+ * EINVAL/EOPNOTSUPP on some filesystems): then o->no_kernel_copy is set and
+ * the caller reads and writes the rest. -1 on a real error. */
+static int out_copy(zw_out *o, int fd, uint64_t foff, uint64_t n, uint64_t *copied, dcp_error *err)
 {
-    if (o->fd < 0 || zw_out_flush(o, err) < 0)
-        return o->fd < 0 ? 0 : -1;
+    *copied = 0;
+    if (zw_out_flush(o, err) < 0)
+        return -1;
     loff_t in = (loff_t)foff, out = (loff_t)o->pos;
-    uint64_t left = n;
-    while (left) {
-        ssize_t r = copy_file_range(fd, &in, o->fd, &out, left, 0);
+    while (*copied < n) {
+        uint64_t want = n - *copied > (1ull << 30) ? (1ull << 30) : n - *copied;
+        ssize_t r = zw_copy_file_range(fd, &in, o->fd, &out, (size_t)want, 0);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 && left == n && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP))
-            return 0;
+        if (r < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP)) {
+            o->no_kernel_copy = 1;
+            break;
+        }
         if (r <= 0)
             return dcpi_err(err, r < 0 ? errno : EIO, "%s: copy failed at offset %llu: %s", o->what,
-                            (unsigned long long)out, r < 0 ? strerror(errno) : "source too short");
-        left -= (uint64_t)r;
+                            (unsigned long long)out, r < 0 ? strerror(errno) : "the source ends early");
+        *copied += (uint64_t)r;
+        o->pos += (uint64_t)r;
     }
-    o->pos += n;
-    return 1;
+    return 0;
+}
+
+/* Fold bytes [off, off+n) of item tag into the open record's CRC, reading them again. */
+static int crc_of(zw *z, const dcp_source *src, uint64_t tag, uint64_t off, uint64_t n, void *piece,
+                  size_t piece_len, dcp_error *err)
+{
+    for (uint64_t end = off + n; off < end;) {
+        size_t k = end - off < piece_len ? (size_t)(end - off) : piece_len;
+        if (src->fill(src->ctx, tag, off, piece, k, err) < 0)
+            return -1;
+        z->rec_crc = zw_crc32(z->rec_crc, piece, k);
+        off += k;
+    }
+    return 0;
+}
+
+/* A run whose CRC is not needed or already known, at off of item tag: in the
+ * kernel when source and output share their offset within a page (else
+ * copy_file_range splits every page copy in two and is slower than
+ * read+write), or read and written through piece without computing a CRC.
+ * The record's CRC then absorbs the run's recorded one. */
+static int copy_run(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t off, const dcp_run *run,
+                    void *piece, size_t piece_len, dcp_error *err)
+{
+    uint64_t n = 0;
+    if (!o->no_kernel_copy && run->offset % PAGE_ALIGN == o->pos % PAGE_ALIGN &&
+        out_copy(o, run->fd, run->offset, run->length, &n, err) < 0)
+        return -1;
+    /* The kernel gave up part way (n < length): the recorded CRC no longer
+     * serves; CRC what it copied, and the rest as it is written. */
+    int compute = z && !z->no_crc && n && n < run->length;
+    if (compute && crc_of(z, src, tag, off, n, piece, piece_len, err) < 0)
+        return -1;
+    for (uint64_t done = n; done < run->length;) {
+        size_t k = run->length - done < piece_len ? (size_t)(run->length - done) : piece_len;
+        if (src->fill(src->ctx, tag, off + done, piece, k, err) < 0 || zw_out_write(o, piece, k, err) < 0)
+            return -1;
+        if (compute)
+            z->rec_crc = zw_crc32(z->rec_crc, piece, k);
+        done += k;
+    }
+    if (!z)
+        return 0;
+    z->rec_done += run->length;
+    if (!z->no_crc && !compute)
+        z->rec_crc = (uint32_t)crc32_combine64(z->rec_crc, run->crc, (z_off64_t)run->length);
+    return 0;
+}
+
+/* The CRC of a record's pieces computed on a second thread while the next
+ * piece is read and this one written: piece is split in halves, one being
+ * filled while the CRC thread reads the other. At most one piece is handed
+ * over at a time; the caller waits for the thread before handing the next,
+ * so a half is never refilled while its CRC is being computed. */
+typedef struct crc_worker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const unsigned char *job;      /* piece handed over, NULL when idle */
+    size_t job_len;
+    int quit;
+    uint32_t crc;                  /* running CRC (the record's while the thread has it) */
+} crc_worker;
+
+static void *crc_main(void *arg)
+{
+    crc_worker *w = arg;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (!w->job && !w->quit)
+            pthread_cond_wait(&w->cond, &w->lock);
+        if (!w->job)
+            break;
+        const unsigned char *p = w->job;
+        size_t n = w->job_len;
+        uint32_t crc = w->crc;
+        pthread_mutex_unlock(&w->lock);
+        crc = zw_crc32(crc, p, n);
+        pthread_mutex_lock(&w->lock);
+        w->crc = crc;
+        w->job = NULL;
+        pthread_cond_broadcast(&w->cond);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static int crc_worker_start(crc_worker *w, uint32_t crc)
+{
+    memset(w, 0, sizeof *w);
+    w->crc = crc;
+    if (pthread_mutex_init(&w->lock, NULL))
+        return -1;
+    if (pthread_cond_init(&w->cond, NULL)) {
+        pthread_mutex_destroy(&w->lock);
+        return -1;
+    }
+    if (pthread_create(&w->thread, NULL, crc_main, w)) {
+        pthread_cond_destroy(&w->cond);
+        pthread_mutex_destroy(&w->lock);
+        return -1;
+    }
+    return 0;
+}
+
+/* Wait until the thread is idle; its CRC is then the record's. */
+static uint32_t crc_worker_wait(crc_worker *w)
+{
+    pthread_mutex_lock(&w->lock);
+    while (w->job)
+        pthread_cond_wait(&w->cond, &w->lock);
+    uint32_t crc = w->crc;
+    pthread_mutex_unlock(&w->lock);
+    return crc;
+}
+
+/* Hand over the next piece (the thread is idle), starting from crc. */
+static void crc_worker_post(crc_worker *w, uint32_t crc, const void *p, size_t n)
+{
+    pthread_mutex_lock(&w->lock);
+    w->crc = crc;
+    w->job = p;
+    w->job_len = n;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static uint32_t crc_worker_stop(crc_worker *w)
+{
+    uint32_t crc = crc_worker_wait(w);
+    pthread_mutex_lock(&w->lock);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->lock);
+    return crc;
 }
 
 int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len, void *piece, size_t piece_len,
             uint64_t *done, uint64_t total, dcp_progress_fn progress, void *pctx, dcp_error *err)
 {
-    int kernel = src->range && (!z || z->no_crc) && o->fd >= 0;
-    for (uint64_t off = 0; off < len;) {
-        size_t n = len - off < piece_len ? (size_t)(len - off) : piece_len;
-        int copied = 0;
-        if (kernel) {
-            /* Ask for all that is left at once (one op when stored as is),
-             * so the kernel copies it in one go. */
-            uint64_t want = len - off > (1ull << 30) ? (1ull << 30) : len - off;
-            int fd;
-            uint64_t foff;
-            int r = src->range(src->ctx, tag, off, want, &fd, &foff, err);
-            if (r == 0 && want > n)
-                r = src->range(src->ctx, tag, off, n, &fd, &foff, err);
-            else if (r == 1)
-                n = (size_t)want;
-            if (r < 0)
-                return -1;
-            if (r == 1 && (copied = out_copy(o, fd, foff, n, err)) < 0)
-                return -1;
-            if (copied && z)
-                z->rec_done += n;
+    int need_crc = z && !z->no_crc;
+    /* A large record whose CRC is computed: on a second thread, pieces of
+     * half the buffer (a multiple of 16 still). */
+    crc_worker cw;
+    int async = need_crc && len >= THREAD_MIN && piece_len >= 2 * 4096 && crc_worker_start(&cw, z->rec_crc) == 0;
+    int posted = 0;                /* the thread holds the record's CRC */
+    size_t half = async ? piece_len / 2 / 4096 * 4096 : piece_len;
+    unsigned k = 0;
+    int rc = 0;
+    for (uint64_t off = 0; off < len && rc == 0;) {
+        uint64_t n = 0;
+        /* Runs stored as is whose CRC is not needed, or recorded by the
+         * source, go without computing one; the rest is read once into piece
+         * for the CRC and the write. */
+        dcp_run run;
+        if (src->range && o->fd >= 0) {
+            int r = src->range(src->ctx, tag, off, len - off, &run, err);
+            if (r < 0) {
+                rc = -1;
+                break;
+            }
+            if (r == 1 && run.length >= KERNEL_MIN && run.length <= len - off && (!need_crc || run.has_crc)) {
+                if (posted) {
+                    z->rec_crc = crc_worker_wait(&cw);
+                    posted = 0;
+                }
+                if (copy_run(o, z, src, tag, off, &run, piece, piece_len, err) < 0) {
+                    rc = -1;
+                    break;
+                }
+                n = run.length;
+            }
         }
-        if (!copied) {
-            n = len - off < piece_len ? (size_t)(len - off) : piece_len;
-            if (src->fill(src->ctx, tag, off, piece, n, err) < 0)
-                return -1;
-            if ((z ? zw_record_data(z, piece, n, err) : zw_out_write(o, piece, n, err)) < 0)
-                return -1;
+        if (n == 0 && async) {
+            unsigned char *buf = (unsigned char *)piece + (k++ & 1) * half;
+            n = len - off < half ? len - off : half;
+            /* the other half may still be with the CRC thread: fill this one meanwhile */
+            if (src->fill(src->ctx, tag, off, buf, (size_t)n, err) < 0) {
+                rc = -1;
+                break;
+            }
+            uint32_t crc = posted ? crc_worker_wait(&cw) : z->rec_crc;
+            crc_worker_post(&cw, crc, buf, (size_t)n);
+            posted = 1;
+            if (zw_out_write(o, buf, (size_t)n, err) < 0) {
+                rc = -1;
+                break;
+            }
+            z->rec_done += n;
+        } else if (n == 0) {
+            n = len - off < piece_len ? len - off : piece_len;
+            if (src->fill(src->ctx, tag, off, piece, (size_t)n, err) < 0 ||
+                (z ? zw_record_data(z, piece, (size_t)n, err) : zw_out_write(o, piece, (size_t)n, err)) < 0) {
+                rc = -1;
+                break;
+            }
         }
         off += n;
         if (done)
@@ -442,5 +630,10 @@ int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len,
         if (progress)
             progress(pctx, done ? *done : off, total);
     }
-    return 0;
+    if (async) {
+        uint32_t crc = crc_worker_stop(&cw);
+        if (posted)
+            z->rec_crc = crc;
+    }
+    return rc;
 }

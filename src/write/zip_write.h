@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "dcp_write.h"
 #include "internal.h"
@@ -24,6 +26,7 @@ typedef struct zw_out {
     unsigned char *buf;            /* bytes not yet written, starting at pos - len */
     size_t len, cap;
     const char *what;              /* the file, for errors */
+    int no_kernel_copy;            /* copy_file_range failed with EXDEV, ENOSYS...: read and write */
 } zw_out;
 
 /* Buffered writing to fd from file offset pos; fd < 0 builds the bytes in
@@ -71,11 +74,17 @@ int zw_torch_prologue(zw *z, const void *pkl, size_t pkl_len, dcp_error *err);
 int zw_finish(zw *z, uint64_t *len, dcp_error *err);
 void zw_free(zw *z);
 
+/* The zip CRC-32 (zlib's crc32 values), with libdeflate's PCLMULQDQ code when built with it. */
+uint32_t zw_crc32(uint32_t crc, const void *p, size_t n);
+/* copy_file_range, replaceable by the unit tests to exercise the fallbacks. */
+extern ssize_t (*zw_copy_file_range)(int, loff_t *, int, loff_t *, size_t, unsigned);
+
 /* Move len bytes of item `tag` from src to o: into the open record z, or raw
- * when z is NULL. Uses src->range and copy_file_range when the bytes lie as
- * is in a file and no CRC is wanted, else src->fill through piece (piece_len
- * bytes, a multiple of 16). *done grows by len; progress(pctx, *done, total)
- * after each piece. */
+ * when z is NULL. Runs src->range reports as stored as is in a file (64 KiB
+ * or more) are copied with copy_file_range when no CRC is wanted (falling
+ * back to reading when the kernel cannot); the rest goes through src->fill
+ * and piece (piece_len bytes, a multiple of 16). *done grows by len;
+ * progress(pctx, *done, total) after each piece. */
 int zw_pump(zw_out *o, zw *z, const dcp_source *src, uint64_t tag, uint64_t len, void *piece, size_t piece_len,
             uint64_t *done, uint64_t total, dcp_progress_fn progress, void *pctx, dcp_error *err);
 

@@ -8,6 +8,8 @@ usage:
   writer_load.py dcp CKPT MANIFEST WORLD       the same for a converted checkpoint, against a
                                                fixture manifest (tensors; bytes items too)
   writer_load.py pt FILE MANIFEST              torch.load(weights_only=True) of a converted .pt
+  writer_load.py ptsynth FILE SEED NKEYS       the same for a .pt converted from a `dcp synth`
+                                               checkpoint, against the formula
 """
 import hashlib, json, os, socket, sys
 
@@ -88,6 +90,16 @@ def main():
             v = sd[k]
             data = v if isinstance(v, bytes) else tensor_bytes(v)
             assert hashlib.sha256(data).hexdigest() == e["sha256"], f"{path}: {k}: sha256 differs"
+        print("ok", path)
+        return
+    if mode == "ptsynth":
+        path, seed, nkeys = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        sd = torch.load(path, weights_only=True)
+        assert len(sd) == nkeys, (len(sd), nkeys)
+        for k, t in sd.items():
+            i = int(k.split(".")[2])
+            want = synth_bytes(seed, i, t.numel() * t.element_size(), t.dtype == torch.bool)
+            assert tensor_bytes(t) == want, f"{path}: {k}: bytes differ from the formula"
         print("ok", path)
         return
     ckpt, world = sys.argv[2], int(sys.argv[-1])

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "dcp_write.h"
 #include "internal.h"
@@ -225,6 +226,228 @@ static int fill_two(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
+/* zw_crc32 (libdeflate when built with it) gives zlib's values, at every
+ * length and alignment. */
+START_TEST(crc_matches_zlib)
+{
+    static unsigned char b[70000];
+    for (size_t i = 0; i < sizeof b; i++)
+        b[i] = (unsigned char)(i * 131 + (i >> 7));
+    const size_t lens[] = {0, 1, 3, 15, 16, 63, 64, 65, 255, 4096, 65535, 69000};
+    for (size_t a = 0; a < 17; a++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+            uint32_t want = (uint32_t)crc32(crc32(0, Z_NULL, 0), b + a, (uInt)lens[l]);
+            ck_assert_uint_eq(zw_crc32(0, b + a, lens[l]), want);
+            /* in two parts, as records are written piece by piece */
+            size_t h = lens[l] / 3;
+            ck_assert_uint_eq(zw_crc32(zw_crc32(0, b + a, h), b + a + h, lens[l] - h), want);
+        }
+}
+END_TEST
+
+/* ---- zw_pump's paths: kernel copy, read+write, recorded CRCs, fallbacks. */
+
+#define RUN_LEN 300000u                   /* past KERNEL_MIN */
+#define BIG_LEN (5u << 20)                /* past THREAD_MIN: CRC on a second thread */
+static size_t run_len = RUN_LEN;
+static uint64_t fail_at = UINT64_MAX;     /* file_fill fails at this item offset */
+
+typedef struct file_src {
+    int fd;
+    uint64_t base;                        /* the item's first byte in the file */
+    int has_crc;
+    uint32_t crc;                         /* recorded for the whole item */
+    uint64_t split;                       /* when set: only [split, end) is a run, with CRC crc */
+} file_src;
+static uint64_t split_at;                 /* file_src.split for pump_case */
+
+static int file_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)tag;
+    file_src *f = ctx;
+    if (off <= fail_at && fail_at < off + len)
+        return dcpi_err(err, EIO, "injected read error");
+    ssize_t r = pread(f->fd, buf, len, (off_t)(f->base + off));
+    return r == (ssize_t)len ? 0 : dcpi_err(err, EIO, "short read");
+}
+
+static int file_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_run *run, dcp_error *err)
+{
+    (void)tag;
+    (void)err;
+    file_src *f = ctx;
+    if (f->split && off < f->split) {   /* a head without recorded CRC */
+        *run = (dcp_run){.fd = f->fd, .offset = f->base + off, .length = f->split - off};
+        return 1;
+    }
+    /* the recorded CRC covers the whole item (or tail) only */
+    *run = (dcp_run){.fd = f->fd, .offset = f->base + off, .length = len,
+                     .has_crc = f->has_crc && off == f->split, .crc = f->crc};
+    return 1;
+}
+
+enum { CFR_REAL, CFR_EXDEV, CFR_ENOSYS, CFR_PARTIAL, CFR_EOF };
+static int cfr_mode, cfr_calls;
+static ssize_t cfr_stub(int in, loff_t *ioff, int out, loff_t *ooff, size_t len, unsigned flags)
+{
+    cfr_calls++;
+    switch (cfr_mode) {
+    case CFR_EXDEV: errno = EXDEV; return -1;
+    case CFR_ENOSYS: errno = ENOSYS; return -1;
+    case CFR_EOF: return 0;
+    case CFR_PARTIAL:   /* 70000 bytes, then the kernel refuses */
+        if (cfr_calls > 1) {
+            errno = EXDEV;
+            return -1;
+        }
+        return copy_file_range(in, ioff, out, ooff, len < 70000 ? len : 70000, flags);
+    default: return copy_file_range(in, ioff, out, ooff, len, flags);
+    }
+}
+
+/* Pump RUN_LEN bytes into archive/data/0 of a new archive, the source lying
+ * in a file at the output's page offset (aligned) or 100 bytes off; read the
+ * archive back and return the record's CRC from the central directory after
+ * checking its bytes. *rc gets zw_pump's result (the archive is then not read). */
+static uint32_t pump_case(int aligned, int no_crc, int has_crc, uint32_t recorded, int mode, int *rc,
+                          char *msg, size_t msglen)
+{
+    static unsigned char data[BIG_LEN];
+    for (size_t i = 0; i < run_len; i++)
+        data[i] = (unsigned char)((i * 2654435761u) >> 13);
+    char out[300], in[300];
+    snprintf(out, sizeof out, "%s/pump.zip", tmpdir);
+    snprintf(in, sizeof in, "%s/pump.src", tmpdir);
+    int fd = open(out, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ck_assert(fd >= 0);
+    dcp_error err;
+    zw_out o;
+    zw z;
+    ck_assert(zw_out_init(&o, fd, 0, out, &err) == 0);
+    ck_assert(zw_begin(&z, &o, "archive", &err) == 0);
+    z.no_crc = no_crc;
+    ck_assert(zw_torch_prologue(&z, "\x80\x02N.", 4, &err) == 0);
+    ck_assert(zw_record_begin(&z, "data/0", run_len, &err) == 0);
+    file_src fs = {.base = 8192 + o.pos % 4096 + (aligned ? 0 : 100), .has_crc = has_crc, .crc = recorded,
+                   .split = split_at};
+    fs.fd = open(in, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ck_assert(fs.fd >= 0);
+    ck_assert(pwrite(fs.fd, data, run_len, (off_t)fs.base) == (ssize_t)run_len);
+    dcp_source src = {.fill = file_fill, .range = file_range, .ctx = &fs};
+    void *piece = malloc(1 << 16);
+    cfr_mode = mode;
+    cfr_calls = 0;
+    zw_copy_file_range = cfr_stub;
+    *rc = zw_pump(&o, &z, &src, 0, run_len, piece, 1 << 16, NULL, 0, NULL, NULL, &err);
+    zw_copy_file_range = copy_file_range;
+    if (*rc < 0)
+        snprintf(msg, msglen, "%s", err.msg);
+    uint32_t crc = 0;
+    if (*rc == 0) {
+        ck_assert(zw_record_end(&z, &err) == 0);
+        uint64_t len;
+        ck_assert(zw_finish(&z, &len, &err) == 0);
+        ck_assert(zw_out_flush(&o, &err) == 0);
+        unsigned char *a = malloc(len);
+        ck_assert(pread(fd, a, len, 0) == (ssize_t)len);
+        const unsigned char *eocd = a + len - 22;
+        uint32_t cdofs = (uint32_t)(eocd[16] | eocd[17] << 8 | eocd[18] << 16 | (uint32_t)eocd[19] << 24);
+        unsigned nent = eocd[10] | eocd[11] << 8;
+        const unsigned char *p = a + cdofs;
+        int seen = 0;
+        for (unsigned i = 0; i < nent; i++) {
+            unsigned nl = p[28] | p[29] << 8, xl = p[30] | p[31] << 8, cl = p[32] | p[33] << 8;
+            if (nl == 14 && !memcmp(p + 46, "archive/data/0", 14)) {
+                uint32_t lofs = (uint32_t)(p[42] | p[43] << 8 | p[44] << 16 | (uint32_t)p[45] << 24);
+                const unsigned char *lh = a + lofs;
+                size_t dstart = lofs + 30 + (size_t)(lh[26] | lh[27] << 8) + (size_t)(lh[28] | lh[29] << 8);
+                ck_assert(!memcmp(a + dstart, data, run_len));
+                ck_assert(!memcmp(a + dstart + run_len, "PK\7\10", 4));   /* descriptor: same CRC */
+                crc = (uint32_t)(p[16] | p[17] << 8 | p[18] << 16 | (uint32_t)p[19] << 24);
+                ck_assert(!memcmp(a + dstart + run_len + 4, p + 16, 4));
+                seen = 1;
+            }
+            p += 46 + nl + xl + cl;
+        }
+        ck_assert(seen);
+        free(a);
+    }
+    zw_free(&z);
+    zw_out_free(&o);
+    free(piece);
+    close(fs.fd);
+    close(fd);
+    return crc;
+}
+
+START_TEST(pump_paths)
+{
+    int rc;
+    char msg[sizeof ((dcp_error *)0)->msg] = "";
+    /* the CRC every correct path must produce */
+    static unsigned char d2[RUN_LEN];
+    for (size_t i = 0; i < sizeof d2; i++)
+        d2[i] = (unsigned char)((i * 2654435761u) >> 13);
+    uint32_t want = (uint32_t)crc32(crc32(0, Z_NULL, 0), d2, RUN_LEN);
+
+    /* No recorded CRC: every byte is read for it; no kernel copy. */
+    ck_assert_uint_eq(pump_case(1, 0, 0, 0, CFR_REAL, &rc, msg, sizeof msg), want);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(cfr_calls, 0);
+    /* A recorded CRC, page offsets agreeing: copied in the kernel, CRC taken over. */
+    ck_assert_uint_eq(pump_case(1, 0, 1, want, CFR_REAL, &rc, msg, sizeof msg), want);
+    ck_assert_int_gt(cfr_calls, 0);
+    /* ... disagreeing: read and written (faster than a split kernel copy), CRC still taken over. */
+    ck_assert_uint_eq(pump_case(0, 0, 1, want, CFR_REAL, &rc, msg, sizeof msg), want);
+    ck_assert_int_eq(cfr_calls, 0);
+    /* The source's recorded CRC is carried, not recomputed (a bad one stays detectable). */
+    ck_assert_uint_eq(pump_case(1, 0, 1, 0x12345678u, CFR_REAL, &rc, msg, sizeof msg), 0x12345678u);
+    ck_assert_uint_eq(pump_case(0, 0, 1, 0x12345678u, CFR_REAL, &rc, msg, sizeof msg), 0x12345678u);
+    /* The kernel cannot copy between these files: read and write instead. */
+    ck_assert_uint_eq(pump_case(1, 0, 1, want, CFR_EXDEV, &rc, msg, sizeof msg), want);
+    ck_assert_int_eq(cfr_calls, 1);
+    ck_assert_uint_eq(pump_case(1, 0, 1, want, CFR_ENOSYS, &rc, msg, sizeof msg), want);
+    ck_assert_int_eq(cfr_calls, 1);
+    ck_assert_uint_eq(pump_case(1, 1, 0, 0, CFR_EXDEV, &rc, msg, sizeof msg), 0);   /* --no-crc: CRC 0 */
+    ck_assert_int_eq(rc, 0);
+    /* ... after copying part: the CRC of the whole is computed, not taken over. */
+    ck_assert_uint_eq(pump_case(1, 0, 1, 0x12345678u, CFR_PARTIAL, &rc, msg, sizeof msg), want);
+    ck_assert_int_eq(cfr_calls, 2);
+    ck_assert_uint_eq(pump_case(1, 1, 0, 0, CFR_PARTIAL, &rc, msg, sizeof msg), 0);
+    ck_assert_int_eq(rc, 0);
+    /* No CRC wanted: the kernel copies. */
+    ck_assert_uint_eq(pump_case(1, 1, 0, 0, CFR_REAL, &rc, msg, sizeof msg), 0);
+    ck_assert_int_gt(cfr_calls, 0);
+    /* A source that ends early is an error naming the file. */
+    pump_case(1, 1, 0, 0, CFR_EOF, &rc, msg, sizeof msg);
+    ck_assert_int_eq(rc, -1);
+    ck_assert_msg(strstr(msg, "pump.zip") && strstr(msg, "ends early"), "%s", msg);
+
+    /* A large record whose CRC is computed: on the second thread, same CRC. */
+    static unsigned char d3[BIG_LEN];
+    for (size_t i = 0; i < sizeof d3; i++)
+        d3[i] = (unsigned char)((i * 2654435761u) >> 13);
+    uint32_t want_big = (uint32_t)crc32(crc32(0, Z_NULL, 0), d3, BIG_LEN);
+    run_len = BIG_LEN;
+    ck_assert_uint_eq(pump_case(0, 0, 0, 0, CFR_REAL, &rc, msg, sizeof msg), want_big);
+    ck_assert_int_eq(rc, 0);
+    /* ... then a run with a recorded CRC: the thread hands its CRC back before they combine */
+    split_at = 2u << 20;
+    uint32_t tail = (uint32_t)crc32(crc32(0, Z_NULL, 0), d3 + split_at, (uInt)(BIG_LEN - split_at));
+    ck_assert_uint_eq(pump_case(1, 0, 1, tail, CFR_REAL, &rc, msg, sizeof msg), want_big);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_gt(cfr_calls, 0);
+    split_at = 0;
+    /* ... and a read error part way: reported, the thread stopped (no leak under ASan). */
+    fail_at = 3u << 20;
+    pump_case(0, 0, 0, 0, CFR_REAL, &rc, msg, sizeof msg);
+    fail_at = UINT64_MAX;
+    run_len = RUN_LEN;
+    ck_assert_int_eq(rc, -1);
+    ck_assert_msg(strstr(msg, "injected read error"), "%s", msg);
+}
+END_TEST
+
 /* The DCP writer's output opens with libdcp and reads back byte-exact;
  * replicas are written once; .metadata appears only at finish. */
 START_TEST(dcp_writer_roundtrip)
@@ -383,6 +606,8 @@ int main(void)
     tcase_add_test(t, pickle_proto4);
     tcase_add_test(t, pickle_tensor);
     tcase_add_test(t, zip_roundtrip);
+    tcase_add_test(t, crc_matches_zlib);
+    tcase_add_test(t, pump_paths);
     tcase_add_test(t, dcp_writer_roundtrip);
     tcase_add_test(t, dcp_writer_errors);
     tcase_add_test(t, synth_formula);
