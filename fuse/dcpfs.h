@@ -41,6 +41,10 @@
 
 enum dfs_view { DFS_VIEW_RAW = 0, DFS_VIEW_NPY = 1 };
 enum dfs_readmode { DFS_READ_AUTO = 0, DFS_READ_SPLICE = 1, DFS_READ_PREAD = 2 };
+/* -o read=auto splices a plan whose pieces average at least this: below it,
+ * a splice call per piece costs more than copying through preadv
+ * (bench/bench-fuse.sh; 4 KiB pieces lose, 8 KiB break even, 16 KiB win). */
+#define DFS_SPLICE_MIN 8192
 
 struct dfs_options {
     char *source;           /* SOURCE as given */
@@ -155,7 +159,7 @@ struct dfs {
     size_t nnodes;
     struct dfs_ckpt *ckpts;
     int splice_ok;             /* the kernel connection accepted splice writes */
-    uint64_t pipe_max;         /* /proc/sys/fs/pipe-max-size: bounds what libfuse can splice */
+    uint64_t pipe_max;         /* bytes libfuse's splice pipes can hold (fs/pipe-max-size, or more) */
     struct fuse_session *se;
     const char *mountpoint;
     struct dcp_catalog *catalog;   /* -o verify: where recorded digests are */

@@ -205,7 +205,7 @@ struct reply {
     size_t len;               /* reply bytes */
     size_t k;                 /* pieces in c->bv */
     size_t nfd;               /* of which fd pieces */
-    uint64_t fd_bytes;
+    uint64_t slots;           /* pipe slots of the pieces (piece_slots) */
 };
 
 static size_t page_size(void)
@@ -218,12 +218,23 @@ static size_t page_size(void)
     return ps;
 }
 
-/* libfuse splices a reply only when its pipe holds one page per piece plus
- * two, plus the bytes (fuse_send_data_iov's estimate); otherwise it copies
- * into a fresh buffer itself. */
-static uint64_t pipe_need(size_t pieces, size_t len)
+/* Pipe slots a piece takes: one per page it touches (the page cache pages
+ * are spliced one by one; a memory piece is copied into whole pages too). */
+static uint64_t piece_slots(uint64_t pos, uint64_t size)
 {
-    return (uint64_t)page_size() * (pieces + 2) + 16 /* fuse_out_header */ + len;
+    uint64_t ps = page_size();
+    return size ? (pos % ps + size + ps - 1) / ps : 0;
+}
+
+/* Does a reply of `len` bytes in `pieces` pieces taking `slots` pipe slots
+ * fit libfuse's pipe? libfuse wants room for one page per piece plus two
+ * plus the bytes (fuse_send_data_iov), and the pages must really fit, the
+ * reply header taking a slot of its own. Otherwise libfuse would copy the
+ * pieces into a fresh buffer itself. */
+static int pipe_fits(const struct dfs *fs, size_t pieces, uint64_t slots, size_t len)
+{
+    uint64_t ps = page_size();
+    return ps * (pieces + 2) + 16 + len <= fs->pipe_max && (slots + 1) * ps <= fs->pipe_max;
 }
 
 static int add_mem(struct reply *r, size_t at, size_t n)
@@ -234,10 +245,13 @@ static int add_mem(struct reply *r, size_t at, size_t n)
     if (r->k) {
         struct fuse_buf *last = &bv->buf[r->k - 1];
         if (!(last->flags & FUSE_BUF_IS_FD) && (unsigned char *)last->mem + last->size == r->base + at) {
+            r->slots -= piece_slots((uintptr_t)last->mem, last->size);
             last->size += n;
+            r->slots += piece_slots((uintptr_t)last->mem, last->size);
             return 0;
         }
     }
+    r->slots += piece_slots((uintptr_t)(r->base + at), n);
     if (ctx_bv(r->c, r->k + 1) < 0)
         return -ENOMEM;
     r->c->bv->buf[r->k++] = (struct fuse_buf){.size = n, .mem = r->base + at};
@@ -247,14 +261,16 @@ static int add_mem(struct reply *r, size_t at, size_t n)
 static int add_fd(struct reply *r, int fd, off_t pos, size_t n)
 {
     struct fuse_bufvec *bv = r->c->bv;
-    r->fd_bytes += n;
     if (r->k) {
         struct fuse_buf *last = &bv->buf[r->k - 1];
         if ((last->flags & FUSE_BUF_IS_FD) && last->fd == fd && last->pos + (off_t)last->size == pos) {
+            r->slots -= piece_slots((uint64_t)last->pos, last->size);
             last->size += n;
+            r->slots += piece_slots((uint64_t)last->pos, last->size);
             return 0;
         }
     }
+    r->slots += piece_slots((uint64_t)pos, n);
     if (ctx_bv(r->c, r->k + 1) < 0)
         return -ENOMEM;
     r->c->bv->buf[r->k++] = (struct fuse_buf){
@@ -306,8 +322,14 @@ static int want_splice(struct dfs *fs, struct reply *r, const dcp_plan *p)
     if (fs->opt.readmode == DFS_READ_SPLICE)
         return 1;
     /* auto: pieces large enough to be worth it, and a reply libfuse can
-     * really splice (one more piece allowed for what may follow). */
-    return p->nbytes / p->nops >= fs->opt.splice_min && pipe_need(r->k + p->nops + 1, r->len) <= fs->pipe_max;
+     * really splice (one more piece allowed for what may follow; the plan
+     * may hold a little more than this request needs). */
+    if (p->nbytes / p->nops < fs->opt.splice_min)
+        return 0;
+    uint64_t slots = r->slots + 1;
+    for (size_t i = 0; i < p->nops; i++)
+        slots += piece_slots(p->ops[i].src_offset, p->ops[i].length);
+    return pipe_fits(fs, r->k + p->nops + 1, slots, r->len);
 }
 
 /* Reply bytes [at, at+(b-a)) are bytes [a, b) of segment s. */
@@ -435,7 +457,7 @@ static void read_layout(fuse_req_t req, struct dfs *fs, struct dfs_ckpt *ck, con
         fuse_reply_buf(req, (char *)r.base, r.len);
         return;
     }
-    if (fs->opt.readmode == DFS_READ_SPLICE || pipe_need(r.k, r.len) <= fs->pipe_max) {
+    if (fs->opt.readmode == DFS_READ_SPLICE || pipe_fits(fs, r.k, r.slots, r.len)) {
         c->bv->count = r.k;
         c->bv->idx = 0;
         c->bv->off = 0;
