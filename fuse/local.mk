@@ -13,3 +13,6 @@ noinst_PROGRAMS += bench/passthrough
 bench_passthrough_SOURCES = bench/passthrough.c
 bench_passthrough_CFLAGS = $(AM_CFLAGS) $(FUSE_CFLAGS) -pthread
 bench_passthrough_LDADD = $(FUSE_LIBS) -lpthread
+# What share of a file's cached pages are large folios (the re-read lines).
+noinst_PROGRAMS += bench/folios
+bench_folios_SOURCES = bench/folios.c
