@@ -208,6 +208,8 @@ for l in rows cols; do
     for c in "${FS_CONFIGS[@]}"; do
         if [ -z "$c" ]; then
             line "$l" "re-read" "dcpfs (defaults)" "$l fs  reread" "$l raw cached" "raw (cached)" 0.8
+            # For reference: against reading the shard files from the disk.
+            [ "$COLD" = 1 ] && line "$l" "re-read" "dcpfs (defaults)" "$l fs  reread" "$l raw evicted" "raw (evicted)"
         else
             line "$l" "re-read" "dcpfs -o $c" "$l fs $c reread" "$l raw cached" "raw (cached)"
         fi
