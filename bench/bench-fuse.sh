@@ -59,6 +59,7 @@ mkdir -p "$parent"
 avail=$(df -P -k "$parent" | awk 'NR == 2 {printf "%.0f", $4 * 1024}')
 [ "$avail" -gt $((2 * BYTES + BYTES / 4)) ] || skip "$parent has $((avail >> 20)) MiB free, needs $(((2 * BYTES + BYTES / 4) >> 20))"
 WORK=$(mktemp -d "$parent/dcpfs-bench.XXXXXX")
+export XDG_CACHE_HOME="$WORK/cache"   # the catalog of these throwaway checkpoints goes too
 MNTS=()
 PIDS=()
 cleanup() {
