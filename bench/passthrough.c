@@ -1,11 +1,14 @@
 /* bench/passthrough: the baseline of bench/bench-fuse.sh, a minimal read-only
  * libfuse low-level passthrough of one flat folder (a checkpoint's shard
- * files). It answers reads the way libfuse's passthrough_ll does, with an
- * (fd, offset) buffer that libfuse splices, and uses the same settings as
- * dcpfs (multi-threaded, keep_cache, long timeouts, 1 MiB requests), so the
- * comparison measures dcpfs's own work.
+ * files). It answers reads either the way libfuse's passthrough_ll does,
+ * with an (fd, offset) buffer that libfuse splices (-o read=splice, the
+ * default; libfuse copies through a fresh buffer when the reply does not fit
+ * its pipe), or with pread into a reused per-thread buffer (-o read=pread),
+ * and uses the same settings as dcpfs (multi-threaded, keep_cache, long
+ * timeouts, max_read), so the comparison measures dcpfs's own work against
+ * the better of the two.
  *
- * usage: passthrough [-f] [-s] [-o ready_fd=N] SOURCE MOUNTPOINT
+ * usage: passthrough [-f] [-s] [-o ready_fd=N,read=splice|pread,max_read=N] SOURCE MOUNTPOINT
  */
 #define FUSE_USE_VERSION 312
 
@@ -31,21 +34,40 @@ struct file {
 static struct {
     char *source;
     int ready_fd;
+    char *read;           /* "splice" (default) or "pread" */
+    unsigned max_read;    /* libfuse's -o max_read, repeated in init */
+    pthread_key_t buf_key;
     const char *mnt;
     struct file *files;   /* inode i+2 is files[i] */
     size_t nfiles;
     struct stat root;
 } P = {.ready_fd = -1};
 
-static const struct fuse_opt opts[] = {{"ready_fd=%d", 0, 1}, FUSE_OPT_END};
+#define MAX_REQ (1u << 20)
+enum { KEY_READY = 1, KEY_READ, KEY_MAX_READ };
+static const struct fuse_opt opts[] = {
+    FUSE_OPT_KEY("ready_fd=", KEY_READY), FUSE_OPT_KEY("read=", KEY_READ), FUSE_OPT_KEY("max_read=", KEY_MAX_READ),
+    FUSE_OPT_END};
 
 static int opt_proc(void *data, const char *arg, int key, struct fuse_args *out)
 {
     (void)data;
     (void)out;
-    if (key == FUSE_OPT_KEY_NONOPT && !P.source) {
+    switch (key) {
+    case FUSE_OPT_KEY_NONOPT:
+        if (P.source)
+            return 1;
         P.source = strdup(arg);
         return 0;
+    case KEY_READY:
+        P.ready_fd = atoi(strchr(arg, '=') + 1);
+        return 0;
+    case KEY_READ:
+        P.read = strdup(strchr(arg, '=') + 1);
+        return 0;
+    case KEY_MAX_READ:
+        P.max_read = (unsigned)strtoul(strchr(arg, '=') + 1, NULL, 10);
+        return 1;   /* libfuse's mount option too */
     }
     return 1;
 }
@@ -78,10 +100,12 @@ static void *ready(void *arg)
 static void pt_init(void *u, struct fuse_conn_info *conn)
 {
     (void)u;
-    if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+    if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && strcmp(P.read, "pread") != 0)
         conn->want |= FUSE_CAP_SPLICE_WRITE;
     conn->max_background = 64;
     conn->congestion_threshold = 48;
+    if (P.max_read)
+        conn->max_read = P.max_read;
     pthread_t t;
     pthread_create(&t, NULL, ready, NULL);
     pthread_detach(t);
@@ -125,6 +149,22 @@ static void pt_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 static void pt_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
     (void)fi;
+    if (strcmp(P.read, "pread") == 0) {
+        /* One page-aligned buffer per thread, reused. */
+        char *buf = pthread_getspecific(P.buf_key);
+        if (!buf && posix_memalign((void **)&buf, 4096, MAX_REQ) == 0)
+            pthread_setspecific(P.buf_key, buf);
+        if (!buf || size > MAX_REQ) {
+            fuse_reply_err(req, buf ? EINVAL : ENOMEM);
+            return;
+        }
+        ssize_t n = pread(P.files[ino - 2].fd, buf, size, off);
+        if (n < 0)
+            fuse_reply_err(req, errno);
+        else
+            fuse_reply_buf(req, buf, (size_t)n);
+        return;
+    }
     struct fuse_bufvec bv = FUSE_BUFVEC_INIT(size);
     bv.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
     bv.buf[0].fd = P.files[ino - 2].fd;
@@ -162,13 +202,21 @@ int main(int argc, char *argv[])
 {
     struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
     struct fuse_cmdline_opts o;
-    if (fuse_opt_parse(&args, &P.ready_fd, opts, opt_proc) < 0 || fuse_parse_cmdline(&args, &o) != 0)
+    if (fuse_opt_parse(&args, NULL, opts, opt_proc) < 0 || fuse_parse_cmdline(&args, &o) != 0)
         return 1;
     if (!P.source || !o.mountpoint) {
         fprintf(stderr, "usage: %s [-f] [-s] [-o ready_fd=N] SOURCE MOUNTPOINT\n", argv[0]);
         return 1;
     }
     P.mnt = o.mountpoint;
+    if (!P.read)
+        P.read = strdup("splice");
+    if (strcmp(P.read, "splice") != 0 && strcmp(P.read, "pread") != 0) {
+        fprintf(stderr, "%s: -o read=%s: expected splice or pread\n", argv[0], P.read);
+        return 1;
+    }
+    if (pthread_key_create(&P.buf_key, free) != 0)
+        return 1;
     DIR *d = opendir(P.source);
     if (!d || stat(P.source, &P.root) < 0) {
         perror(P.source);
@@ -215,6 +263,7 @@ int main(int argc, char *argv[])
     }
     free(P.files);
     free(P.source);
+    free(P.read);
     free(o.mountpoint);
     fuse_opt_free_args(&args);
     return ret < 0;

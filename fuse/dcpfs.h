@@ -10,7 +10,8 @@
  *   - key-tree directories: immutable once published; cached for the life of
  *     the mount.
  * Files are checkpoint entries (tensors, bytes items), passthrough files
- * (the extra files of a Megatron folder) and virtual files (a hook).
+ * (the extra files of a Megatron folder) and virtual files (the safetensors
+ * view of a whole checkpoint, stview.c).
  *
  * Locking: fs.lock (rwlock) guards the inode map and the child arrays of scan
  * directories and checkpoint roots; key-tree directories are built before they
@@ -31,6 +32,7 @@
 
 #include "dcp.h"
 #include "dcp_integrity.h"
+#include "dcp_write.h"
 
 #define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
 #define DFS_TIMEOUT_SCAN 1.0                      /* scan folders change as training writes */
@@ -39,6 +41,10 @@
 
 enum dfs_view { DFS_VIEW_RAW = 0, DFS_VIEW_NPY = 1 };
 enum dfs_readmode { DFS_READ_AUTO = 0, DFS_READ_SPLICE = 1, DFS_READ_PREAD = 2 };
+/* -o read=auto splices a plan whose pieces average at least this: below it,
+ * a splice call per piece costs more than copying through preadv
+ * (bench/bench-fuse.sh; 4 KiB pieces lose, 8 KiB break even, 16 KiB win). */
+#define DFS_SPLICE_MIN 8192
 
 struct dfs_options {
     char *source;           /* SOURCE as given */
@@ -65,17 +71,28 @@ enum dfs_ntype {
     DFS_N_DIR,           /* a directory of a key tree */
     DFS_N_ENTRY,         /* a tensor or bytes item */
     DFS_N_PASSTHRU,      /* a plain file of the checkpoint folder (Megatron metadata.json, common.pt) */
-    DFS_N_VIRTUAL        /* a computed file (hook: the safetensors view of issue 4) */
+    DFS_N_VIRTUAL        /* a computed file: the safetensors view of a checkpoint */
 };
 
 struct dfs_node;
 struct dfs_ckpt;
 
-/* A computed file. size() and read() are called without locks from any thread. */
+/* What a file served from entries holds: hdr[0..hdr_len) then the segments
+ * back to back, each a byte range of an entry's flat image (its offset is in
+ * the file, ascending, no holes; dcp_st_view_tensor is that triple). A
+ * tensor file is one segment after its (npy) header. */
+struct dfs_layout {
+    const unsigned char *hdr;
+    uint64_t hdr_len;
+    const dcp_st_view_tensor *segs;
+    size_t nsegs;
+    uint64_t size;
+};
+
+/* A computed file. Called without locks from any thread. */
 struct dfs_vfile_ops {
-    int (*size)(struct dfs_node *n, uint64_t *size);
-    /* Fill buf with bytes [off, off+len) (already clipped to the size); -errno on failure. */
-    int (*read)(struct dfs_node *n, void *buf, size_t len, uint64_t off);
+    /* The file's layout, computed on the first call; 0 or -errno (logged). */
+    int (*layout)(struct dfs_node *n, struct dfs_layout *out);
     void (*destroy)(struct dfs_node *n);
 };
 
@@ -142,7 +159,7 @@ struct dfs {
     size_t nnodes;
     struct dfs_ckpt *ckpts;
     int splice_ok;             /* the kernel connection accepted splice writes */
-    uint64_t pipe_max;         /* /proc/sys/fs/pipe-max-size: bounds what libfuse can splice */
+    uint64_t pipe_max;         /* bytes libfuse's splice pipes can hold (fs/pipe-max-size, or more) */
     struct fuse_session *se;
     const char *mountpoint;
     struct dcp_catalog *catalog;   /* -o verify: where recorded digests are */
@@ -184,10 +201,15 @@ int dfs_has_metadata(int dirfd, const char *rel, struct stat *st);
 int dfs_npy_header(const dcp_entry *e, char **hdr, uint32_t *len);
 const char *dfs_npy_descr(dcp_dtype dt, char *tmp, size_t tmplen);
 
+/* stview.c: the safetensors file of all a checkpoint's tensors */
+#define DFS_STVIEW_NAME "all.safetensors"
+/* Add the (not yet laid out) view file to a checkpoint root being built. */
+int dfs_stview_add(struct dfs *fs, struct dfs_node *root);
+
 /* read.c */
 void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);
 void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t size, off_t off);
-void dfs_read_virtual(fuse_req_t req, struct dfs_node *n, size_t size, off_t off);
+void dfs_read_virtual(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);
 int dfs_entry_size(struct dfs_node *n, uint64_t *size);
 int dfs_read_init(void);
 void dfs_read_fini(void);   /* frees the calling thread's buffers */

@@ -87,10 +87,11 @@ static void usage(void)
            "    -o ready_fd=N          write one byte to fd N once the mount is live\n"
            "    -o depth=N             folder levels scanned below SOURCE (default 8)\n"
            "    -o readahead_kb=N      kernel readahead of the mount (default 1024; 0 = leave it)\n"
+           "    -o max_read=BYTES      largest read request (default: half of what a pipe can hold, at most 1 MiB)\n"
            "    -o verify              check each chunk against the digest `dcp verify --record` stored\n"
            "    -o catalog=PATH        the catalog of parsed metadata and digests (default ~/.cache/dcpfs/catalog.sqlite)\n"
            "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n\n",
-           65536u);
+           DFS_SPLICE_MIN);
 }
 
 /* ------------------------------------------------------------- readiness */
@@ -151,6 +152,40 @@ static void raise_nofile(void)
     }
 }
 
+/* How large libfuse can make the pipes it splices replies through:
+ * fs/pipe-max-size, or without limit for a process that may exceed it
+ * (CAP_SYS_RESOURCE), which a trial F_SETPIPE_SZ beyond it tells. */
+static uint64_t pipe_capacity(void)
+{
+    uint64_t max = 1 << 20;
+    FILE *f = fopen("/proc/sys/fs/pipe-max-size", "r");
+    if (f) {
+        unsigned long long v;
+        if (fscanf(f, "%llu", &v) == 1 && v >= 65536)
+            max = v;
+        fclose(f);
+    }
+    int p[2];
+    if (max <= (1u << 30) && pipe2(p, O_CLOEXEC) == 0) {
+        if (fcntl(p[0], F_SETPIPE_SZ, (int)(2 * max)) >= 0)
+            max = UINT64_MAX / 4;
+        close(p[0]);
+        close(p[1]);
+    }
+    return max;
+}
+
+/* The read request size when -o max_read is not given: half the pipe, so
+ * that a reply of that size splices even when it is many pieces (up to a
+ * piece per 8 KiB), and at most the kernel's 1 MiB. */
+static unsigned default_max_read(uint64_t pipe_max)
+{
+    unsigned r = 1u << 20;
+    while (r > (128u << 10) && (uint64_t)r > pipe_max / 2)
+        r /= 2;
+    return r;
+}
+
 /* "fsname=SOURCE" with libfuse's option escapes for ',' and '\'. */
 static char *fsname_opt(const char *source)
 {
@@ -208,7 +243,7 @@ int main(int argc, char *argv[])
     memset(&cmd, 0, sizeof cmd);
     fs.opt.ready_fd = -1;
     fs.opt.max_depth = 8;
-    fs.opt.splice_min = 65536;
+    fs.opt.splice_min = DFS_SPLICE_MIN;
     fs.opt.readahead_kb = 1024;
     fs.srcfd = -1;
     pthread_rwlock_init(&fs.lock, NULL);
@@ -244,14 +279,7 @@ int main(int argc, char *argv[])
         goto out0;
     }
     log_debug = cmd.debug;
-    fs.pipe_max = 1 << 20;
-    FILE *pm = fopen("/proc/sys/fs/pipe-max-size", "r");
-    if (pm) {
-        unsigned long long v;
-        if (fscanf(pm, "%llu", &v) == 1 && v >= 65536)
-            fs.pipe_max = v;
-        fclose(pm);
-    }
+    fs.pipe_max = pipe_capacity();
     fs.mountpoint = cmd.mountpoint;
     raise_nofile();
 
@@ -279,6 +307,17 @@ int main(int argc, char *argv[])
         goto out1;
     }
     free(fsname);
+    if (!fs.opt.max_read) {
+        char mr[48];
+        fs.opt.max_read = default_max_read(fs.pipe_max);
+        snprintf(mr, sizeof mr, "-omax_read=%u", fs.opt.max_read);
+        if (fuse_opt_add_arg(&args, mr) < 0) {
+            fprintf(stderr, "dcpfs: out of memory\n");
+            goto out1;
+        }
+    }
+    dfs_log(LOG_DEBUG, "pipes hold %llu bytes: read requests of at most %u bytes",
+            (unsigned long long)fs.pipe_max, fs.opt.max_read);
     se = fuse_session_new(&args, &dfs_ops, sizeof dfs_ops, &fs);
     if (!se)
         goto out1;

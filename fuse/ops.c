@@ -104,8 +104,8 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
         if (dfs_entry_size((struct dfs_node *)n, &size) < 0)
             size = 0;
     } else if (n->type == DFS_N_VIRTUAL) {
-        if (!n->vops || n->vops->size((struct dfs_node *)n, &size) < 0)
-            size = 0;
+        struct dfs_layout lay;
+        size = n->vops && n->vops->layout((struct dfs_node *)n, &lay) == 0 ? lay.size : 0;
     } else {
         size = (uint64_t)n->pst.st_size;
     }
@@ -121,6 +121,16 @@ static double attr_timeout(const struct dfs_node *n)
 static double entry_timeout(const struct dfs_node *dir)
 {
     return dir->type == DFS_N_SCANDIR ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
+}
+
+/* A virtual file is laid out on its first lookup or stat: 0, or -errno when
+ * that fails (the file then answers EIO rather than looking empty). */
+static int prepare_file(struct dfs_node *n)
+{
+    struct dfs_layout lay;
+    if (n->type != DFS_N_VIRTUAL)
+        return 0;
+    return n->vops ? n->vops->layout(n, &lay) : -EIO;
 }
 
 static void fill_entry(struct dfs *fs, const struct dfs_node *dir, const struct dfs_node *n,
@@ -180,6 +190,11 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_entry(req, &e);
         return;
     }
+    int rc = prepare_file(n);
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
+        return;
+    }
     fill_entry(fs, dir, n, &e);
     fuse_reply_entry(req, &e);
 }
@@ -205,6 +220,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     struct dfs_node *n = get_node(fs, ino);
     if (!n) {
         fuse_reply_err(req, ENOENT);
+        return;
+    }
+    int rc = prepare_file(n);
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
         return;
     }
     struct stat st;
@@ -275,7 +295,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
         dfs_read_fd(req, fs, h->fd, (uint64_t)n->pst.st_size, size, off);
         break;
     case DFS_N_VIRTUAL:
-        dfs_read_virtual(req, n, size, off);
+        dfs_read_virtual(req, fs, n, size, off);
         break;
     default:
         fuse_reply_err(req, EISDIR);
@@ -353,9 +373,12 @@ static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_
         } else {
             n = d->kids[i - 2];
             name = n->name;
-            if (plus)
+            if (plus && n->type != DFS_N_VIRTUAL)
                 fill_entry(fs, d->node, n, &e);
             else {
+                /* Without attributes (and e.ino 0 for readdirplus) the kernel
+                 * looks the file up when it is used: listing a checkpoint
+                 * does not lay out its virtual file. */
                 e.attr.st_ino = n->ino;
                 e.attr.st_mode = dfs_is_dir(n) ? S_IFDIR : S_IFREG;
             }

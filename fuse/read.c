@@ -1,12 +1,13 @@
 /* dcpfs: serving read requests.
  *
- * A read of [off, off+size) of a tensor file plans exactly those bytes
- * (widened to whole elements) with dcp_plan_bytes; nothing else is read and
- * no tensor is ever held whole. The reply is built one of two ways:
+ * A file served from entries (a tensor or bytes item's file, the safetensors
+ * view) is a header then byte ranges of entries (struct dfs_layout). A read
+ * of [off, off+size) plans exactly the bytes of each entry it covers (widened
+ * to whole elements) with dcp_plan_bytes; nothing else is read and no tensor
+ * is ever held whole. Each entry's part of the reply is served one of two ways:
  *   - splice: when every op of the plan is a contiguous, untransformed run of
- *     a shard file, the reply is a fuse_bufvec of (fd, offset, length) pieces
- *     and libfuse splices them from the page cache to /dev/fuse (no copy
- *     through this process);
+ *     a shard file, (fd, offset, length) pieces that libfuse splices from the
+ *     page cache to /dev/fuse (no copy through this process);
  *   - pread: the plan is executed into one per-thread buffer (strided chunks,
  *     byte swapping, zstd, zero fill, or many small pieces).
  * -o read=auto (the default) splices when the mean piece is at least
@@ -34,8 +35,6 @@ struct rctx {
 };
 
 static pthread_key_t ctx_key;
-
-#define PAGE_SLOTS(n) ((n) * 4096u)
 
 static void ctx_free(void *p)
 {
@@ -98,13 +97,12 @@ static int ctx_bv(struct rctx *c, size_t n)
     return 0;
 }
 
-static int reply_err(fuse_req_t req, const dcp_error *err, const char *key)
+static void reply_log(const dcp_error *err, const char *key)
 {
     if (key && !strstr(err->msg, key))
         dfs_log(LOG_ERR, "%s (reading %s)", err->msg, key);
     else
         dfs_log(LOG_ERR, "%s", err->msg);
-    return fuse_reply_err(req, err->code == ENOMEM ? ENOMEM : EIO);
 }
 
 int dfs_entry_size(struct dfs_node *n, uint64_t *size)
@@ -192,19 +190,104 @@ static int plan_spliceable(struct rctx *c, const dcp_plan *p)
     return at == p->nbytes;
 }
 
-/* Reply with header bytes hdr[0..hl) then plan bytes [skip, skip+len) as fd pieces. */
-static int reply_splice(fuse_req_t req, struct rctx *c, struct dfs_node *n, const char *hdr, size_t hl,
-                        uint64_t skip, uint64_t len)
+/* ------------------------------------------------------- composite replies
+ *
+ * A reply is assembled in reply order as a fuse_bufvec of memory pieces
+ * (header bytes, executed plans: all inside the per-thread buffer, which
+ * mirrors the reply byte for byte) and fd pieces (spliceable runs of shard
+ * files). The buffer is [slack][reply][16 bytes slack], the reply starting
+ * at a multiple of 64 (the kernel's copies into a buffer 16 bytes past a
+ * cache line run several times slower on some CPUs). A plan is widened to
+ * whole elements, so its first bytes may land up to 15 bytes before its
+ * place (saved and restored) and its last ones up to 15 after (overwritten
+ * by what follows). */
+struct reply {
+    struct rctx *c;
+    unsigned char *base;      /* reply byte i is base[i] */
+    size_t len;               /* reply bytes */
+    size_t k;                 /* pieces in c->bv */
+    size_t nfd;               /* of which fd pieces */
+    uint64_t slots;           /* pipe slots of the pieces (piece_slots) */
+};
+
+static size_t page_size(void)
 {
+    static size_t ps;
+    if (!ps) {
+        long p = sysconf(_SC_PAGESIZE);
+        ps = p > 0 ? (size_t)p : 4096;
+    }
+    return ps;
+}
+
+/* Pipe slots a piece takes: one per page it touches (the page cache pages
+ * are spliced one by one; a memory piece is copied into whole pages too). */
+static uint64_t piece_slots(uint64_t pos, uint64_t size)
+{
+    uint64_t ps = page_size();
+    return size ? (pos % ps + size + ps - 1) / ps : 0;
+}
+
+/* Does a reply of `len` bytes in `pieces` pieces taking `slots` pipe slots
+ * fit libfuse's pipe? libfuse wants room for one page per piece plus two
+ * plus the bytes (fuse_send_data_iov), and the pages must really fit, the
+ * reply header taking a slot of its own. Otherwise libfuse would copy the
+ * pieces into a fresh buffer itself. */
+static int pipe_fits(const struct dfs *fs, size_t pieces, uint64_t slots, size_t len)
+{
+    uint64_t ps = page_size();
+    return ps * (pieces + 2) + 16 + len <= fs->pipe_max && (slots + 1) * ps <= fs->pipe_max;
+}
+
+static int add_mem(struct reply *r, size_t at, size_t n)
+{
+    if (!n)
+        return 0;
+    struct fuse_bufvec *bv = r->c->bv;
+    if (r->k) {
+        struct fuse_buf *last = &bv->buf[r->k - 1];
+        if (!(last->flags & FUSE_BUF_IS_FD) && (unsigned char *)last->mem + last->size == r->base + at) {
+            r->slots -= piece_slots((uintptr_t)last->mem, last->size);
+            last->size += n;
+            r->slots += piece_slots((uintptr_t)last->mem, last->size);
+            return 0;
+        }
+    }
+    r->slots += piece_slots((uintptr_t)(r->base + at), n);
+    if (ctx_bv(r->c, r->k + 1) < 0)
+        return -ENOMEM;
+    r->c->bv->buf[r->k++] = (struct fuse_buf){.size = n, .mem = r->base + at};
+    return 0;
+}
+
+static int add_fd(struct reply *r, int fd, off_t pos, size_t n)
+{
+    struct fuse_bufvec *bv = r->c->bv;
+    if (r->k) {
+        struct fuse_buf *last = &bv->buf[r->k - 1];
+        if ((last->flags & FUSE_BUF_IS_FD) && last->fd == fd && last->pos + (off_t)last->size == pos) {
+            r->slots -= piece_slots((uint64_t)last->pos, last->size);
+            last->size += n;
+            r->slots += piece_slots((uint64_t)last->pos, last->size);
+            return 0;
+        }
+    }
+    r->slots += piece_slots((uint64_t)pos, n);
+    if (ctx_bv(r->c, r->k + 1) < 0)
+        return -ENOMEM;
+    r->c->bv->buf[r->k++] = (struct fuse_buf){
+        .size = n, .flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, .fd = fd, .pos = pos};
+    r->nfd++;
+    return 0;
+}
+
+/* The plan's bytes [skip, skip+len) as fd pieces at reply offset `at`.
+ * c->order holds the ops in destination order (plan_spliceable). */
+static int splice_plan(struct reply *r, struct dfs_ckpt *ck, const char *key, uint64_t skip, uint64_t len)
+{
+    struct rctx *c = r->c;
     const dcp_plan *p = &c->plan;
     dcp_error err;
-    if (ctx_bv(c, p->nops + 1) < 0)
-        return fuse_reply_err(req, ENOMEM);
-    struct fuse_bufvec *bv = c->bv;
-    size_t k = 0;
-    if (hl) {
-        bv->buf[k++] = (struct fuse_buf){.size = hl, .mem = (void *)hdr};
-    }
     uint64_t at = 0, end = skip + len;
     for (size_t i = 0; i < p->nops && at < end; i++) {
         const dcp_op *op = &p->ops[c->order[i]];
@@ -216,29 +299,180 @@ static int reply_splice(fuse_req_t req, struct rctx *c, struct dfs_node *n, cons
         uint64_t to = o1 > end ? op->length - (o1 - end) : op->length;
         int fd;
         uint64_t fsz = 0;
-        if (dcp_file_fd(n->ck->ck, op->file, &fd, &err) < 0)
-            return reply_err(req, &err, n->entry->key);
-        if (shard_size(n->ck, op->file, fd, &fsz) < 0 || op->src_offset + op->length > fsz) {
+        if (dcp_file_fd(ck->ck, op->file, &fd, &err) < 0) {
+            reply_log(&err, key);
+            return err.code == ENOMEM ? -ENOMEM : -EIO;
+        }
+        if (shard_size(ck, op->file, fd, &fsz) < 0 || op->src_offset + op->length > fsz) {
             dfs_log(LOG_ERR, "%s/%s: %s: the file ends before the chunk's bytes (needs %llu bytes, has %llu)",
-                    n->ck->path, dcp_file_name(n->ck->ck, op->file), n->entry->key,
+                    ck->path, dcp_file_name(ck->ck, op->file), key,
                     (unsigned long long)(op->src_offset + op->length), (unsigned long long)fsz);
-            return fuse_reply_err(req, EIO);
+            return -EIO;
         }
-        off_t pos = (off_t)(op->src_offset + from);
-        size_t sz = (size_t)(to - from);
-        /* Merge with the previous piece when it continues in the same file. */
-        if (k && (bv->buf[k - 1].flags & FUSE_BUF_IS_FD) && bv->buf[k - 1].fd == fd &&
-            bv->buf[k - 1].pos + (off_t)bv->buf[k - 1].size == pos) {
-            bv->buf[k - 1].size += sz;
-            continue;
-        }
-        bv->buf[k++] = (struct fuse_buf){
-            .size = sz, .flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, .fd = fd, .pos = pos};
+        int rc = add_fd(r, fd, (off_t)(op->src_offset + from), (size_t)(to - from));
+        if (rc < 0)
+            return rc;
     }
-    bv->count = k;
-    bv->idx = 0;
-    bv->off = 0;
-    return fuse_reply_data(req, bv, FUSE_BUF_SPLICE_MOVE);
+    return 0;
+}
+
+/* Should this plan be answered with fd pieces? */
+static int want_splice(struct dfs *fs, struct reply *r, const dcp_plan *p)
+{
+    if (!fs->splice_ok || fs->opt.readmode == DFS_READ_PREAD || !plan_spliceable(r->c, p))
+        return 0;
+    if (fs->opt.readmode == DFS_READ_SPLICE)
+        return 1;
+    /* auto: pieces large enough to be worth it, and a reply libfuse can
+     * really splice (one more piece allowed for what may follow; the plan
+     * may hold a little more than this request needs). */
+    if (p->nbytes / p->nops < fs->opt.splice_min)
+        return 0;
+    uint64_t slots = r->slots + 1;
+    for (size_t i = 0; i < p->nops; i++)
+        slots += piece_slots(p->ops[i].src_offset, p->ops[i].length);
+    return pipe_fits(fs, r->k + p->nops + 1, slots, r->len);
+}
+
+/* Reply bytes [at, at+(b-a)) are bytes [a, b) of segment s. */
+static int add_segment(struct reply *r, struct dfs *fs, struct dfs_ckpt *ck, const dcp_st_view_tensor *s,
+                       uint64_t a, uint64_t b, size_t at)
+{
+    const dcp_entry *e = s->entry;
+    struct rctx *c = r->c;
+    uint64_t esz = e->kind == DCP_KIND_TENSOR ? dcp_dtype_size(e->dtype) : 1;
+    if (esz == 0 || esz > 16)
+        esz = 1;
+    /* The planner takes whole elements; the extra bytes are trimmed. */
+    uint64_t a0 = a - a % esz;
+    uint64_t a1 = b % esz ? b + (esz - b % esz) : b;
+    if (a1 > s->length)
+        a1 = s->length;
+    dcp_error err;
+    if (dcp_plan_bytes(ck->ck, e, a0, a1 - a0, &c->plan, &err) < 0) {
+        reply_log(&err, e->key);
+        return err.code == ENOMEM ? -ENOMEM : -EIO;
+    }
+    if (c->plan.nbytes < b - a0) {
+        dfs_log(LOG_ERR, "%s: %s: the planner gave %llu bytes at %llu, %llu expected", ck->path, e->key,
+                (unsigned long long)c->plan.nbytes, (unsigned long long)a0, (unsigned long long)(b - a0));
+        return -EIO;
+    }
+    int rc = dfs_verify_plan(fs, ck, e, &c->plan);
+    if (rc < 0)
+        return rc;
+    if (want_splice(fs, r, &c->plan))
+        return splice_plan(r, ck, e->key, a - a0, b - a);
+    unsigned char keep[16];
+    size_t lead = (size_t)(a - a0);
+    unsigned char *dst = r->base + at - lead;
+    if (lead)
+        memcpy(keep, dst, lead);
+    if (dcp_plan_execute(ck->ck, &c->plan, dst, &err) < 0) {
+        reply_log(&err, e->key);
+        return err.code == ENOMEM ? -ENOMEM : -EIO;
+    }
+    if (lead)
+        memcpy(dst, keep, lead);
+    return add_mem(r, at, (size_t)(b - a));
+}
+
+/* The fd pieces read into the buffer: the reply becomes one memory piece. */
+static int read_fd_pieces(struct reply *r)
+{
+    struct fuse_bufvec *bv = r->c->bv;
+    size_t at = 0;
+    for (size_t i = 0; i < r->k; i++) {
+        struct fuse_buf *b = &bv->buf[i];
+        size_t got = 0;
+        while ((b->flags & FUSE_BUF_IS_FD) && got < b->size) {
+            ssize_t n = pread(b->fd, r->base + at + got, b->size - got, b->pos + (off_t)got);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) {
+                dfs_log(LOG_ERR, "reading a shard file at %lld: %s", (long long)(b->pos + (off_t)got),
+                        n < 0 ? strerror(errno) : "unexpected end of file");
+                return -EIO;
+            }
+            got += (size_t)n;
+        }
+        at += b->size;
+    }
+    return 0;
+}
+
+/* Answer a read of [off, off+size) of a file laid out as `lay`. */
+static void read_layout(fuse_req_t req, struct dfs *fs, struct dfs_ckpt *ck, const struct dfs_layout *lay,
+                        size_t size, off_t off)
+{
+    if (off < 0 || (uint64_t)off >= lay->size || size == 0) {
+        fuse_reply_buf(req, NULL, 0);
+        return;
+    }
+    uint64_t start = (uint64_t)off;
+    uint64_t end = lay->size - start < size ? lay->size : start + size;
+    struct rctx *c = ctx();
+    if (!c || ctx_buf(c, 144 + (size_t)(end - start)) < 0 || ctx_bv(c, 4) < 0) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    unsigned char *base = (unsigned char *)(((uintptr_t)c->buf + 16 + 63) & ~(uintptr_t)63);
+    struct reply r = {.c = c, .base = base, .len = (size_t)(end - start)};
+    uint64_t pos = start;
+    int rc = 0;
+    if (pos < lay->hdr_len) {
+        size_t n = (size_t)((end < lay->hdr_len ? end : lay->hdr_len) - pos);
+        memcpy(r.base, lay->hdr + pos, n);
+        rc = add_mem(&r, 0, n);
+        pos += n;
+    }
+    /* The first segment that ends past pos. */
+    size_t lo = 0, hi = lay->nsegs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (lay->segs[mid].offset + lay->segs[mid].length <= pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; rc == 0 && i < lay->nsegs && pos < end; i++) {
+        const dcp_st_view_tensor *s = &lay->segs[i];
+        if (s->offset > pos) {
+            dfs_log(LOG_ERR, "%s: a hole before %s in a virtual file's layout", ck->path, s->entry->key);
+            rc = -EIO;
+            break;
+        }
+        uint64_t a = pos - s->offset;
+        uint64_t b = (end < s->offset + s->length ? end : s->offset + s->length) - s->offset;
+        if (b > a)
+            rc = add_segment(&r, fs, ck, s, a, b, (size_t)(pos - start));
+        pos += b - a;
+    }
+    if (rc == 0 && pos != end) {
+        dfs_log(LOG_ERR, "%s: a virtual file's layout ends before its size", ck->path);
+        rc = -EIO;
+    }
+    if (rc < 0) {
+        fuse_reply_err(req, -rc);
+        return;
+    }
+    if (r.nfd == 0) {
+        fuse_reply_buf(req, (char *)r.base, r.len);
+        return;
+    }
+    if (fs->opt.readmode == DFS_READ_SPLICE || pipe_fits(fs, r.k, r.slots, r.len)) {
+        c->bv->count = r.k;
+        c->bv->idx = 0;
+        c->bv->off = 0;
+        fuse_reply_data(req, c->bv, FUSE_BUF_SPLICE_MOVE);
+        return;
+    }
+    /* auto, and the pieces outgrew the pipe: read them here. */
+    rc = read_fd_pieces(&r);
+    if (rc < 0)
+        fuse_reply_err(req, -rc);
+    else
+        fuse_reply_buf(req, (char *)r.base, r.len);
 }
 
 void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off)
@@ -249,71 +483,10 @@ void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t s
         fuse_reply_err(req, -rc);
         return;
     }
-    if (off < 0 || (uint64_t)off >= fsize || size == 0) {
-        fuse_reply_buf(req, NULL, 0);
-        return;
-    }
-    uint64_t start = (uint64_t)off;
-    uint64_t end = fsize - start < size ? fsize : start + size;
-    uint64_t hdr = n->npy_hdr_len;
-    size_t hl = start < hdr ? (size_t)((end < hdr ? end : hdr) - start) : 0;
-    struct rctx *c = ctx();
-    if (!c) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    if (end <= hdr) {
-        fuse_reply_buf(req, n->npy_hdr + start, hl);
-        return;
-    }
-    const dcp_entry *e = n->entry;
-    uint64_t d0 = start > hdr ? start - hdr : 0, d1 = end - hdr, total = fsize - hdr;
-    uint64_t esz = e->kind == DCP_KIND_TENSOR ? dcp_dtype_size(e->dtype) : 1;
-    if (esz == 0 || esz > 16)
-        esz = 1;
-    /* The planner takes whole elements; trim the extra bytes from the reply. */
-    uint64_t a0 = d0 - d0 % esz;
-    uint64_t a1 = d1 % esz ? d1 + (esz - d1 % esz) : d1;
-    if (a1 > total)
-        a1 = total;
-    dcp_error err;
-    if (dcp_plan_bytes(n->ck->ck, e, a0, a1 - a0, &c->plan, &err) < 0) {
-        reply_err(req, &err, e->key);
-        return;
-    }
-    int vrc = dfs_verify_plan(fs, n->ck, e, &c->plan);
-    if (vrc < 0) {
-        fuse_reply_err(req, -vrc);
-        return;
-    }
-    const char *h = hl ? n->npy_hdr + start : NULL;
-    /* libfuse splices only when the reply fits its pipe (one slot per page
-     * touched, at most fs/pipe-max-size); otherwise it would pread into a
-     * fresh buffer itself, so answer such requests from our buffer instead. */
-    uint64_t pipe_need = (uint64_t)PAGE_SLOTS(c->plan.nops + 2) + 16 + hl + (d1 - d0);
-    if (fs->splice_ok && fs->opt.readmode != DFS_READ_PREAD && plan_spliceable(c, &c->plan) &&
-        (fs->opt.readmode == DFS_READ_SPLICE ||
-         (c->plan.nbytes / c->plan.nops >= fs->opt.splice_min && pipe_need <= fs->pipe_max))) {
-        reply_splice(req, c, n, h, hl, d0 - a0, d1 - d0);
-        return;
-    }
-    /* One buffer: [16 bytes slack][header part][data], the data executed at
-     * base + hl - (d0 - a0) so the reply starts at base. */
-    if (ctx_buf(c, 32 + hl + (size_t)(a1 - a0)) < 0) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    char *base = c->buf + 16;
-    if (hl)
-        memcpy(base, h, hl);
-    char *dst = base + hl - (d0 - a0);
-    if (c->plan.zero_fill)
-        memset(dst, 0, (size_t)c->plan.nbytes);
-    if (dcp_plan_execute(n->ck->ck, &c->plan, dst, &err) < 0) {
-        reply_err(req, &err, e->key);
-        return;
-    }
-    fuse_reply_buf(req, base, hl + (size_t)(d1 - d0));
+    dcp_st_view_tensor seg = {.entry = n->entry, .offset = n->npy_hdr_len, .length = fsize - n->npy_hdr_len};
+    struct dfs_layout lay = {.hdr = (const unsigned char *)n->npy_hdr, .hdr_len = n->npy_hdr_len,
+                             .segs = &seg, .nsegs = 1, .size = fsize};
+    read_layout(req, fs, n->ck, &lay, size, off);
 }
 
 void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t size, off_t off)
@@ -353,27 +526,12 @@ void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t 
     fuse_reply_buf(req, c->buf, got);
 }
 
-void dfs_read_virtual(fuse_req_t req, struct dfs_node *n, size_t size, off_t off)
+void dfs_read_virtual(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off)
 {
-    uint64_t fsize;
-    if (!n->vops || n->vops->size(n, &fsize) < 0) {
-        fuse_reply_err(req, EIO);
-        return;
-    }
-    if (off < 0 || (uint64_t)off >= fsize || size == 0) {
-        fuse_reply_buf(req, NULL, 0);
-        return;
-    }
-    if (fsize - (uint64_t)off < size)
-        size = (size_t)(fsize - (uint64_t)off);
-    struct rctx *c = ctx();
-    if (!c || ctx_buf(c, size) < 0) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    int rc = n->vops->read(n, c->buf, size, (uint64_t)off);
+    struct dfs_layout lay;
+    int rc = n->vops ? n->vops->layout(n, &lay) : -EIO;
     if (rc < 0)
         fuse_reply_err(req, -rc);
     else
-        fuse_reply_buf(req, c->buf, size);
+        read_layout(req, fs, n->ck, &lay, size, off);
 }

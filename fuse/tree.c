@@ -398,6 +398,8 @@ static int build_tree(struct dfs *fs, struct dfs_ckpt *ck, struct dfs_node *shad
     if (rc == 0)
         rc = add_passthrough(fs, ck, shadow);
     if (rc == 0)
+        rc = dfs_stview_add(fs, shadow);
+    if (rc == 0)
         sort_tree(shadow);
     free(ds.slots);
     free(parents);

@@ -1,5 +1,6 @@
 # 8 concurrent readers of the same file and of different files, in both read
-# modes, each compared byte for byte with `dcp cat`.
+# modes, each compared byte for byte with `dcp cat` (all.safetensors: with the
+# file `dcp convert` writes).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -10,6 +11,8 @@ cols="$FIXTURES/03_colwise_4ranks"
 "$DCP" cat "$case/ckpt" model.embed_tokens.weight >"$SCRATCH/embed" || fail "dcp cat"
 "$DCP" cat "$case/ckpt" model.lm_head.weight >"$SCRATCH/head" || fail "dcp cat"
 "$DCP" cat "$cols/ckpt" model.proj.weight >"$SCRATCH/proj" || fail "dcp cat"
+mixed="$FIXTURES/05_mixed_2ranks"
+"$DCP" convert --quiet --no-sync "$mixed/ckpt" "$SCRATCH/mixed.safetensors" >/dev/null || fail "dcp convert"
 for mode in splice pread; do
     mnt="$SCRATCH/rows-$mode"; mnt2="$SCRATCH/cols-$mode"
     mount_dcpfs "$case/ckpt" "$mnt" -o read=$mode; pid1=$DCPFS_PID
@@ -31,5 +34,8 @@ for mode in splice pread; do
         "$mnt/model/lm_head/weight=$SCRATCH/head" "$mnt2/model/proj/weight=$SCRATCH/proj"
     unmount_dcpfs "$mnt" "$pid1"
     unmount_dcpfs "$mnt2" "$pid2"
+    mount_dcpfs "$mixed/ckpt" "$SCRATCH/mixed-$mode" -o read=$mode
+    python3 "$top_srcdir/tests/fuse_readers.py" 8 "$SCRATCH/mixed-$mode/all.safetensors=$SCRATCH/mixed.safetensors"
+    unmount_dcpfs "$SCRATCH/mixed-$mode"
 done
 echo "ok"

@@ -13,20 +13,27 @@ truth="$SCRATCH/names/truth.json"
 mnt="$SCRATCH/mnt"
 mount_dcpfs "$SCRATCH/names/ckpt" "$mnt"
 python3 "$FUSE_CHECK" tree "$mnt" "$truth"
-for f in a/b.data a/b/c.data a/b/c/d a/x x/%/y %/lead trail/% p%25q/r s%2Ft/u v/w/not; do
+for f in a/b.data a/b/c.data a/b/c/d a/x x/%/y %/lead trail/% p%25q/r s%2Ft/u v/w/not all.data all/safetensors \
+        __metadata__ all.safetensors; do
     [ -f "$mnt/$f" ] || fail "$f is not a file: $(cd "$mnt" && find . | sort | tr '\n' ' ')"
 done
-for d in a/b a/b/c x/% s%2Ft; do
+for d in a/b a/b/c x/% s%2Ft all; do
     [ -d "$mnt/$d" ] || fail "$d is not a directory"
 done
 [ "$(getfattr --absolute-names --only-values -n user.dcp.key "$mnt/a/b.data" 2>/dev/null || python3 -c 'import os,sys; print(os.getxattr(sys.argv[1], "user.dcp.key").decode(), end="")' "$mnt/a/b.data")" = a.b ] ||
     fail "user.dcp.key of a/b.data is not a.b"
+# dcpfs's all.safetensors beside the keys "all" and "all.safetensors"; "__metadata__" is left out.
+if python3 -c 'import safetensors, numpy' 2>/dev/null; then
+    python3 "$FUSE_CHECK" safetensors "$mnt" "$truth" "$DCP" "$SCRATCH/names/ckpt"
+    grep -q "__metadata__: not in all.safetensors" "$mnt.log" || fail "no log line for the key __metadata__"
+fi
 unmount_dcpfs "$mnt"
 
 # npy view: tensors are NAME.npy (no collision suffix needed); bytes items keep their names.
 if python3 -c 'import numpy' 2>/dev/null; then
     mount_dcpfs "$SCRATCH/names/ckpt" "$mnt" -o view=npy
-    for f in a/b.npy a/b/c.npy a/b/c/d.npy x/%/y.npy trail/%.npy s%2Ft/u.npy v/w/not; do
+    for f in a/b.npy a/b/c.npy a/b/c/d.npy x/%/y.npy trail/%.npy s%2Ft/u.npy v/w/not all.npy all/safetensors.npy \
+            all.safetensors; do
         [ -f "$mnt/$f" ] || fail "npy view: $f is not a file"
     done
     python3 "$FUSE_CHECK" tree "$mnt" "$truth" --npy

@@ -2,8 +2,9 @@
 """Save small DCP checkpoints with PyTorch 2.x for the dcpfs mount tests, with their truth.
 
 usage: fuse_torch_save.py OUT_DIR names|dtensor
-  names:   one process; keys that need the name encoding (empty components, '%', '/')
-           and keys that are also prefixes of other keys ("a.b" beside "a.b.c").
+  names:   one process; keys that need the name encoding (empty components, '%', '/'),
+           keys that are also prefixes of other keys ("a.b" beside "a.b.c"), and keys named
+           like dcpfs's all.safetensors ("all", "all.safetensors", "__metadata__").
   dtensor: two gloo processes; DTensors sharded by rows and by columns, a replicated one,
            plain tensors (bfloat16, a transposed view, 0-d) and a non-tensor value.
 OUT_DIR/ckpt is the checkpoint; OUT_DIR/truth.json maps each key to kind, dtype, shape and
@@ -46,6 +47,9 @@ def names(out):
         "p%q.r": torch.arange(4, dtype=torch.int64),
         "s/t.u": torch.arange(3, dtype=torch.int16),
         "v.w": {"not": "a tensor"},
+        "all": torch.arange(3, dtype=torch.uint8),      # all.data: all/ is a directory too
+        "all.safetensors": torch.ones(2, 3),            # all/safetensors, not dcpfs's all.safetensors
+        "__metadata__": torch.zeros(2),                 # safetensors reserves the name: not in the view
     }
     flat = dict(sd)
     flat["v.w.not"] = flat.pop("v.w")["not"]   # DCP flattens nested dicts
