@@ -2,16 +2,58 @@
  * CUDA device query. Each step that can fail on some ranks is followed by a
  * collective agreement, so every rank leaves with the same result. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "dcp_write.h"
 #include "load.h"
+
+/* The format of a single file: by its suffix, else by its first bytes (a
+ * zip archive is torch.save; an 8-byte header length then '{' is safetensors). */
+static dcp_format file_format(const char *path, uint64_t size)
+{
+    dcp_format f = dcp_format_guess(path);
+    if (f == DCP_FORMAT_TORCH_SAVE || f == DCP_FORMAT_SAFETENSORS)
+        return f;
+    unsigned char head[9];
+    FILE *fp = fopen(path, "rb");
+    size_t got = fp ? fread(head, 1, sizeof head, fp) : 0;
+    if (fp)
+        fclose(fp);
+    if (got >= 4 && !memcmp(head, "PK\3\4", 4))
+        return DCP_FORMAT_TORCH_SAVE;
+    if (got == sizeof head && head[8] == '{') {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | head[i];
+        if (n <= size - 8)
+            return DCP_FORMAT_SAFETENSORS;
+    }
+    return DCP_FORMAT_AUTO;
+}
+
+/* A checkpoint folder, or one torch.save / safetensors file (dcp_open_file
+ * models it as a checkpoint of one data file: each tensor a chunk over its
+ * storage record, strides and shared storages included). */
+static int open_any(const char *path, unsigned flags, dcp_checkpoint **ck, dcp_error *err)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        dcp_format f = file_format(path, (uint64_t)st.st_size);
+        if (f == DCP_FORMAT_AUTO)
+            return ldi_err(err, EINVAL, "%s: a file, but neither a torch.save nor a safetensors file", path);
+        return dcp_open_file(path, f, ck, NULL, err);
+    }
+    return dcp_open(path, flags, ck, err);
+}
 
 int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
                   dcp_error *err)
 {
     dcp_checkpoint *ck = NULL;
-    int rc = path ? dcp_open(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
+    int rc = path ? open_any(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
     if (ldi_agree(comm, rc, err) < 0) {
         dcp_close(ck);
         *out = NULL;

@@ -134,7 +134,7 @@ static int plan_all(dcp_checkpoint *ck, const ldi_reqs *r, ldi_gplan *g, dcp_err
             goto out;
         if (p.nbytes != q->nbytes) {
             ldi_err(err, EIO, "%s: %s: the planner sized the region %" PRIu64 " bytes, expected %" PRIu64,
-                    dcp_path(ck), q->e->key, p.nbytes, q->nbytes);
+                    ldi_name(ck), q->e->key, p.nbytes, q->nbytes);
             goto out;
         }
         g->zero[qi] = (unsigned char)p.zero_fill;
@@ -143,7 +143,7 @@ static int plan_all(dcp_checkpoint *ck, const ldi_reqs *r, ldi_gplan *g, dcp_err
             if (!op->length)
                 continue;
             if (!op->elem_size || op->length % op->elem_size) {
-                ldi_err(err, EIO, "%s: %s: malformed plan op", dcp_path(ck), q->e->key);
+                ldi_err(err, EIO, "%s: %s: malformed plan op", ldi_name(ck), q->e->key);
                 goto out;
             }
             if (GROW(g->gops, gcap, g->ngops + 1) < 0) {

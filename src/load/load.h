@@ -39,6 +39,9 @@ int ldi_err(dcp_error *err, int code, const char *fmt, ...) __attribute__((forma
 int ldi_agree(MPI_Comm comm, int rc, dcp_error *err);
 
 double ldi_now(void);
+/* The checkpoint's name in messages: its folder, or its file when it is a
+ * single torch.save or safetensors file. */
+const char *ldi_name(const dcp_checkpoint *ck);
 
 /* ---------------------------------------------------------------- requests */
 
