@@ -66,9 +66,12 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
 {
     char msg[256];
-    if (ldi_cuda_pick(ldi_node_rank(comm), device, msg, sizeof msg) < 0)
-        return ldi_err(err, ENODEV, "dcp_load: %s", msg);
-    return 0;
+    ldi_nodes nd;
+    if (ldi_nodes_get(comm, &nd, err) < 0)
+        return -1;
+    int rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
+    ldi_nodes_free(&nd);
+    return rc < 0 ? ldi_err(err, ENODEV, "dcp_load: %s", msg) : 0;
 }
 
 static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
@@ -110,21 +113,23 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     MPI_Comm_size(c, &n);
     ldi_reqs reqs = {0};
     ldi_gplan g = {0};
+    ldi_nodes nd = {.comm = MPI_COMM_NULL};
     int rc = -1, have_plan = 0;
 
-    /* CUDA: only touched when some rank asks for it */
-    int mine = 0, any = 0, device = -1, cuda_ok = 0;
+    /* which ranks share this node: shared staging, the CUDA device */
+    int lrc = ldi_nodes_get(c, &nd, err);
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
+
+    /* CUDA: the runtime is only touched on ranks asking for it */
+    int mine = 0, device = -1, cuda_ok = 0;
     for (size_t i = 0; regions && i < nregions; i++)
         mine |= regions[i].mem == DCP_LOAD_CUDA;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c);
     char cuda_msg[256] = "no CUDA destination";
-    if (any) {
-        int local = ldi_node_rank(c);   /* collective; the runtime only where needed */
-        if (mine)
-            cuda_ok = ldi_cuda_pick(local, &device, cuda_msg, sizeof cuda_msg) == 0;
-    }
+    if (mine)
+        cuda_ok = ldi_cuda_pick(nd.local, &device, cuda_msg, sizeof cuda_msg) == 0;
 
-    int lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
+    lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
     if (ldi_agree(c, lrc, err) < 0)
         goto out;
     lrc = ldi_exchange(c, ck, regions, nregions, &reqs, err);
@@ -144,7 +149,11 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
         goto out;
     }
 
-    ldi_plan_opts po = {.unit_max = o.staging_bytes, .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0};
+    ldi_plan_opts po = {.unit_max = o.staging_bytes,
+                        .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0,
+                        .node = nd.node,
+                        .shm = (o.flags & DCP_LOAD_SHM) != 0,
+                        .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
     lrc = ldi_gplan_build(ck, &reqs, n, me, &po, &g, err);
     have_plan = lrc == 0;
     if (ldi_agree(c, lrc, err) < 0)
@@ -156,7 +165,8 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     st.seconds_plan = t2 - t1;
     st.bytes_unique = g.unique_bytes;
 
-    ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device};
+    ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
+                        .node = nd.comm, .node_rank = nd.node_rank};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;
@@ -164,6 +174,7 @@ out:
     if (have_plan)
         ldi_gplan_free(&g);
     ldi_reqs_free(&reqs);
+    ldi_nodes_free(&nd);
     MPI_Comm_free(&c);
     st.seconds_total = ldi_now() - t0;
     if (stats)

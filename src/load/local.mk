@@ -6,6 +6,7 @@ noinst_HEADERS += src/load/load.h
 libdcpload_la_SOURCES = \
 	src/load/util.c \
 	src/load/agree.c \
+	src/load/nodes.c \
 	src/load/transfer.c \
 	src/load/request.c \
 	src/load/gplan.c \

@@ -1,0 +1,58 @@
+/* Which ranks share a node's memory: the node communicator (for shared
+ * staging windows and the CUDA device of a rank, by its rank on the node),
+ * and for every rank of comm its node and its rank there, the same on
+ * every rank, so that the global plan can tell which deliveries stay on a
+ * node. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "load.h"
+
+int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err)
+{
+    nd->comm = MPI_COMM_NULL;
+    nd->node = nd->node_rank = NULL;
+    nd->local = 0;
+    nd->nlocal = 1;
+    int me, n;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &nd->comm);
+    int mine[2] = {me, 0}, leader = me;
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_rank(nd->comm, &nd->local);
+        MPI_Comm_size(nd->comm, &nd->nlocal);
+        rc = MPI_Allreduce(&me, &leader, 1, MPI_INT, MPI_MIN, nd->comm);
+    }
+    int *pairs = malloc(2 * (size_t)n * sizeof *pairs);
+    nd->node = malloc((size_t)n * sizeof *nd->node);
+    nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
+    /* agreed first, so that either every rank gathers or none does */
+    int ok = rc == MPI_SUCCESS && pairs && nd->node && nd->node_rank, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    mine[0] = leader;
+    mine[1] = nd->local;
+    if (all && MPI_Allgather(mine, 2, MPI_INT, pairs, 2, MPI_INT, comm) == MPI_SUCCESS) {
+        for (int r = 0; r < n; r++) {
+            nd->node[r] = pairs[2 * r];
+            nd->node_rank[r] = pairs[2 * r + 1];
+        }
+    } else {
+        all = 0;
+    }
+    free(pairs);
+    if (!all) {
+        ldi_nodes_free(nd);
+        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
+    }
+    return 0;
+}
+
+void ldi_nodes_free(ldi_nodes *nd)
+{
+    if (nd->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&nd->comm);
+    free(nd->node);
+    free(nd->node_rank);
+    nd->node = nd->node_rank = NULL;
+}
