@@ -109,7 +109,7 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 
 /* Fill this rank's regions. Collective over comm; every rank passes the same
  * checkpoint (opened on its own) and its own regions (any number, also 0).
- * opts and stats may be NULL. */
+ * opts and stats may be NULL; opts must be the same on every rank. */
 int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
              const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
 

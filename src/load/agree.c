@@ -14,7 +14,10 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
         return ldi_err(err, EIO, "MPI: invalid communicator");
     /* the lowest failing rank speaks for all */
     int mine = rc < 0 ? me : n, first = n;
-    if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+    MPI_Request req;
+    MPI_Status st;
+    if (MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, &req) != MPI_SUCCESS ||
+        ldi_wait(1, &req, &st) != MPI_SUCCESS)   /* early ranks yield to those still working */
         return ldi_err(err, EIO, "MPI_Allreduce failed while agreeing on errors");
     if (first == n)
         return 0;

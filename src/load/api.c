@@ -116,15 +116,20 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     ldi_nodes nd = {.comm = MPI_COMM_NULL};
     int rc = -1, have_plan = 0;
 
-    /* which ranks share this node: shared staging, the CUDA device */
-    int lrc = ldi_nodes_get(c, &nd, err);
+    /* which ranks share a node: by name for the plan; the node communicator
+     * only for shared staging or the CUDA device of a rank */
+    int mine = 0, any = 0, device = -1, cuda_ok = 0;
+    for (size_t i = 0; regions && i < nregions; i++)
+        mine |= regions[i].mem == DCP_LOAD_CUDA;
+    int lrc = ldi_nodes_by_name(c, mine, &any, &nd, err);
+    if (lrc == 0 && (any || (o.flags & DCP_LOAD_SHM))) {
+        ldi_nodes_free(&nd);
+        lrc = ldi_nodes_get(c, &nd, err);
+    }
     if (ldi_agree(c, lrc, err) < 0)
         goto out;
 
     /* CUDA: the runtime is only touched on ranks asking for it */
-    int mine = 0, device = -1, cuda_ok = 0;
-    for (size_t i = 0; regions && i < nregions; i++)
-        mine |= regions[i].mem == DCP_LOAD_CUDA;
     char cuda_msg[256] = "no CUDA destination";
     if (mine)
         cuda_ok = ldi_cuda_pick(nd.local, &device, cuda_msg, sizeof cuda_msg) == 0;
@@ -143,7 +148,10 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     if (o.flags & DCP_LOAD_INDEPENDENT) {
         lrc = ldi_independent(ck, &reqs, me, &st, err);
         st.seconds_transfer = ldi_now() - t1;
-        MPI_Barrier(c);   /* the job ends when the slowest rank ends */
+        MPI_Request breq;   /* the job ends when the slowest rank ends */
+        MPI_Status bst;
+        if (MPI_Ibarrier(c, &breq) == MPI_SUCCESS)
+            ldi_wait(1, &breq, &bst);
         st.seconds_transfer = ldi_now() - t1;
         rc = ldi_agree(c, lrc, err);
         goto out;

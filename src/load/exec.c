@@ -25,7 +25,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -355,27 +354,12 @@ static void finish(struct exec *x, struct pend *p)
     release(x, p->slot);
 }
 
-/* MPI_Waitall, but giving the CPU away between polls: MPICH's wait spins,
- * and with more ranks and I/O threads than cores (or other jobs on them) a
- * spinning rank takes the time the rank it waits for needs to read or copy. */
-static void wait_yielding(struct exec *x, struct pend *p)
-{
-    int done = 0;
-    for (unsigned polls = 0;; polls++) {
-        MPI_Testall((int)p->nreq, p->reqs, &done, x->stat);
-        if (done)
-            return;
-        if (polls >= 16)
-            sched_yield();
-    }
-}
-
 static void wait_oldest(struct exec *x)
 {
     struct pend *p = &x->pend[x->head];
     if (!p->done) {
         double t0 = ldi_now();
-        wait_yielding(x, p);
+        ldi_wait((int)p->nreq, p->reqs, x->stat);
         x->deliver_seconds += ldi_now() - t0;
         finish(x, p);
     }

@@ -249,6 +249,9 @@ typedef struct ldi_nodes {
     int local, nlocal;       /* this rank's rank on its node, and the node's size */
 } ldi_nodes;
 int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err);
+/* The same without the communicator (comm stays MPI_COMM_NULL, nlocal 1),
+ * by processor name; also ORs every rank's flag into *any_flag. */
+int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err);
 void ldi_nodes_free(ldi_nodes *nd);
 
 int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
@@ -271,6 +274,10 @@ int ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int 
                     MPI_Request *reqs, size_t *nreq);
 int ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
                      MPI_Request *reqs, size_t *nreq);
+/* MPI_Waitall, but giving the CPU away between polls: MPICH's waits spin,
+ * and with more ranks and I/O threads than cores (or other jobs on them) a
+ * spinning rank takes the time the ranks it waits for need to read or copy. */
+int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat);
 /* MPI error code to text. */
 const char *ldi_mpi_errstr(int rc, char *buf, size_t cap);
 

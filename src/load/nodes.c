@@ -1,12 +1,66 @@
-/* Which ranks share a node's memory: the node communicator (for shared
- * staging windows and the CUDA device of a rank, by its rank on the node),
- * and for every rank of comm its node and its rank there, the same on
- * every rank, so that the global plan can tell which deliveries stay on a
- * node. */
+/* Which ranks share a node: for every rank of comm its node and its rank
+ * there, the same on every rank, so that the global plan can tell which
+ * deliveries stay on a node; and, when asked, the node communicator (shared
+ * staging windows, the CUDA device of a rank by its rank on the node).
+ * MPI_Comm_split_type costs several collective rounds, so without need of
+ * the communicator the nodes are told apart by processor name, in one
+ * allgather. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "load.h"
+
+static uint64_t name_hash(void)
+{
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+    int len = 0;
+    memset(name, 0, sizeof name);
+    if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS)
+        len = 0;
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (int i = 0; i < len; i++)
+        h = (h ^ (unsigned char)name[i]) * 1099511628211ull;
+    return h;
+}
+
+int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err)
+{
+    nd->comm = MPI_COMM_NULL;
+    nd->local = 0;
+    nd->nlocal = 1;
+    int me, n;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    uint64_t mine[2] = {name_hash(), (uint64_t)(flag != 0)};
+    uint64_t *all = malloc(2 * (size_t)n * sizeof *all);
+    nd->node = malloc((size_t)n * sizeof *nd->node);
+    nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
+    int ok = all && nd->node && nd->node_rank, every = 0;
+    MPI_Allreduce(&ok, &every, 1, MPI_INT, MPI_MIN, comm);   /* all gather, or none */
+    if (!every || MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, comm) != MPI_SUCCESS) {
+        free(all);
+        ldi_nodes_free(nd);
+        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
+    }
+    *any_flag = 0;
+    for (int r = 0; r < n; r++) {
+        *any_flag |= all[2 * r + 1] != 0;
+        int first = r, below = 0;
+        for (int q = 0; q < r; q++)
+            if (all[2 * q] == all[2 * r]) {
+                if (first == r)
+                    first = q;
+                below++;
+            }
+        nd->node[r] = first;
+        nd->node_rank[r] = below;
+    }
+    nd->local = nd->node_rank[me];
+    free(all);
+    return 0;
+}
 
 int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err)
 {

@@ -3,6 +3,7 @@
  * same way, and messages between two ranks on one communicator do not
  * overtake each other, so the pieces match in order. */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,6 +23,18 @@ const char *ldi_mpi_errstr(int rc, char *buf, size_t cap)
     else
         snprintf(buf, cap, "%s", s);
     return buf;
+}
+
+int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat)
+{
+    int done = 0;
+    for (unsigned polls = 0;; polls++) {
+        int rc = MPI_Testall(n, reqs, &done, stat);
+        if (rc != MPI_SUCCESS || done)
+            return rc;
+        if (polls >= 16)
+            sched_yield();
+    }
 }
 
 enum { OP_SEND, OP_RECV, OP_BCAST };
