@@ -14,10 +14,7 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
         return ldi_err(err, EIO, "MPI: invalid communicator");
     /* the lowest failing rank speaks for all */
     int mine = rc < 0 ? me : n, first = n;
-    MPI_Request req;
-    MPI_Status st;
-    if (MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, &req) != MPI_SUCCESS ||
-        ldi_wait(1, &req, &st) != MPI_SUCCESS)   /* early ranks yield to those still working */
+    if (ldi_allreduce_int(&mine, &first, MPI_MIN, comm) != MPI_SUCCESS)   /* early ranks yield to late ones */
         return ldi_err(err, EIO, "MPI_Allreduce failed while agreeing on errors");
     if (first == n)
         return 0;
@@ -35,7 +32,7 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
             len = sizeof m.msg - 1 - k;   /* the prefix may cut the tail */
         memcpy(m.msg + k, why, len);
     }
-    if (MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, first, comm) != MPI_SUCCESS)
+    if (ldi_bcast(&m, (int)sizeof m, first, comm) != MPI_SUCCESS)
         return ldi_err(err, EIO, "MPI_Bcast failed while agreeing on errors");
     m.msg[sizeof m.msg - 1] = '\0';
     if (err) {

@@ -106,7 +106,7 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
 
     /* a private communicator: our messages never match the caller's */
     MPI_Comm c;
-    if (MPI_Comm_dup(comm, &c) != MPI_SUCCESS)
+    if (ldi_comm_dup(comm, &c) != MPI_SUCCESS)
         return ldi_err(err, EIO, "dcp_load: MPI_Comm_dup failed");
     int me, n;
     MPI_Comm_rank(c, &me);

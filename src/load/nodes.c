@@ -38,8 +38,9 @@ int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp
     nd->node = malloc((size_t)n * sizeof *nd->node);
     nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
     int ok = all && nd->node && nd->node_rank, every = 0;
-    MPI_Allreduce(&ok, &every, 1, MPI_INT, MPI_MIN, comm);   /* all gather, or none */
-    if (!every || MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, comm) != MPI_SUCCESS) {
+    if (ldi_allreduce_int(&ok, &every, MPI_MIN, comm) != MPI_SUCCESS)   /* all gather, or none */
+        every = 0;
+    if (!every || ldi_allgather(mine, 2, MPI_UINT64_T, all, comm) != MPI_SUCCESS) {
         free(all);
         ldi_nodes_free(nd);
         return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
@@ -76,17 +77,18 @@ int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err)
     if (rc == MPI_SUCCESS) {
         MPI_Comm_rank(nd->comm, &nd->local);
         MPI_Comm_size(nd->comm, &nd->nlocal);
-        rc = MPI_Allreduce(&me, &leader, 1, MPI_INT, MPI_MIN, nd->comm);
+        rc = ldi_allreduce_int(&me, &leader, MPI_MIN, nd->comm);
     }
     int *pairs = malloc(2 * (size_t)n * sizeof *pairs);
     nd->node = malloc((size_t)n * sizeof *nd->node);
     nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
     /* agreed first, so that either every rank gathers or none does */
     int ok = rc == MPI_SUCCESS && pairs && nd->node && nd->node_rank, all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (ldi_allreduce_int(&ok, &all, MPI_MIN, comm) != MPI_SUCCESS)
+        all = 0;
     mine[0] = leader;
     mine[1] = nd->local;
-    if (all && MPI_Allgather(mine, 2, MPI_INT, pairs, 2, MPI_INT, comm) == MPI_SUCCESS) {
+    if (all && ldi_allgather(mine, 2, MPI_INT, pairs, comm) == MPI_SUCCESS) {
         for (int r = 0; r < n; r++) {
             nd->node[r] = pairs[2 * r];
             nd->node_rank[r] = pairs[2 * r + 1];

@@ -292,7 +292,7 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     }
     /* agree that every rank could encode before the collectives that need buffers */
     int ok = !bad, allok = 0;
-    if (MPI_Allreduce(&ok, &allok, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) {
+    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allreduce failed");
         goto out;
     }
@@ -302,7 +302,7 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         goto out;
     }
     int mylen = (int)w.len;
-    if (MPI_Allgather(&mylen, 1, MPI_INT, counts, 1, MPI_INT, comm) != MPI_SUCCESS) {
+    if (ldi_allgather(&mylen, 1, MPI_INT, counts, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allgather of request sizes failed");
         goto out;
     }
@@ -318,12 +318,13 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     all = malloc(total ? total : 1);
     ok = all != NULL;
     /* every rank must agree on allocating before the collective */
-    MPI_Allreduce(&ok, &allok, 1, MPI_INT, MPI_MIN, comm);
+    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS)
+        allok = 0;
     if (!allok) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory for the requests of all ranks");
         goto out;
     }
-    if (MPI_Allgatherv(w.p, mylen, MPI_BYTE, all, counts, displs, MPI_BYTE, comm) != MPI_SUCCESS) {
+    if (ldi_allgatherv(w.p, mylen, all, counts, displs, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allgatherv of requests failed");
         goto out;
     }

@@ -37,6 +37,46 @@ int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat)
     }
 }
 
+int ldi_allreduce_int(const int *in, int *out, MPI_Op op, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallreduce(in, out, 1, MPI_INT, op, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_allgather(const void *in, int count, MPI_Datatype t, void *out, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallgather(in, count, t, out, count, t, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_allgatherv(const void *in, int count, void *out, const int *counts, const int *displs, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallgatherv(in, count, MPI_BYTE, out, counts, displs, MPI_BYTE, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_bcast(void *buf, int count, int root, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Ibcast(buf, count, MPI_BYTE, root, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Comm_idup(comm, out, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
 enum { OP_SEND, OP_RECV, OP_BCAST };
 
 static int split(int what, void *buf, uint64_t n, int peer, MPI_Comm comm, MPI_Request *reqs,
