@@ -6,10 +6,15 @@
 # scratch folder under $DCPFS_BENCH_DIR and deleted at the end. On 1, 2 and 4
 # ranks, for the rows and replicate layouts (shapes divide evenly, so every
 # tool splits alike), the best of $DCPFS_BENCH_REPS runs (by wall time) of:
-#   raw         bench/load_raw: N MPI processes pread the shard files, split
-#               into N equal contiguous shares, in 16 MiB requests (dcpload's
-#               staging size) into a reused buffer. The unique bytes, read
-#               once: the baseline of the targets, for both layouts.
+#   raw         bench/load_raw --dest: N MPI processes pread the shard files,
+#               split into N equal contiguous shares, in 16 MiB requests
+#               (dcpload's staging size), each into a buffer the size of its
+#               share touched before the clock, as a loader's destinations
+#               are. The unique bytes, read once into rank memory: the
+#               baseline of the targets, for both layouts.
+#   raw-buf     the same into one reused 16 MiB buffer, for information: it
+#               stays in the CPU cache, so the bytes never reach memory (no
+#               loader can do that: its destinations are the point).
 #   raw-all     replicate only: every process preads all the bytes into its
 #               own buffer (touched before the clock): what the ranks' memory
 #               must receive, each rank reading it itself. Not a storage
@@ -93,9 +98,11 @@ line() {
 
 say "bench-load: $(gib "$UNIQUE") GiB of tensors in ${#files[@]} shard files, $(nproc) CPUs, best of $REPS, warm page cache, load average $(cut -d' ' -f1 /proc/loadavg)"
 for n in $RANKS; do
-    read -r raw_s raw_b raw_c < <(best mpi "$n" "$RAW" "${files[@]}")
+    read -r raw_s raw_b raw_c < <(best mpi "$n" "$RAW" --dest "${files[@]}")
+    read -r buf_s buf_b buf_c < <(best mpi "$n" "$RAW" "${files[@]}")
     for layout in rows replicate; do
-        line "$n" "$layout" raw "$raw_s" "$raw_b" "$raw_c" "(baseline: the unique bytes read once, in parallel)"
+        line "$n" "$layout" raw "$raw_s" "$raw_b" "$raw_c" "(baseline: the unique bytes read once, in parallel, into rank memory)"
+        line "$n" "$layout" raw-buf "$buf_s" "$buf_b" "$buf_c" "(into a reused cache-resident buffer: $(ratio "$raw_s" "$buf_s")x raw)"
         all_s=""
         if [ "$layout" = replicate ] && [ "$n" -gt 1 ]; then
             read -r all_s all_b all_c < <(best mpi "$n" "$RAW" --all --dest "${files[@]}")
@@ -111,7 +118,7 @@ for n in $RANKS; do
                     read -r s b c < <(best python3 "$top_srcdir/bench/load_torch.py" "$CK" "$n" "$layout") ;;
             esac
             r=$(ratio "$raw_s" "$s")
-            notes="$r x raw"
+            notes="$r x raw, $(ratio "$buf_s" "$s") x raw-buf"
             [ -n "$all_s" ] && notes="$notes, $(ratio "$all_s" "$s") x raw-all"
             if [ "$tool" = dcpload ]; then
                 notes="$notes; target >= 0.85x raw: $(met "$r" 0.85); read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")"
