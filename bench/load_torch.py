@@ -3,12 +3,14 @@
 torch.distributed.checkpoint.load into preallocated tensors of the dcpload
 layout (rows: DTensors sharded on dimension 0, from preallocated local
 shards; replicate: whole plain tensors on every rank). Prints the time of the
-load (barrier to barrier, the slowest rank) and the bytes the ranks read
-through read(2) and friends (rchar of /proc/self/io, summed).
+load (barrier to barrier, the slowest rank), the bytes the ranks read
+through read(2) and friends (rchar of /proc/self/io, summed) and their CPU
+time (user+system of each process, all threads, summed).
 
 usage: load_torch.py CKPT N rows|replicate
 """
 import os
+import resource
 import socket
 import sys
 import time
@@ -27,6 +29,11 @@ def rchar():
             if line.startswith("rchar:"):
                 return int(line.split()[1])
     return 0
+
+
+def cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def split(n, parts, i):
@@ -62,11 +69,12 @@ def run(rank, n, ckpt, layout, port, q):
             sd[key] = torch.zeros(shape, dtype=m.properties.dtype)
     dist.barrier()
     r0 = rchar()
+    c0 = cpu()
     t0 = time.perf_counter()
     dcp.load(sd, checkpoint_id=ckpt)
     dist.barrier()
     t1 = time.perf_counter()
-    q.put((rank, t1 - t0, rchar() - r0))
+    q.put((rank, t1 - t0, rchar() - r0, cpu() - c0))
     dist.destroy_process_group()
 
 
@@ -83,7 +91,7 @@ def main():
     res = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    print(f"{max(r[1] for r in res):.6f} {sum(r[2] for r in res)}")
+    print(f"{max(r[1] for r in res):.6f} {sum(r[2] for r in res)} {sum(r[3] for r in res):.6f}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
  * in place. All ranks build the same global plan from everyone's requests:
  * each needed byte range of storage is read once, by one rank, and delivered
  * to every rank that needs it (a local copy, a point-to-point message, or a
- * broadcast on a sub-communicator when several ranks need the same bytes).
+ * broadcast on a sub-communicator when several ranks on other nodes need
+ * the same bytes; optionally, ranks on the reader's node copy them straight
+ * out of its staging buffer in node shared memory).
  *
  * Errors are collective: an unknown key, a region outside its tensor, a dtype
  * mismatch, a failed read or an unusable CUDA destination on any rank makes
@@ -51,20 +53,28 @@ typedef struct dcp_load_region {
 } dcp_load_region;
 
 /* Per-rank statistics of one call. Sums over ranks: bytes_sent equals
- * bytes_received; bytes_read equals bytes_unique (each byte read once). */
+ * bytes_received; bytes_read equals bytes_unique (each byte read once).
+ * Phases: exchange and plan run one after the other; then reading, delivery
+ * and placement overlap, so seconds_read, seconds_deliver and seconds_place
+ * are busy times inside seconds_transfer, not a partition of it. */
 typedef struct dcp_load_stats {
     uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size) */
-    uint64_t bytes_sent;        /* payload sent; a broadcast counts once per receiving rank */
+    uint64_t bytes_sent;        /* payload delivered to other ranks: by message, broadcast (once per
+                                   receiving rank) or through node shared memory */
     uint64_t bytes_received;
     uint64_t bytes_local;       /* bytes placed from this rank's own reads */
     uint64_t bytes_loaded;      /* bytes of this rank's regions */
     uint64_t bytes_unique;      /* unique storage bytes all ranks need (same on every rank) */
+    uint64_t bytes_shm;         /* of bytes_received: copied from a node peer's shared staging buffer
+                                   (DCP_LOAD_SHM) */
     uint64_t reads;             /* storage reads issued by this rank */
     uint64_t messages;          /* point-to-point sends and broadcast roots of this rank */
     double seconds_exchange;    /* validating and exchanging requests */
     double seconds_plan;        /* building the global plan and sub-communicators */
-    double seconds_read;        /* time the I/O thread spent in reads */
-    double seconds_transfer;    /* reading, delivering and copying, until all ranks finish */
+    double seconds_read;        /* the I/O thread's time in storage reads */
+    double seconds_deliver;     /* the main thread's time posting and completing transfers (MPI) */
+    double seconds_place;       /* time in the final copies into the destinations (host or CUDA) */
+    double seconds_transfer;    /* reading, delivering and placing, until all ranks finish */
     double seconds_total;       /* the whole call */
 } dcp_load_stats;
 
@@ -75,7 +85,15 @@ enum {
     /* Do not read collectively: every rank reads what it needs itself, whole
      * records, one after another, as torch.distributed.checkpoint's default
      * reader does. For comparisons; errors are still agreed collectively. */
-    DCP_LOAD_INDEPENDENT = 1u << 1
+    DCP_LOAD_INDEPENDENT = 1u << 1,
+    /* Ranks on the reader's node copy the bytes they need straight out of
+     * its staging buffer, in node shared memory (fewer copies; measured
+     * slower than messages on an oversubscribed node, so not the default). */
+    DCP_LOAD_SHM = 1u << 2,
+    /* Broadcast groups also among ranks of one node (by default ranks on
+     * the reader's node get messages: MPICH's broadcast measured slower on
+     * one node). For comparisons and tests. */
+    DCP_LOAD_BCAST_LOCAL = 1u << 3
 };
 
 typedef struct dcp_load_options {
@@ -91,7 +109,7 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 
 /* Fill this rank's regions. Collective over comm; every rank passes the same
  * checkpoint (opened on its own) and its own regions (any number, also 0).
- * opts and stats may be NULL. */
+ * opts and stats may be NULL; opts must be the same on every rank. */
 int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
              const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
 

@@ -1,18 +1,21 @@
 # dcpload with small staging buffers on 3 and 4 ranks: records split into many
-# units (cuts inside ops, packed spans for ranks needing parts of a unit), and
-# --no-bcast, which delivers replicated bytes point to point instead of by
-# broadcast groups. Checked against the ground truth like load-fixtures.sh.
+# units (cuts inside ops), delivered three ways: by messages (the default on
+# one node: packed spans for ranks needing parts of a unit), by broadcast
+# groups (--bcast-local), and through node shared memory (--shm: copies out
+# of the reader's staging buffer). Checked against the ground truth like
+# load-fixtures.sh.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
 need python3
 need_python_module numpy
 scratch
 for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks; do
-    for variant in small nobcast; do
+    for variant in p2p bcast shm; do
         dir="$SCRATCH/$name-$variant"
         mkdir -p "$dir"
         extra="--staging 4096"
-        [ "$variant" = nobcast ] && extra="$extra --no-bcast"
+        [ "$variant" = bcast ] && extra="$extra --bcast-local"
+        [ "$variant" = shm ] && extra="$extra --shm --buffers 2"
         for n in 3 4; do
             for layout in rows cols blocks replicate; do
                 # shellcheck disable=SC2086

@@ -157,6 +157,10 @@ int main(int argc, char **argv)
     load_and_compare(ck, regs, nregs, &small, "overlapping, 4 KiB staging");
     dcp_load_options p2p = {.flags = DCP_LOAD_NO_BCAST, .staging_bytes = 10000, .nstaging = 1};
     load_and_compare(ck, regs, nregs, &p2p, "overlapping, p2p, one buffer");
+    dcp_load_options bcast = {.flags = DCP_LOAD_BCAST_LOCAL, .staging_bytes = 8192, .nstaging = 2};
+    load_and_compare(ck, regs, nregs, &bcast, "overlapping, messages and broadcasts");
+    dcp_load_options shm1 = {.flags = DCP_LOAD_SHM, .staging_bytes = 10000, .nstaging = 1};
+    load_and_compare(ck, regs, nregs, &shm1, "overlapping, shared memory, one buffer");
     dcp_load_options indep = {.flags = DCP_LOAD_INDEPENDENT};
     load_and_compare(ck, regs, nregs, &indep, "overlapping, independent");
 
@@ -201,6 +205,7 @@ int main(int argc, char **argv)
     };
     load_and_compare(ck, regs5, sizeof regs5 / sizeof regs5[0], NULL, "bytes items, mixed dtypes");
     load_and_compare(ck, regs5, sizeof regs5 / sizeof regs5[0], &small, "bytes items, 4 KiB staging");
+    load_and_compare(ck, regs5, sizeof regs5 / sizeof regs5[0], &p2p, "bytes items, p2p");
     dcp_close(ck);
 
     int total = 0;

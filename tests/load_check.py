@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check dcpload --json runs of one fixture against the ground truth.
 
-usage: load_check.py DCP CKPT TRUTH RUN_DIR
+usage: load_check.py DCP CKPT TRUTH RUN_DIR [UNIQUE]
 TRUTH is a fixture's expected/manifest.json or a truth.json written by
 tests/interop/save_dtensor.py. RUN_DIR holds <layout>-<nranks>.json, each the
 --json output of `mpiexec -n NRANKS dcpload CKPT --layout LAYOUT --json`.
@@ -12,7 +12,7 @@ XXH3-64 (libxxhash through ctypes) compared with the rank's. The regions
 themselves are recomputed from the layout rules (numpy.array_split, the P x Q
 grid). Statistics: bytes sent equal bytes received, and the ranks together
 read exactly the unique storage bytes the tensors need, computed from the
-manifest's record layout (storage offset, strides) where it has one.
+manifest's record layout (storage offset, strides) where it has one, or given as UNIQUE.
 """
 import ctypes, ctypes.util, glob, hashlib, json, math, os, subprocess, sys
 
@@ -118,7 +118,7 @@ def unique_bytes():
     return total
 
 
-U = unique_bytes()
+U = int(sys.argv[5]) if len(sys.argv) > 5 else unique_bytes()
 runs = sorted(glob.glob(os.path.join(rundir, "*.json")))
 if not runs:
     fail("no runs")

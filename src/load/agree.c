@@ -14,7 +14,7 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
         return ldi_err(err, EIO, "MPI: invalid communicator");
     /* the lowest failing rank speaks for all */
     int mine = rc < 0 ? me : n, first = n;
-    if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+    if (ldi_allreduce_int(&mine, &first, MPI_MIN, comm) != MPI_SUCCESS)   /* early ranks yield to late ones */
         return ldi_err(err, EIO, "MPI_Allreduce failed while agreeing on errors");
     if (first == n)
         return 0;
@@ -32,7 +32,7 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
             len = sizeof m.msg - 1 - k;   /* the prefix may cut the tail */
         memcpy(m.msg + k, why, len);
     }
-    if (MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, first, comm) != MPI_SUCCESS)
+    if (ldi_bcast(&m, (int)sizeof m, first, comm) != MPI_SUCCESS)
         return ldi_err(err, EIO, "MPI_Bcast failed while agreeing on errors");
     m.msg[sizeof m.msg - 1] = '\0';
     if (err) {

@@ -2,16 +2,58 @@
  * CUDA device query. Each step that can fail on some ranks is followed by a
  * collective agreement, so every rank leaves with the same result. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "dcp_write.h"
 #include "load.h"
+
+/* The format of a single file: by its suffix, else by its first bytes (a
+ * zip archive is torch.save; an 8-byte header length then '{' is safetensors). */
+static dcp_format file_format(const char *path, uint64_t size)
+{
+    dcp_format f = dcp_format_guess(path);
+    if (f == DCP_FORMAT_TORCH_SAVE || f == DCP_FORMAT_SAFETENSORS)
+        return f;
+    unsigned char head[9];
+    FILE *fp = fopen(path, "rb");
+    size_t got = fp ? fread(head, 1, sizeof head, fp) : 0;
+    if (fp)
+        fclose(fp);
+    if (got >= 4 && !memcmp(head, "PK\3\4", 4))
+        return DCP_FORMAT_TORCH_SAVE;
+    if (got == sizeof head && head[8] == '{') {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; i--)
+            n = n << 8 | head[i];
+        if (n <= size - 8)
+            return DCP_FORMAT_SAFETENSORS;
+    }
+    return DCP_FORMAT_AUTO;
+}
+
+/* A checkpoint folder, or one torch.save / safetensors file (dcp_open_file
+ * models it as a checkpoint of one data file: each tensor a chunk over its
+ * storage record, strides and shared storages included). */
+static int open_any(const char *path, unsigned flags, dcp_checkpoint **ck, dcp_error *err)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        dcp_format f = file_format(path, (uint64_t)st.st_size);
+        if (f == DCP_FORMAT_AUTO)
+            return ldi_err(err, EINVAL, "%s: a file, but neither a torch.save nor a safetensors file", path);
+        return dcp_open_file(path, f, ck, NULL, err);
+    }
+    return dcp_open(path, flags, ck, err);
+}
 
 int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
                   dcp_error *err)
 {
     dcp_checkpoint *ck = NULL;
-    int rc = path ? dcp_open(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
+    int rc = path ? open_any(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
     if (ldi_agree(comm, rc, err) < 0) {
         dcp_close(ck);
         *out = NULL;
@@ -24,9 +66,12 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
 {
     char msg[256];
-    if (ldi_cuda_pick(ldi_node_rank(comm), device, msg, sizeof msg) < 0)
-        return ldi_err(err, ENODEV, "dcp_load: %s", msg);
-    return 0;
+    ldi_nodes nd;
+    if (ldi_nodes_get(comm, &nd, err) < 0)
+        return -1;
+    int rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
+    ldi_nodes_free(&nd);
+    return rc < 0 ? ldi_err(err, ENODEV, "dcp_load: %s", msg) : 0;
 }
 
 static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
@@ -61,28 +106,35 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
 
     /* a private communicator: our messages never match the caller's */
     MPI_Comm c;
-    if (MPI_Comm_dup(comm, &c) != MPI_SUCCESS)
+    if (ldi_comm_dup(comm, &c) != MPI_SUCCESS)
         return ldi_err(err, EIO, "dcp_load: MPI_Comm_dup failed");
     int me, n;
     MPI_Comm_rank(c, &me);
     MPI_Comm_size(c, &n);
     ldi_reqs reqs = {0};
     ldi_gplan g = {0};
+    ldi_nodes nd = {.comm = MPI_COMM_NULL};
     int rc = -1, have_plan = 0;
 
-    /* CUDA: only touched when some rank asks for it */
+    /* which ranks share a node: by name for the plan; the node communicator
+     * only for shared staging or the CUDA device of a rank */
     int mine = 0, any = 0, device = -1, cuda_ok = 0;
     for (size_t i = 0; regions && i < nregions; i++)
         mine |= regions[i].mem == DCP_LOAD_CUDA;
-    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c);
-    char cuda_msg[256] = "no CUDA destination";
-    if (any) {
-        int local = ldi_node_rank(c);   /* collective; the runtime only where needed */
-        if (mine)
-            cuda_ok = ldi_cuda_pick(local, &device, cuda_msg, sizeof cuda_msg) == 0;
+    int lrc = ldi_nodes_by_name(c, mine, &any, &nd, err);
+    if (lrc == 0 && (any || (o.flags & DCP_LOAD_SHM))) {
+        ldi_nodes_free(&nd);
+        lrc = ldi_nodes_get(c, &nd, err);
     }
+    if (ldi_agree(c, lrc, err) < 0)
+        goto out;
 
-    int lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
+    /* CUDA: the runtime is only touched on ranks asking for it */
+    char cuda_msg[256] = "no CUDA destination";
+    if (mine)
+        cuda_ok = ldi_cuda_pick(nd.local, &device, cuda_msg, sizeof cuda_msg) == 0;
+
+    lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
     if (ldi_agree(c, lrc, err) < 0)
         goto out;
     lrc = ldi_exchange(c, ck, regions, nregions, &reqs, err);
@@ -96,13 +148,20 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     if (o.flags & DCP_LOAD_INDEPENDENT) {
         lrc = ldi_independent(ck, &reqs, me, &st, err);
         st.seconds_transfer = ldi_now() - t1;
-        MPI_Barrier(c);   /* the job ends when the slowest rank ends */
+        MPI_Request breq;   /* the job ends when the slowest rank ends */
+        MPI_Status bst;
+        if (MPI_Ibarrier(c, &breq) == MPI_SUCCESS)
+            ldi_wait(1, &breq, &bst);
         st.seconds_transfer = ldi_now() - t1;
         rc = ldi_agree(c, lrc, err);
         goto out;
     }
 
-    ldi_plan_opts po = {.unit_max = o.staging_bytes, .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0};
+    ldi_plan_opts po = {.unit_max = o.staging_bytes,
+                        .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0,
+                        .node = nd.node,
+                        .shm = (o.flags & DCP_LOAD_SHM) != 0,
+                        .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
     lrc = ldi_gplan_build(ck, &reqs, n, me, &po, &g, err);
     have_plan = lrc == 0;
     if (ldi_agree(c, lrc, err) < 0)
@@ -114,7 +173,8 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     st.seconds_plan = t2 - t1;
     st.bytes_unique = g.unique_bytes;
 
-    ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device};
+    ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
+                        .node = nd.comm, .node_rank = nd.node_rank};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;
@@ -122,6 +182,7 @@ out:
     if (have_plan)
         ldi_gplan_free(&g);
     ldi_reqs_free(&reqs);
+    ldi_nodes_free(&nd);
     MPI_Comm_free(&c);
     st.seconds_total = ldi_now() - t0;
     if (stats)

@@ -5,9 +5,11 @@
  *
  * Every rank allocates its share of each selected tensor (by the layout),
  * loads it with dcp_load, and reports an XXH3-64 of the loaded bytes; rank 0
- * prints every rank's lines in rank order. Options for comparisons and tests
- * are documented in dcpload(1): --strategy, --staging, --no-bcast; the environment variable DCPLOAD_TEST_BAD_KEY_RANK=R makes
- * rank R also ask for a key that does not exist.
+ * prints every rank's lines in rank order. CKPT is a checkpoint folder or one
+ * torch.save or safetensors file. Options for comparisons and tests are
+ * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
+ * --bcast-local, --shm; the environment variable DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * R also ask for a key that does not exist.
  */
 #include <errno.h>
 #include <fnmatch.h>
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <mpi.h>
 #include <xxhash.h>
@@ -34,15 +37,17 @@ struct opts {
     const char *path;
     const char *keys;
     enum layout layout;
-    int cuda, json, independent, no_bcast;
+    int cuda, json, independent, no_bcast, shm, bcast_local;
     size_t staging;
+    unsigned buffers;
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: mpiexec -n N dcpload CKPT [--keys PATTERN] [--layout rows|cols|blocks|replicate]\n"
                "                                [--device host|cuda] [--json]\n"
-               "       [--strategy collective|independent] [--staging BYTES] [--no-bcast]\n");
+               "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
+               "       [--shm] [--buffers N]\n");
 }
 
 /* The same key selection as dcp ls --keys: fnmatch, and a pattern without
@@ -188,7 +193,10 @@ static int parse(int argc, char **argv, struct opts *o)
         {"keys", required_argument, 0, 'k'},     {"layout", required_argument, 0, 'l'},
         {"device", required_argument, 0, 'd'},   {"json", no_argument, 0, 'j'},
         {"strategy", required_argument, 0, 's'}, {"staging", required_argument, 0, 'S'},
-        {"no-bcast", no_argument, 0, 'B'},       {"help", no_argument, 0, 'h'},
+        {"no-bcast", no_argument, 0, 'B'},       {"shm", no_argument, 0, 'M'},
+        {"bcast-local", no_argument, 0, 'L'},
+        {"buffers", required_argument, 0, 'N'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->layout = L_ROWS;
@@ -225,7 +233,20 @@ static int parse(int argc, char **argv, struct opts *o)
             o->staging = (size_t)v;
             break;
         }
+        case 'N': {
+            char *end;
+            errno = 0;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (errno || end == optarg || *end || v == 0 || v > 64) {
+                fprintf(stderr, "dcpload: bad --buffers '%s' (1 to 64)\n", optarg);
+                return 2;
+            }
+            o->buffers = (unsigned)v;
+            break;
+        }
         case 'B': o->no_bcast = 1; break;
+        case 'M': o->shm = 1; break;
+        case 'L': o->bcast_local = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -331,6 +352,15 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
     return 0;
 }
 
+/* user+system CPU time of this process, all threads */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+           (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 static uint64_t hash_region(const dcp_load_region *r, uint64_t nb, int cuda)
 {
     if (!nb)
@@ -389,14 +419,21 @@ int main(int argc, char **argv)
         goto out;
     }
     dcp_load_options lo = {0};
-    lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0);
+    lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
+               (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0);
     lo.staging_bytes = o.staging;
+    lo.nstaging = o.buffers;
     dcp_load_stats st;
-    MPI_Barrier(comm);   /* time the load, not the ranks' different start-up */
+    /* time the load, not MPI's start-up: an empty collective load first sets
+     * up the connections its collectives use (MPICH makes them lazily) */
+    dcp_load(comm, ck, NULL, 0, &lo, NULL, NULL);
+    MPI_Barrier(comm);
+    double cpu = cpu_seconds();
     if (dcp_load(comm, ck, job.reg, job.nreg, &lo, &st, &err) < 0) {
         fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
+    cpu = cpu_seconds() - cpu;
     struct out txt = {0};
     if (o.json) {
         for (size_t i = 0; i < job.n; i++) {
@@ -411,16 +448,23 @@ int main(int argc, char **argv)
         }
         outf(&txt,
              "{\"rank\":%d,\"bytes_read\":%" PRIu64 ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
-             ",\"seconds\":%.6f}\n",
-             me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total);
+             ",\"seconds\":%.6f,\"bytes_unique\":%" PRIu64 ",\"bytes_loaded\":%" PRIu64 ",\"bytes_shm\":%" PRIu64
+             ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
+             ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
+             ",\"cpu_seconds\":%.6f}\n",
+             me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
+             st.bytes_shm, st.reads, st.messages, st.seconds_exchange, st.seconds_plan, st.seconds_read,
+             st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu);
     } else {
         if (me == 0)
             outf(&txt, "%zu tensors on %d ranks, %" PRIu64 " unique bytes\n", job.n, nranks, st.bytes_unique);
         outf(&txt,
              "rank %d: loaded %" PRIu64 " bytes; read %" PRIu64 " (%" PRIu64 " reads), sent %" PRIu64
-             ", received %" PRIu64 "; %.3f s (exchange %.3f, plan %.3f, transfer %.3f, reading %.3f)\n",
-             me, st.bytes_loaded, st.bytes_read, st.reads, st.bytes_sent, st.bytes_received, st.seconds_total,
-             st.seconds_exchange, st.seconds_plan, st.seconds_transfer, st.seconds_read);
+             ", received %" PRIu64 " (%" PRIu64 " through shared memory); %.3f s: exchange %.3f, plan %.3f,"
+             " transfer %.3f (busy reading %.3f, delivering %.3f, placing %.3f); CPU %.3f s\n",
+             me, st.bytes_loaded, st.bytes_read, st.reads, st.bytes_sent, st.bytes_received, st.bytes_shm,
+             st.seconds_total, st.seconds_exchange, st.seconds_plan, st.seconds_transfer, st.seconds_read,
+             st.seconds_deliver, st.seconds_place, cpu);
     }
     print_all(comm, &txt, stdout);
     free(txt.p);

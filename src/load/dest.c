@@ -131,6 +131,29 @@ void ldi_staging_free(ldi_dest *d, void *p)
     free(p);
 }
 
+void ldi_staging_register(ldi_dest *d, void *p, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (d->cuda && p && n && cudaHostRegister(p, n, cudaHostRegisterPortable) != cudaSuccess)
+        cudaGetLastError();   /* not fatal: copies from pageable memory are synchronous */
+#else
+    (void)d;
+    (void)p;
+    (void)n;
+#endif
+}
+
+void ldi_staging_unregister(ldi_dest *d, void *p)
+{
+#ifdef HAVE_CUDA
+    if (d->cuda && p && cudaHostUnregister(p) != cudaSuccess)
+        cudaGetLastError();   /* it was not registered */
+#else
+    (void)d;
+    (void)p;
+#endif
+}
+
 #ifdef HAVE_CUDA
 /* One fragment to the device. Elements needing a fix-up (byte swap, conj,
  * neg) are fixed in the pinned scratch buffer first and copied synchronously:
@@ -265,18 +288,6 @@ int ldi_dest_finish(ldi_dest *d, dcp_error *err)
     (void)err;
     return 0;
 #endif
-}
-
-int ldi_node_rank(MPI_Comm comm)
-{
-    /* the rank among the ranks sharing this node's memory */
-    MPI_Comm node;
-    int local = 0;
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_rank(node, &local);
-        MPI_Comm_free(&node);
-    }
-    return local;
 }
 
 int ldi_cuda_pick(int local, int *device, char *msg, size_t cap)

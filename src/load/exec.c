@@ -11,6 +11,13 @@
  * buffers. Every rank posts in the same global order and only ever waits for
  * its oldest transfer, which depends on earlier transfers only: no deadlock.
  *
+ * With DCP_LOAD_SHM the read pool is one MPI shared-memory window per node:
+ * a reader sends each node peer needing a unit a token naming the staging
+ * slot, the peer copies its fragments straight out of the slot into its
+ * destination and answers with an empty message on a tag of that slot; the
+ * slot is reused once every answer is in. One read, one copy per rank, no
+ * packing or message payload.
+ *
  * A failed read or copy is recorded and the protocol goes on (with whatever
  * bytes the buffer holds), so no peer waits forever; the caller agrees on
  * the error afterwards.
@@ -23,7 +30,8 @@
 
 #include "load.h"
 
-enum { ROLE_READ = 1, ROLE_RECV = 2 };
+enum { ROLE_READ = 1, ROLE_RECV = 2, ROLE_SHM = 3 };
+enum { TAG_DATA = 0, TAG_READY = 1, TAG_DONE = 2 };   /* TAG_DONE + slot */
 
 struct pend {
     size_t unit;
@@ -32,6 +40,8 @@ struct pend {
     unsigned char *buf;
     const ldi_frag *frags;     /* receiver: this rank's fragments */
     size_t nfrags;
+    int token;                 /* shm: the reader's staging slot, sent as a token */
+    int reader;
     MPI_Request *reqs;         /* this ring slot's block of the request pool */
     size_t nreq;
     int done;
@@ -49,6 +59,11 @@ struct exec {
     unsigned w;                /* buffers per pool */
     unsigned char **bufs;      /* 2w: read pool then receive pool */
     unsigned char *busy;       /* per buffer */
+    MPI_Win win;               /* the node's read pools, when the plan has shm deliveries */
+    int have_win;
+    unsigned char *pool;       /* this rank's part of it: the read pool */
+    unsigned char **peer_pool; /* per node rank: the read pool of that rank, mapped here */
+    const int *node_rank;
 
     /* this rank's reads, in order; shared with the I/O thread under lock */
     size_t *reads;
@@ -64,8 +79,9 @@ struct exec {
     int threaded;
     int io_failed;
     dcp_error io_err;
-    double io_seconds;
+    double io_seconds, io_place_seconds;
     uint64_t io_bytes, io_reads, io_local;
+    double deliver_seconds, place_seconds;   /* the main thread's */
 
     /* main thread: transfers in flight, a ring in posting order */
     struct pend *pend;
@@ -120,6 +136,24 @@ static int direct_target(const struct exec *x, const ldi_frag *f, size_t n, uint
     return 1;
 }
 
+/* Node peers copy this unit out of the reader's staging slot. */
+static int has_shm(const struct exec *x, const ldi_unit *u)
+{
+    for (size_t i = 0; i < u->ndlv; i++)
+        if (x->g->dlvs[u->dlv0 + i].kind == LDI_SHM)
+            return 1;
+    return 0;
+}
+
+/* Where this rank reads unit u: straight into its destination (1, *dest
+ * set), or into a staging slot (0). */
+static int read_direct(const struct exec *x, const ldi_unit *u, unsigned char **dest)
+{
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    return !has_shm(x, u) && direct_target(x, f, n, u->len, dest);
+}
+
 static int all_host(const struct exec *x, const ldi_frag *f, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -165,7 +199,7 @@ static void io_unit(struct exec *x, size_t k)
     const ldi_frag *f = my_frags(x, u, &n);
     unsigned char *buf;
     int slot = -1;
-    if (!direct_target(x, f, n, u->len, &buf)) {
+    if (!read_direct(x, u, &buf)) {
         slot = free_slot(x, 0, x->w);   /* the caller made sure there is one */
         if (slot < 0) {   /* unreachable; keep the protocol going, flag the rank */
             ldi_err(&x->io_err, EIO, "dcp_load: no free staging buffer");
@@ -193,6 +227,7 @@ static void io_unit(struct exec *x, size_t k)
         op.dest_stride = 1;
         rc = dcp_op_fetch(x->ck, sp->e, &op, buf, &e);
     }
+    double t1 = ldi_now();
     int finished = 0;
     if (rc == 0 && !failed && io_only(x, u)) {
         if (slot >= 0)
@@ -201,11 +236,12 @@ static void io_unit(struct exec *x, size_t k)
     } else if (io_only(x, u)) {
         finished = 1;
     }
-    double t1 = ldi_now();
+    double t2 = ldi_now();
 
     if (x->threaded)
         pthread_mutex_lock(&x->lock);
     x->io_seconds += t1 - t0;
+    x->io_place_seconds += t2 - t1;
     if (!failed) {
         x->io_bytes += u->len;
         x->io_reads++;
@@ -233,11 +269,8 @@ static void io_unit(struct exec *x, size_t k)
 /* Does unit k need a staging slot? */
 static int needs_slot(struct exec *x, size_t k)
 {
-    const ldi_unit *u = &x->g->units[x->reads[k]];
-    size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
     unsigned char *buf;
-    return !direct_target(x, f, n, u->len, &buf);
+    return !read_direct(x, &x->g->units[x->reads[k]], &buf);
 }
 
 static void *io_thread(void *arg)
@@ -260,13 +293,21 @@ static void *io_thread(void *arg)
 
 /* ------------------------------------------------------------ the MPI side */
 
+/* A staging slot is free again. CUDA copies out of a read slot are waited
+ * for here (the I/O thread reuses it without asking); those out of a
+ * receive slot only when as_receiver takes the slot again, so they overlap
+ * the following transfers. */
 static void release(struct exec *x, int slot)
 {
     if (slot < 0)
         return;
-    dcp_error e;
-    if (ldi_dest_fence(x->dest, slot, &e) < 0)
-        fail(x, &e);
+    if ((unsigned)slot < x->w) {
+        dcp_error e;
+        double t0 = ldi_now();
+        if (ldi_dest_fence(x->dest, slot, &e) < 0)
+            fail(x, &e);
+        x->place_seconds += ldi_now() - t0;
+    }
     if (x->threaded)
         pthread_mutex_lock(&x->lock);
     x->busy[slot] = 0;
@@ -279,11 +320,37 @@ static void release(struct exec *x, int slot)
 /* After the transfers of pending entry p are done. */
 static void finish(struct exec *x, struct pend *p)
 {
+    dcp_error e;
+    double t0 = ldi_now();
     if (p->role == ROLE_RECV && p->slot >= 0) {
-        dcp_error e;
         if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, p->buf, p->slot, &e) < 0)
             fail(x, &e);
+    } else if (p->role == ROLE_SHM) {
+        /* the token names the reader's slot; copy out, then tell it the
+         * slot is free (its receive is posted: the empty send completes) */
+        int t = p->token;
+        if (t < 0 || (unsigned)t >= x->w || !x->peer_pool) {
+            ldi_err(&e, EIO, "dcp_load: bad staging token %d from rank %d", t, p->reader);
+            fail(x, &e);
+            t = t < 0 || (unsigned)t >= x->w ? 0 : t;
+        } else {
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* the reader's bytes before ours */
+            const unsigned char *src = x->peer_pool[x->node_rank[p->reader]] + (size_t)t * x->staging;
+            if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, src, -1, &e) < 0)
+                fail(x, &e);
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        }
+        x->place_seconds += ldi_now() - t0;
+        t0 = ldi_now();
+        int rc = MPI_Send(NULL, 0, MPI_BYTE, p->reader, TAG_DONE + t, x->comm);
+        x->deliver_seconds += ldi_now() - t0;
+        if (rc != MPI_SUCCESS) {
+            ldi_err(&e, EIO, "dcp_load: releasing a staging buffer of rank %d failed", p->reader);
+            fail(x, &e);
+        }
+        return;
     }
+    x->place_seconds += ldi_now() - t0;
     release(x, p->slot);
 }
 
@@ -291,7 +358,9 @@ static void wait_oldest(struct exec *x)
 {
     struct pend *p = &x->pend[x->head];
     if (!p->done) {
-        MPI_Waitall((int)p->nreq, p->reqs, x->stat);
+        double t0 = ldi_now();
+        ldi_wait((int)p->nreq, p->reqs, x->stat);
+        x->deliver_seconds += ldi_now() - t0;
         finish(x, p);
     }
     x->head = (x->head + 1) % x->pcap;
@@ -306,7 +375,9 @@ static void progress(struct exec *x)
         int done = 0;
         if (p->done)
             continue;
+        double t0 = ldi_now();
         MPI_Testall((int)p->nreq, p->reqs, &done, x->stat);
+        x->deliver_seconds += ldi_now() - t0;
         if (done) {
             finish(x, p);
             p->done = 1;
@@ -391,10 +462,28 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     p->role = ROLE_READ;
     p->slot = rd->slot;
     p->buf = rd->buf;
+    p->token = rd->slot;
+    double t0 = ldi_now();
+    if (has_shm(x, u))
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* the slot's bytes before the tokens */
     for (size_t i = 0; i < u->ndlv; i++) {
         const ldi_dlv *d = &x->g->dlvs[u->dlv0 + i];
         const ldi_span *s = x->g->spans + d->cov0;
         int rc;
+        if (d->kind == LDI_SHM) {
+            /* the answer's receive first, then the token */
+            rc = MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq]);
+            if (rc == MPI_SUCCESS) {
+                p->nreq++;
+                rc = MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq]);
+                if (rc == MPI_SUCCESS)
+                    p->nreq++;
+            }
+            x->st->bytes_sent += d->bytes;
+            if (rc != MPI_SUCCESS)
+                mpi_fail(x, rc, "handing a unit to a node peer");
+            continue;
+        }
         if (d->kind == LDI_P2P) {
             rc = ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, p->reqs, &p->nreq);
             x->st->bytes_sent += d->bytes;
@@ -408,17 +497,19 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
         if (rc != MPI_SUCCESS)
             mpi_fail(x, rc, "sending a unit");
     }
+    x->deliver_seconds += ldi_now() - t0;
     /* this rank's own share, unless it was read in place */
     size_t n;
     const ldi_frag *f = my_frags(x, u, &n);
-    unsigned char *direct;
     if (n) {
         for (size_t i = 0; i < n; i++)
             x->st->bytes_local += f[i].len;
-        if (!direct_target(x, f, n, u->len, &direct)) {
+        if (p->slot >= 0) {
             dcp_error e;
+            t0 = ldi_now();
             if (ldi_dest_place(x->dest, x->g, x->r, f, n, p->buf, p->slot, &e) < 0)
                 fail(x, &e);
+            x->place_seconds += ldi_now() - t0;
         }
     }
     return 0;
@@ -431,14 +522,34 @@ static int as_receiver(struct exec *x, size_t ui)
     const ldi_dlv *d = NULL;
     for (size_t i = 0; i < u->ndlv && !d; i++) {
         const ldi_dlv *c = &x->g->dlvs[u->dlv0 + i];
-        if (c->kind == LDI_P2P ? c->peer == x->me
-                               : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
+        if (c->kind != LDI_BCAST ? c->peer == x->me
+                                 : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
             d = c;
     }
     if (!d)
         return 0;   /* cannot happen: every receiving rank has a delivery */
     size_t n;
     const ldi_frag *f = my_frags(x, u, &n);
+    if (d->kind == LDI_SHM) {   /* a token now, a copy out of the reader's slot when it arrives */
+        struct pend *p = push(x);
+        p->unit = ui;
+        p->role = ROLE_SHM;
+        p->slot = -1;
+        p->frags = f;
+        p->nfrags = n;
+        p->reader = u->reader;
+        p->token = -1;
+        double t0 = ldi_now();
+        int rc = MPI_Irecv(&p->token, 1, MPI_INT, u->reader, TAG_READY, x->comm, &p->reqs[p->nreq]);
+        x->deliver_seconds += ldi_now() - t0;
+        if (rc == MPI_SUCCESS)
+            p->nreq++;
+        else
+            mpi_fail(x, rc, "waiting for a unit of a node peer");
+        x->st->bytes_received += d->bytes;
+        x->st->bytes_shm += d->bytes;
+        return 0;
+    }
     unsigned char *buf;
     int slot = -1;
     if (!direct_target(x, f, n, d->bytes, &buf)) {
@@ -446,8 +557,10 @@ static int as_receiver(struct exec *x, size_t ui)
         while ((slot = free_slot(x, x->w, 2 * x->w)) < 0 && x->npend)
             wait_oldest(x);
         dcp_error e;
-        if (ldi_dest_fence(x->dest, slot, &e) < 0)
+        double t0 = ldi_now();
+        if (ldi_dest_fence(x->dest, slot, &e) < 0)   /* its last CUDA copies (see release) */
             fail(x, &e);
+        x->place_seconds += ldi_now() - t0;
         x->busy[slot] = 1;
         buf = x->bufs[slot];
     }
@@ -459,12 +572,14 @@ static int as_receiver(struct exec *x, size_t ui)
     p->frags = f;
     p->nfrags = n;
     int rc;
+    double t0 = ldi_now();
     if (d->kind == LDI_P2P) {
         rc = ldi_irecv(buf, d->bytes, u->reader, x->comm, p->reqs, &p->nreq);
     } else {
         const ldi_group *gr = &x->g->groups[d->group];
         rc = ldi_ibcast(buf, d->bytes, group_root(x->g, gr, u->reader), gr->comm, p->reqs, &p->nreq);
     }
+    x->deliver_seconds += ldi_now() - t0;
     if (rc != MPI_SUCCESS)
         mpi_fail(x, rc, "receiving a unit");
     x->st->bytes_received += d->bytes;
@@ -472,6 +587,43 @@ static int as_receiver(struct exec *x, size_t ui)
 }
 
 /* ------------------------------------------------------------ entry */
+
+/* The read pool as this rank's part of a shared window on the node, and
+ * where every node peer's part is mapped here. */
+static int shared_pool(struct exec *x, MPI_Comm node, dcp_error *err)
+{
+    int nlocal = 1;
+    MPI_Comm_size(node, &nlocal);
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");   /* each part near its rank */
+    unsigned char *base = NULL;
+    int rc = MPI_Win_allocate_shared((MPI_Aint)x->w * (MPI_Aint)x->staging, 1, info, node, &base, &x->win);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+        char m[MPI_MAX_ERROR_STRING];
+        return ldi_err(err, ENOMEM, "dcp_load: cannot allocate %u shared staging buffers of %zu bytes: %s", x->w,
+                       x->staging, ldi_mpi_errstr(rc, m, sizeof m));
+    }
+    x->have_win = 1;
+    x->pool = base;
+    x->peer_pool = calloc((size_t)nlocal, sizeof *x->peer_pool);
+    if (!x->peer_pool || !x->bufs)
+        return ldi_err(err, ENOMEM, "dcp_load: out of memory");
+    for (int i = 0; i < nlocal; i++) {
+        MPI_Aint size;
+        int disp;
+        void *p = NULL;
+        if (MPI_Win_shared_query(x->win, i, &size, &disp, &p) != MPI_SUCCESS)
+            return ldi_err(err, EIO, "dcp_load: cannot map the staging buffers of node rank %d", i);
+        x->peer_pool[i] = p;
+    }
+    for (unsigned i = 0; i < x->w; i++)
+        x->bufs[i] = base + (size_t)i * x->staging;
+    if (x->dest)
+        ldi_staging_register(x->dest, base, (size_t)x->w * x->staging);
+    return 0;
+}
 
 int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
                 const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err)
@@ -507,7 +659,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
         const ldi_unit *u = &g->units[i];
         size_t nr = 0;
         for (size_t k = 0; k < u->ndlv; k++)
-            nr += ldi_msg_count(g->dlvs[u->dlv0 + k].bytes);
+            nr += g->dlvs[u->dlv0 + k].kind == LDI_SHM ? 2 : ldi_msg_count(g->dlvs[u->dlv0 + k].bytes);
         if (u->reader == x.me && nr > x.maxreq)
             x.maxreq = nr;
         else if (u->reader != x.me && u->ndlv && ldi_msg_count(u->len) > x.maxreq)
@@ -522,7 +674,12 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     }
     if (!x.failed && ldi_dest_open(need_cuda, o->device, 2 * (int)x.w, &x.dest, err) < 0)
         x.failed = 1;
-    for (unsigned i = 0; i < 2 * x.w && !x.failed; i++)
+    /* the read pool in node shared memory: collective on the node, so every
+     * rank allocates, also one that already failed */
+    x.node_rank = o->node_rank;
+    if (g->has_shm && shared_pool(&x, o->node, err) < 0)
+        x.failed = 1;
+    for (unsigned i = x.have_win ? x.w : 0; i < 2 * x.w && !x.failed; i++)
         if (!(x.bufs[i] = ldi_staging_alloc(x.dest, x.staging))) {
             ldi_err(err, ENOMEM, "dcp_load: cannot allocate %zu staging buffers of %zu bytes",
                     2 * (size_t)x.w, x.staging);
@@ -586,6 +743,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     st->reads += x.io_reads;
     st->bytes_local += x.io_local;
     st->seconds_read += x.io_seconds;
+    st->seconds_place += x.place_seconds + x.io_place_seconds;
+    st->seconds_deliver += x.deliver_seconds;
     rc = x.failed ? -1 : 0;
     if (x.threaded) {
         pthread_mutex_destroy(&x.lock);
@@ -593,8 +752,14 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     }
 out:
     if (x.bufs)
-        for (unsigned i = 0; i < 2 * x.w; i++)
+        for (unsigned i = x.have_win ? x.w : 0; i < 2 * x.w; i++)
             ldi_staging_free(x.dest, x.bufs[i]);
+    if (x.have_win) {
+        if (x.dest)
+            ldi_staging_unregister(x.dest, x.pool);
+        MPI_Win_free(&x.win);
+    }
+    free(x.peer_pool);
     ldi_dest_close(x.dest);
     free(x.bufs);
     free(x.busy);

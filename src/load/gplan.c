@@ -11,9 +11,12 @@
  *    are handed out in stream and offset order, filling one rank after the
  *    other, so neighbouring runs of a shard file stay with one reader and are
  *    read in offset order.
- * 4. Per unit, the bytes each other rank needs (its spans) are delivered by a
- *    point-to-point message, or by one broadcast on a sub-communicator to the
- *    ranks that need exactly the same spans.
+ * 4. Per unit, the bytes each other rank needs (its spans) are delivered by
+ *    a point-to-point message, or, to ranks on other nodes needing the same
+ *    spans, by one broadcast on a sub-communicator (MPICH's broadcast within
+ *    a node measured slower than messages). Optionally a rank on the
+ *    reader's node copies its bytes out of the reader's staging buffer in
+ *    node shared memory instead (one copy; two small tokens).
  * 5. The global order interleaves the readers' units round-robin, so every
  *    reader works at once; all ranks post their transfers in that order.
  */
@@ -134,7 +137,7 @@ static int plan_all(dcp_checkpoint *ck, const ldi_reqs *r, ldi_gplan *g, dcp_err
             goto out;
         if (p.nbytes != q->nbytes) {
             ldi_err(err, EIO, "%s: %s: the planner sized the region %" PRIu64 " bytes, expected %" PRIu64,
-                    dcp_path(ck), q->e->key, p.nbytes, q->nbytes);
+                    ldi_name(ck), q->e->key, p.nbytes, q->nbytes);
             goto out;
         }
         g->zero[qi] = (unsigned char)p.zero_fill;
@@ -143,7 +146,7 @@ static int plan_all(dcp_checkpoint *ck, const ldi_reqs *r, ldi_gplan *g, dcp_err
             if (!op->length)
                 continue;
             if (!op->elem_size || op->length % op->elem_size) {
-                ldi_err(err, EIO, "%s: %s: malformed plan op", dcp_path(ck), q->e->key);
+                ldi_err(err, EIO, "%s: %s: malformed plan op", ldi_name(ck), q->e->key);
                 goto out;
             }
             if (GROW(g->gops, gcap, g->ngops + 1) < 0) {
@@ -413,6 +416,7 @@ static int assign_readers(ldi_gplan *g, dcp_error *err)
 
 struct cand {
     int rank;
+    int local;               /* on the reader's node: a message, not a broadcast */
     size_t span0, nspan;
     uint64_t hash, bytes;
 };
@@ -420,6 +424,8 @@ struct cand {
 static int cmp_cand(const void *a, const void *b)
 {
     const struct cand *x = a, *y = b;
+    if (x->local != y->local)
+        return y->local - x->local;   /* local ones first: never grouped */
     if (x->hash != y->hash)
         return x->hash < y->hash ? -1 : 1;
     if (x->nspan != y->nspan)
@@ -429,7 +435,7 @@ static int cmp_cand(const void *a, const void *b)
 
 static int same_spans(const ldi_gplan *g, const struct cand *x, const struct cand *y)
 {
-    return x->nspan == y->nspan &&
+    return !x->local && !y->local && x->nspan == y->nspan &&
            !memcmp(g->spans + x->span0, g->spans + y->span0, x->nspan * sizeof *g->spans);
 }
 
@@ -490,10 +496,24 @@ static int unit_deliveries(struct builder *b, ldi_unit *u, struct cand **cands, 
             i = j;
             continue;
         }
+        int local = b->o->node && b->o->node[fr[i].rank] == b->o->node[u->reader];
+        if (local && b->o->shm) {
+            /* copied out of the reader's shared staging buffer; the
+             * fragments keep their offsets in the unit */
+            struct cand c = {.rank = fr[i].rank, .span0 = g->nspans};
+            for (size_t k = i; k < j; k++)
+                c.bytes += fr[k].len;
+            if (add_dlv(b, LDI_SHM, c.rank, -1, &c) < 0)
+                return -1;
+            g->has_shm = 1;
+            i = j;
+            continue;
+        }
         if (GROW(*cands, *ccap, nc + 1) < 0)
             return -1;
         struct cand *c = &(*cands)[nc++];
         c->rank = fr[i].rank;
+        c->local = local && !b->o->bcast_local;
         c->span0 = g->nspans;
         c->bytes = 0;
         uint64_t h = 1469598103934665603ull;
@@ -522,7 +542,7 @@ static int unit_deliveries(struct builder *b, ldi_unit *u, struct cand **cands, 
     }
     if (nc > 1)   /* qsort must not see the NULL of an empty array */
         qsort(*cands, nc, sizeof **cands, cmp_cand);
-    /* ranks needing identical spans share one broadcast */
+    /* ranks on other nodes needing identical spans share one broadcast */
     for (size_t i = 0; i < nc;) {
         size_t j = i + 1;
         while (j < nc && same_spans(g, &(*cands)[i], &(*cands)[j]))

@@ -37,7 +37,7 @@ static int load_one(dcp_checkpoint *ck, const ldi_req *q, dcp_plan *p, dcp_load_
         while (j < p->nops && p->ops[j].blob.file == b->file && p->ops[j].blob.offset == b->offset)
             j++;
         if (b->length > SIZE_MAX || !(rec = malloc(b->length ? (size_t)b->length : 1))) {
-            rc = ldi_err(err, ENOMEM, "%s: %s: cannot hold a record of %" PRIu64 " bytes", dcp_path(ck),
+            rc = ldi_err(err, ENOMEM, "%s: %s: cannot hold a record of %" PRIu64 " bytes", ldi_name(ck),
                          q->e->key, b->length);
             break;
         }
@@ -65,7 +65,7 @@ static int load_one(dcp_checkpoint *ck, const ldi_req *q, dcp_plan *p, dcp_load_
                 free(tmp);
             } else if (op->src_offset < b->offset || op->src_offset - b->offset > b->length ||
                        op->length > b->length - (op->src_offset - b->offset)) {
-                rc = ldi_err(err, EIO, "%s: %s: a read lies outside its record", dcp_path(ck), q->e->key);
+                rc = ldi_err(err, EIO, "%s: %s: a read lies outside its record", ldi_name(ck), q->e->key);
             } else {
                 dcp_op_place(op, rec + (op->src_offset - b->offset), q->dest, p->dtype);
             }
@@ -88,7 +88,7 @@ int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_s
         const ldi_req *q = &reqs->v[i];
         if (q->mem != DCP_LOAD_HOST)
             rc = ldi_err(err, ENOTSUP, "%s: %s: the independent mode loads into host memory only",
-                         dcp_path(ck), q->e->key);
+                         ldi_name(ck), q->e->key);
         else if (q->nbytes)
             rc = load_one(ck, q, &p, st, err);
     }

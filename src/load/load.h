@@ -39,6 +39,9 @@ int ldi_err(dcp_error *err, int code, const char *fmt, ...) __attribute__((forma
 int ldi_agree(MPI_Comm comm, int rc, dcp_error *err);
 
 double ldi_now(void);
+/* The checkpoint's name in messages: its folder, or its file when it is a
+ * single torch.save or safetensors file. */
+const char *ldi_name(const dcp_checkpoint *ck);
 
 /* ---------------------------------------------------------------- requests */
 
@@ -107,13 +110,16 @@ typedef struct ldi_span {
     uint64_t a, b;
 } ldi_span;
 
-enum { LDI_P2P = 1, LDI_BCAST = 2 };
+enum { LDI_P2P = 1, LDI_BCAST = 2, LDI_SHM = 3 };
 
 /* One delivery of a unit from its reader: the packed spans (cov) go to one
- * rank (p2p) or to a group (a broadcast on sub-communicator `group`). */
+ * rank (p2p) or to a group (a broadcast on sub-communicator `group`); or a
+ * rank on the reader's node copies its fragments straight out of the
+ * reader's staging buffer in node shared memory (shm: no spans; the rank's
+ * fragments keep their offsets in the unit). */
 typedef struct ldi_dlv {
     int kind;
-    int peer;                /* p2p: the receiving rank */
+    int peer;                /* p2p, shm: the receiving rank */
     int group;               /* bcast: index into ldi_gplan.groups */
     uint64_t bytes;          /* image size: sum of spans */
     size_t cov0, ncov;       /* into ldi_gplan.spans */
@@ -155,11 +161,15 @@ typedef struct ldi_gplan {
     size_t ngroup_ranks;
     uint64_t unique_bytes;
     uint64_t *load;          /* bytes each rank reads */
+    int has_shm;             /* some delivery is through shared memory */
 } ldi_gplan;
 
 typedef struct ldi_plan_opts {
     uint64_t unit_max;       /* largest unit: the staging buffer size */
     int no_bcast;
+    const int *node;         /* per rank: its node (the ranks sharing memory) */
+    int shm;                 /* ranks on the reader's node copy out of its shared staging */
+    int bcast_local;         /* broadcast groups also on the reader's node */
 } ldi_plan_opts;
 
 /* Build the global plan from the exchanged requests. Deterministic: every
@@ -200,6 +210,10 @@ void ldi_dest_bind(ldi_dest *d);
 /* Staging buffers: pinned host memory when CUDA copies read them. */
 void *ldi_staging_alloc(ldi_dest *d, size_t n);
 void ldi_staging_free(ldi_dest *d, void *p);
+/* Make a shared staging buffer pinned for CUDA copies (best effort: an
+ * unregistered buffer is copied from correctly, only more slowly). */
+void ldi_staging_register(ldi_dest *d, void *p, size_t n);
+void ldi_staging_unregister(ldi_dest *d, void *p);
 /* Place fragments from buf (f->img is the offset of each) into their
  * requests' destinations. For CUDA, copies from buf run on a stream and
  * ldi_dest_fence(slot) waits until buf may be reused; slot -1 waits at once. */
@@ -210,8 +224,6 @@ int ldi_dest_fence(ldi_dest *d, int slot, dcp_error *err);
 int ldi_dest_zero(ldi_dest *d, const ldi_req *q, dcp_error *err);
 /* Wait for every outstanding copy. */
 int ldi_dest_finish(ldi_dest *d, dcp_error *err);
-/* Collective: this rank's rank among the ranks of its node. */
-int ldi_node_rank(MPI_Comm comm);
 /* CUDA at run time, local: the device of node-local rank `local` (modulo the
  * device count). Returns 0, or -1 with the reason in msg. */
 int ldi_cuda_pick(int local, int *device, char *msg, size_t cap);
@@ -224,7 +236,23 @@ typedef struct ldi_exec_opts {
     size_t staging_bytes;
     unsigned nstaging;
     int device;              /* CUDA device for this rank's CUDA regions */
+    MPI_Comm node;           /* the ranks sharing this rank's memory (plans with shm deliveries) */
+    const int *node_rank;    /* per rank of comm: its rank in its node communicator */
 } ldi_exec_opts;
+
+/* The ranks sharing memory with this one: a node communicator, and per rank
+ * of comm its node (the lowest rank of comm on it) and its rank on it.
+ * Collective. */
+typedef struct ldi_nodes {
+    MPI_Comm comm;
+    int *node, *node_rank;
+    int local, nlocal;       /* this rank's rank on its node, and the node's size */
+} ldi_nodes;
+int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err);
+/* The same without the communicator (comm stays MPI_COMM_NULL, nlocal 1),
+ * by processor name; also ORs every rank's flag into *any_flag. */
+int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err);
+void ldi_nodes_free(ldi_nodes *nd);
 
 int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
                 const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err);
@@ -246,6 +274,17 @@ int ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int 
                     MPI_Request *reqs, size_t *nreq);
 int ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
                      MPI_Request *reqs, size_t *nreq);
+/* MPI_Waitall, but giving the CPU away between polls: MPICH's waits spin,
+ * and with more ranks and I/O threads than cores (or other jobs on them) a
+ * spinning rank takes the time the ranks it waits for need to read or copy. */
+int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat);
+/* The collectives of a call, nonblocking and completed with ldi_wait (with
+ * 4 ranks on 2 cores a blocking allgather measured 15 ms, this 3 ms). */
+int ldi_allreduce_int(const int *in, int *out, MPI_Op op, MPI_Comm comm);
+int ldi_allgather(const void *in, int count, MPI_Datatype t, void *out, MPI_Comm comm);
+int ldi_allgatherv(const void *in, int count, void *out, const int *counts, const int *displs, MPI_Comm comm);
+int ldi_bcast(void *buf, int count, int root, MPI_Comm comm);
+int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out);
 /* MPI error code to text. */
 const char *ldi_mpi_errstr(int rc, char *buf, size_t cap);
 

@@ -6,6 +6,7 @@ noinst_HEADERS += src/load/load.h
 libdcpload_la_SOURCES = \
 	src/load/util.c \
 	src/load/agree.c \
+	src/load/nodes.c \
 	src/load/transfer.c \
 	src/load/request.c \
 	src/load/gplan.c \
@@ -30,3 +31,9 @@ dcpload_LDADD += $(CUDA_LIBS)
 endif
 
 dist_man_MANS += man/dcpload.1 man/dcp_load.3
+
+# bench-load.sh's baseline: a parallel raw read of the same bytes (pread only).
+noinst_PROGRAMS += bench/load_raw
+bench_load_raw_SOURCES = bench/load_raw.c
+bench_load_raw_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS)
+bench_load_raw_LDADD = $(MPI_LIBS)

@@ -36,7 +36,7 @@ static void shape_str(char *buf, size_t cap, const dcp_entry *e)
 static int check_one(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim, const int64_t *off,
                      const int64_t *len, const dcp_entry **out, uint64_t *nbytes, dcp_error *err)
 {
-    const char *path = dcp_path(ck);
+    const char *path = ldi_name(ck);
     const dcp_entry *e = dcp_find(ck, key);
     if (!e)
         return ldi_err(err, ENOENT, "%s: %s: no such key in the checkpoint", path, key);
@@ -88,22 +88,22 @@ int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t
         const dcp_entry *e;
         uint64_t nb = 0;
         if (!r->key)
-            return ldi_err(err, EINVAL, "%s: region %zu has no key", dcp_path(ck), i);
+            return ldi_err(err, EINVAL, "%s: region %zu has no key", ldi_name(ck), i);
         if (r->ndim < 0 || r->ndim > LDI_MAX_NDIM)
-            return ldi_err(err, EINVAL, "%s: %s: invalid ndim %d", dcp_path(ck), r->key, r->ndim);
+            return ldi_err(err, EINVAL, "%s: %s: invalid ndim %d", ldi_name(ck), r->key, r->ndim);
         if (check_one(ck, r->key, r->dtype, r->ndim, r->offsets, r->lengths, &e, &nb, err) < 0)
             return -1;
         if (r->mem != DCP_LOAD_HOST && r->mem != DCP_LOAD_CUDA)
-            return ldi_err(err, EINVAL, "%s: %s: unknown destination kind %d", dcp_path(ck), r->key,
+            return ldi_err(err, EINVAL, "%s: %s: unknown destination kind %d", ldi_name(ck), r->key,
                            (int)r->mem);
         if (r->mem == DCP_LOAD_CUDA && !cuda_ok)
-            return ldi_err(err, ENODEV, "%s: %s: CUDA destination: %s", dcp_path(ck), r->key, cuda_msg);
+            return ldi_err(err, ENODEV, "%s: %s: CUDA destination: %s", ldi_name(ck), r->key, cuda_msg);
         if (nb && !r->dest)
-            return ldi_err(err, EINVAL, "%s: %s: the region has no destination buffer", dcp_path(ck),
+            return ldi_err(err, EINVAL, "%s: %s: the region has no destination buffer", ldi_name(ck),
                            r->key);
         char msg[256];
         if (r->mem == DCP_LOAD_CUDA && nb && ldi_cuda_check_ptr(r->dest, msg, sizeof msg) < 0)
-            return ldi_err(err, EINVAL, "%s: %s: CUDA destination: %s", dcp_path(ck), r->key, msg);
+            return ldi_err(err, EINVAL, "%s: %s: CUDA destination: %s", ldi_name(ck), r->key, msg);
     }
     return 0;
 }
@@ -292,7 +292,7 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     }
     /* agree that every rank could encode before the collectives that need buffers */
     int ok = !bad, allok = 0;
-    if (MPI_Allreduce(&ok, &allok, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) {
+    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allreduce failed");
         goto out;
     }
@@ -302,7 +302,7 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         goto out;
     }
     int mylen = (int)w.len;
-    if (MPI_Allgather(&mylen, 1, MPI_INT, counts, 1, MPI_INT, comm) != MPI_SUCCESS) {
+    if (ldi_allgather(&mylen, 1, MPI_INT, counts, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allgather of request sizes failed");
         goto out;
     }
@@ -318,12 +318,13 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     all = malloc(total ? total : 1);
     ok = all != NULL;
     /* every rank must agree on allocating before the collective */
-    MPI_Allreduce(&ok, &allok, 1, MPI_INT, MPI_MIN, comm);
+    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS)
+        allok = 0;
     if (!allok) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory for the requests of all ranks");
         goto out;
     }
-    if (MPI_Allgatherv(w.p, mylen, MPI_BYTE, all, counts, displs, MPI_BYTE, comm) != MPI_SUCCESS) {
+    if (ldi_allgatherv(w.p, mylen, all, counts, displs, comm) != MPI_SUCCESS) {
         ldi_err(err, EIO, "dcp_load: MPI_Allgatherv of requests failed");
         goto out;
     }

@@ -3,6 +3,7 @@
  * same way, and messages between two ranks on one communicator do not
  * overtake each other, so the pieces match in order. */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,6 +23,58 @@ const char *ldi_mpi_errstr(int rc, char *buf, size_t cap)
     else
         snprintf(buf, cap, "%s", s);
     return buf;
+}
+
+int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat)
+{
+    int done = 0;
+    for (unsigned polls = 0;; polls++) {
+        int rc = MPI_Testall(n, reqs, &done, stat);
+        if (rc != MPI_SUCCESS || done)
+            return rc;
+        if (polls >= 16)
+            sched_yield();
+    }
+}
+
+int ldi_allreduce_int(const int *in, int *out, MPI_Op op, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallreduce(in, out, 1, MPI_INT, op, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_allgather(const void *in, int count, MPI_Datatype t, void *out, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallgather(in, count, t, out, count, t, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_allgatherv(const void *in, int count, void *out, const int *counts, const int *displs, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Iallgatherv(in, count, MPI_BYTE, out, counts, displs, MPI_BYTE, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_bcast(void *buf, int count, int root, MPI_Comm comm)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Ibcast(buf, count, MPI_BYTE, root, comm, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
+}
+
+int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out)
+{
+    MPI_Request r;
+    MPI_Status s;
+    int rc = MPI_Comm_idup(comm, out, &r);
+    return rc == MPI_SUCCESS ? ldi_wait(1, &r, &s) : rc;
 }
 
 enum { OP_SEND, OP_RECV, OP_BCAST };

@@ -1,0 +1,114 @@
+/* Which ranks share a node: for every rank of comm its node and its rank
+ * there, the same on every rank, so that the global plan can tell which
+ * deliveries stay on a node; and, when asked, the node communicator (shared
+ * staging windows, the CUDA device of a rank by its rank on the node).
+ * MPI_Comm_split_type costs several collective rounds, so without need of
+ * the communicator the nodes are told apart by processor name, in one
+ * allgather. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "load.h"
+
+static uint64_t name_hash(void)
+{
+    char name[MPI_MAX_PROCESSOR_NAME + 1];
+    int len = 0;
+    memset(name, 0, sizeof name);
+    if (MPI_Get_processor_name(name, &len) != MPI_SUCCESS)
+        len = 0;
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (int i = 0; i < len; i++)
+        h = (h ^ (unsigned char)name[i]) * 1099511628211ull;
+    return h;
+}
+
+int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err)
+{
+    nd->comm = MPI_COMM_NULL;
+    nd->local = 0;
+    nd->nlocal = 1;
+    int me, n;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    uint64_t mine[2] = {name_hash(), (uint64_t)(flag != 0)};
+    uint64_t *all = malloc(2 * (size_t)n * sizeof *all);
+    nd->node = malloc((size_t)n * sizeof *nd->node);
+    nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
+    int ok = all && nd->node && nd->node_rank, every = 0;
+    if (ldi_allreduce_int(&ok, &every, MPI_MIN, comm) != MPI_SUCCESS)   /* all gather, or none */
+        every = 0;
+    if (!every || ldi_allgather(mine, 2, MPI_UINT64_T, all, comm) != MPI_SUCCESS) {
+        free(all);
+        ldi_nodes_free(nd);
+        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
+    }
+    *any_flag = 0;
+    for (int r = 0; r < n; r++) {
+        *any_flag |= all[2 * r + 1] != 0;
+        int first = r, below = 0;
+        for (int q = 0; q < r; q++)
+            if (all[2 * q] == all[2 * r]) {
+                if (first == r)
+                    first = q;
+                below++;
+            }
+        nd->node[r] = first;
+        nd->node_rank[r] = below;
+    }
+    nd->local = nd->node_rank[me];
+    free(all);
+    return 0;
+}
+
+int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err)
+{
+    nd->comm = MPI_COMM_NULL;
+    nd->node = nd->node_rank = NULL;
+    nd->local = 0;
+    nd->nlocal = 1;
+    int me, n;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &nd->comm);
+    int mine[2] = {me, 0}, leader = me;
+    if (rc == MPI_SUCCESS) {
+        MPI_Comm_rank(nd->comm, &nd->local);
+        MPI_Comm_size(nd->comm, &nd->nlocal);
+        rc = ldi_allreduce_int(&me, &leader, MPI_MIN, nd->comm);
+    }
+    int *pairs = malloc(2 * (size_t)n * sizeof *pairs);
+    nd->node = malloc((size_t)n * sizeof *nd->node);
+    nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
+    /* agreed first, so that either every rank gathers or none does */
+    int ok = rc == MPI_SUCCESS && pairs && nd->node && nd->node_rank, all = 0;
+    if (ldi_allreduce_int(&ok, &all, MPI_MIN, comm) != MPI_SUCCESS)
+        all = 0;
+    mine[0] = leader;
+    mine[1] = nd->local;
+    if (all && ldi_allgather(mine, 2, MPI_INT, pairs, comm) == MPI_SUCCESS) {
+        for (int r = 0; r < n; r++) {
+            nd->node[r] = pairs[2 * r];
+            nd->node_rank[r] = pairs[2 * r + 1];
+        }
+    } else {
+        all = 0;
+    }
+    free(pairs);
+    if (!all) {
+        ldi_nodes_free(nd);
+        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
+    }
+    return 0;
+}
+
+void ldi_nodes_free(ldi_nodes *nd)
+{
+    if (nd->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&nd->comm);
+    free(nd->node);
+    free(nd->node_rank);
+    nd->node = nd->node_rank = NULL;
+}
