@@ -54,22 +54,35 @@ static int by_place(const void *x, const void *y)
 
 int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp_error *err)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < ck->nentries; i++)
-        n += ck->entries[i].kind == DCP_KIND_BYTES ? 1 : ck->entries[i].nchunks;
+    size_t n = 0, nentries = dcp_num_entries(ck);
+    for (size_t i = 0; i < nentries; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e)
+            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+        n += e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
+    }
     dcpi_blobref *r = malloc((n ? n : 1) * sizeof *r);
     if (!r)
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     size_t m = 0;
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
-        size_t nb = e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
-        for (size_t c = 0; c < nb; c++) {
-            const dcp_blob *b = e->kind == DCP_KIND_BYTES ? &e->blob : &e->chunks[c].blob;
-            if (!(e->kind == DCP_KIND_BYTES ? e->has_blob : e->chunks[c].has_blob))
-                continue;
-            r[m++] = (dcpi_blobref){.file = b->file, .offset = b->offset, .length = b->length, .entry = i, .want = 1};
+    for (size_t i = 0; i < nentries; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (e->kind == DCP_KIND_BYTES) {
+            if (e->has_blob)
+                r[m++] = (dcpi_blobref){.file = e->blob.file, .offset = e->blob.offset, .length = e->blob.length,
+                                        .entry = i, .want = 1};
+            continue;
         }
+        const dcp_chunk *c;
+        if (dcp_entry_chunks(ck, e, &c, err) < 0) {
+            free(r);
+            return -1;
+        }
+        for (size_t j = 0; j < e->nchunks; j++)
+            if (c[j].has_blob)
+                r[m++] = (dcpi_blobref){.file = c[j].blob.file, .offset = c[j].blob.offset,
+                                        .length = c[j].blob.length, .entry = i, .want = 1};
+        dcp_release_chunks(ck, e);
     }
     /* qsort is not stable: keep the first entry's index for a shared range
      * (SAFETENSORS shards give every chunk of a file the same blob). */
