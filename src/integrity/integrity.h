@@ -9,6 +9,16 @@
 #include "dcp_integrity.h"
 #include "internal.h"
 
+/* XXH3 through xxhash's runtime dispatch where the library has it (x86:
+ * AVX2 or AVX-512 when the CPU has them, about 3x the SSE2 default): the
+ * same hashes, faster. */
+#include <xxhash.h>
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__has_include)
+#if __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#endif
+#endif
+
 /* The catalog's connection, and what to do with a failed SQLite call: a
  * corrupt or foreign file (SQLITE_CORRUPT, SQLITE_NOTADB) is moved aside so
  * that the next open starts afresh. Returns -1 with err filled. */
@@ -34,8 +44,9 @@ typedef struct dcpi_blobref {
 /* Every blob of ck, one per (file, offset), sorted by file and offset. */
 int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *n, dcp_error *err);
 /* Hash every ref with want set, file by file in offset order with large
- * sequential reads. A blob that cannot be read gets rerr, not a failure;
- * -1 only when hashing itself cannot proceed (memory). */
+ * sequential reads overlapped with the hashing (hashing.c). A blob that
+ * cannot be read gets rerr, not a failure; -1 only when hashing itself
+ * cannot proceed (memory). */
 int dcpi_hash_blobs(dcp_checkpoint *ck, dcpi_blobref *refs, size_t n, dcp_progress_fn progress, void *pctx,
                     dcp_error *err);
 
