@@ -13,6 +13,6 @@ tests_unit_test_catalog_served_CFLAGS = $(UNIT_TEST_FLAGS) $(SQLITE_CFLAGS)
 tests_unit_test_catalog_served_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_catalog_served_DEPENDENCIES = libdcp.la
 
-CATALOG_TESTS = tests/catalog-location.sh
+CATALOG_TESTS = tests/catalog-location.sh tests/catalog-fuse.sh
 TESTS += $(CATALOG_TESTS)
 dist_check_SCRIPTS += $(CATALOG_TESTS)
