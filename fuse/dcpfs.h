@@ -93,6 +93,7 @@ struct dfs_node {
     struct dfs_node *parent;
     char *name;                /* the encoded name in the parent */
     enum dfs_ntype type;
+    unsigned gen;              /* ck->gen when made: nodes of an abandoned listing are never reused */
     struct dfs_ckpt *ck;       /* owning checkpoint (NULL for scan folders) */
     struct dfs_node *all_next; /* every node, for freeing at unmount */
 
@@ -132,6 +133,7 @@ struct dfs_ckpt {
     _Atomic int64_t *file_sizes;   /* per data file, -1 until fstat'ed (splice checks) */
     size_t nfiles;
     struct dfs_verified *verified; /* -o verify: blobs checked so far (verify.c) */
+    unsigned gen;              /* bumped when a checkpoint whose listing failed is opened again */
     struct dfs_ckpt *next;
 };
 

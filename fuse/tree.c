@@ -35,6 +35,7 @@ struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const cha
     n->parent = parent;
     n->type = type;
     n->ck = parent ? parent->ck : NULL;
+    n->gen = n->ck ? n->ck->gen : 0;
     atomic_init(&n->size, -1);
     n->phash = parent ? XXH3_64bits_withSeed(name, namelen, parent->phash) : ROOT_PHASH;
     pthread_mutex_lock(&fs->alloc_lock);
@@ -182,7 +183,7 @@ static struct dfs_node *find_node(struct dfs *fs, const struct dfs_node *dir, co
         struct dfs_node *n = dfs_map_get(fs, ino);
         if (!n)
             return NULL;
-        if (n->parent == dir && strncmp(n->name, name, len) == 0 && n->name[len] == '\0')
+        if (n->parent == dir && n->gen == dir->ck->gen && strncmp(n->name, name, len) == 0 && n->name[len] == '\0')
             return n;
     }
 }
@@ -722,7 +723,9 @@ int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck)
             goto out;
         }
     }
-    if (ck->ck) {   /* a failed build after a good open: start over */
+    if (ck->ck) {   /* a failed listing after a good open: start over (the nodes it made are
+                     * not reused: they belong to the model being closed) */
+        ck->gen++;
         dfs_verify_free(ck);
         dcp_close(ck->ck);
         ck->ck = NULL;
