@@ -200,4 +200,4 @@ verify_rates() {   # verify_rates CKPT LABEL
     say "  (--record hashed at ${rec:-?} MB/s; a whole dcp verify: $SECS s, cpu $CPU s, peak RSS $MIB MiB)"
 }
 verify_rates "$BIG" "4 x $BIG_MIB MiB tensors"
-verify_rates "$CK" "1M chunks of 1.3 KiB"
+verify_rates "$CK" "1M chunks of 1.7 KiB"
