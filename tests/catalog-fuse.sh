@@ -4,7 +4,7 @@
 # alone (no readdir anywhere), with the right size, bytes and xattrs, in the
 # raw and npy views; names no key encodes to are not found; and a second
 # mount (served from the catalog filled by the first) shows the same tree
-# when listed.
+# when listed. The same holds with -o no_catalog (a parsed model).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -82,6 +82,7 @@ by_path_twice() {   # by_path_twice CKPT MANIFEST [dcpfs options]: a first mount
 manifest_of "$SCRATCH/synth" "$SCRATCH/synth.json"
 by_path_twice "$SCRATCH/synth" "$SCRATCH/synth.json"
 by_path_twice "$SCRATCH/synth" "$SCRATCH/synth.json" -o view=npy
+by_path_twice "$SCRATCH/synth" "$SCRATCH/synth.json" -o no_catalog   # the parsed model's key order
 
 # The same with the name encoding: escapes, empty components, and a key that
 # is also a directory (NAME.data) among more than 16 siblings.
@@ -98,6 +99,7 @@ PY
     manifest_of "$SCRATCH/names" "$SCRATCH/names.json"
     by_path_twice "$SCRATCH/names" "$SCRATCH/names.json"
     by_path_twice "$SCRATCH/names" "$SCRATCH/names.json" -o view=npy
+    by_path_twice "$SCRATCH/names" "$SCRATCH/names.json" -o no_catalog
     mnt="$SCRATCH/m"
     mount_dcpfs "$SCRATCH/names" "$mnt"
     for f in big/k3.data big/k3/sub big/p%25q big/s%2Ft big/%/e big/t/% big/k7.data big/k7/deep/er big/meta/note; do
