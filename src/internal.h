@@ -73,6 +73,7 @@ typedef struct dcpi_chunkset {
     size_t idx;                          /* the entry */
     size_t bytes;                        /* of the allocation */
     unsigned pins;
+    int dirty;                           /* records located since it was read (to store) */
     dcp_chunk *chunks;                   /* nchunks */
     dcpi_record_slot *records;           /* nchunks */
     int64_t *strides;                    /* nchunks * ndim, for the records */
@@ -169,6 +170,11 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
 /* A new chunk set of entry idx (pins 0, not yet in the cache). */
 int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
 void dcpi_lazy_free(struct dcpi_lazy *lz);
+/* Records of a served model (integrity/recordcache.c): keep those a set
+ * located (under ck->lock, when the set is dropped); store what is kept
+ * (outside ck->lock; all: at close, else only a full batch). */
+void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
+void dcpi_records_flush(dcp_checkpoint *ck, int all);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

@@ -333,6 +333,12 @@ void dcp_close(dcp_checkpoint *ck)
                 close(ck->fds[i]);
     for (int i = 0; i < DCPI_DECODED_CACHE; i++)
         free(ck->decoded[i].data);
+    if (ck->lazy && ck->priv) {   /* store the records located since the model was opened */
+        for (size_t i = 0; i < ck->nentries; i++)
+            if (ck->priv[i].set)
+                dcpi_records_keep(ck, ck->priv[i].set);
+        dcpi_records_flush(ck, 1);
+    }
     if (ck->priv)
         for (size_t i = 0; i < ck->nentries; i++) {
             free(ck->priv[i].chunks);
@@ -490,6 +496,7 @@ static void evict(dcp_checkpoint *ck)
         lru_unlink(ck, s);
         ck->priv[s->idx].set = NULL;
         ck->chunk_bytes -= s->bytes;
+        dcpi_records_keep(ck, s);   /* the records it located go to the catalog */
         free(s);
     }
 }
@@ -553,6 +560,8 @@ void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
         evict(ck);
     }
     pthread_mutex_unlock(&ck->lock);
+    if (ck->lazy)
+        dcpi_records_flush(ck, 0);   /* a batch of kept records, if there is one */
 }
 
 int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
@@ -608,6 +617,8 @@ int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
         rec.stride = strides;
         slot->rec = rec;
         __atomic_store_n(&slot->state, 1, __ATOMIC_RELEASE);
+        if (ck->lazy)
+            p->set->dirty = 1;
     }
     pthread_mutex_unlock(&ck->lock);
     *out = &slot->rec;

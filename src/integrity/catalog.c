@@ -25,14 +25,16 @@ struct dcp_catalog {
 
 /* checkpoints: one row per identity; digests refer to it by number, so the
  * (large) digest table does not repeat the identity. models and
- * model_entries: modelcache.c. */
+ * model_entries: modelcache.c; model_records: recordcache.c. */
 #define MODEL_TABLES \
     "CREATE TABLE IF NOT EXISTS models(id INTEGER PRIMARY KEY AUTOINCREMENT, metadata_key TEXT UNIQUE NOT NULL," \
     " path TEXT NOT NULL, stamp TEXT, xxh3 INTEGER NOT NULL, head BLOB NOT NULL);" \
     "CREATE INDEX IF NOT EXISTS models_by_path ON models(path);" \
     "CREATE TABLE IF NOT EXISTS model_entries(model INTEGER NOT NULL, idx INTEGER NOT NULL, key BLOB NOT NULL," \
     " head BLOB NOT NULL, chunks BLOB NOT NULL, PRIMARY KEY(model, idx)) WITHOUT ROWID;" \
-    "CREATE INDEX IF NOT EXISTS model_entries_by_key ON model_entries(model, key, head);"
+    "CREATE INDEX IF NOT EXISTS model_entries_by_key ON model_entries(model, key, head);" \
+    "CREATE TABLE IF NOT EXISTS model_records(model INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL," \
+    " PRIMARY KEY(model, idx)) WITHOUT ROWID;"
 static const char schema[] =
     "CREATE TABLE IF NOT EXISTS catalog_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS checkpoints(id INTEGER PRIMARY KEY, identity TEXT UNIQUE NOT NULL);"
@@ -45,6 +47,7 @@ static const char schema[] =
 static const char upgrade_2[] =
     "DROP TABLE IF EXISTS models;"
     "DROP TABLE IF EXISTS model_entries;"
+    "DROP TABLE IF EXISTS model_records;"
     MODEL_TABLES
     "UPDATE catalog_meta SET value='" CATALOG_FORMAT "' WHERE key='format';";
 
@@ -142,7 +145,7 @@ static int try_open(dcp_catalog *cat)
     if (sqlite3_open_v2(cat->path, &cat->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         NULL) != SQLITE_OK)
         return -1;
-    sqlite3_busy_timeout(cat->db, 30000);
+    sqlite3_busy_timeout(cat->db, DCPI_CATALOG_BUSY_MS);
     int h = healthy(cat->db);
     if (h <= 0)
         return h == 0 ? -1 : -2;
@@ -155,7 +158,7 @@ static int try_open(dcp_catalog *cat)
     /* Only a writer creates the schema; a reader of an existing catalog does not take the write lock. */
     sqlite3_stmt *st;
     int have = 0;
-    if (sqlite3_prepare_v2(cat->db, "SELECT 1 FROM sqlite_master WHERE name='model_entries'", -1, &st, NULL) == SQLITE_OK) {
+    if (sqlite3_prepare_v2(cat->db, "SELECT 1 FROM sqlite_master WHERE name='model_records'", -1, &st, NULL) == SQLITE_OK) {
         have = sqlite3_step(st) == SQLITE_ROW;
         sqlite3_finalize(st);
     }

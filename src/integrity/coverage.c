@@ -315,9 +315,13 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
                         (unsigned long long)ch->blob.length, (unsigned long long)sizes[ch->blob.file]);
                 continue;
             }
-            const dcp_record *rec;
+            /* from the shard itself: a served model's records may come from the catalog */
+            dcp_record rec;
+            const dcp_record *rp;
+            int64_t stride[DCPI_MAX_NDIM];
             dcp_error re;
-            if (dcp_chunk_record(ck, e, c, &rec, &re) < 0)
+            if (ck->lazy ? dcpi_locate_record(ck, e, ch, c, &rec, stride, &re) < 0
+                         : dcp_chunk_record(ck, e, c, &rp, &re) < 0)
                 problem(&r, "%s", re.msg);
         }
         dcp_release_chunks(ck, e);

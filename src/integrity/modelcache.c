@@ -46,16 +46,6 @@
 #define SEED_CHUNKS 0x63686b73u     /* "chks": the checksum of its chunk list */
 #define LAZY_CACHE_KIB 4096         /* SQLite page cache of a served model's connection */
 
-struct dcpi_lazy {
-    dcp_catalog *cat;
-    sqlite3_int64 model;       /* models.id (AUTOINCREMENT: never reused) */
-    uint64_t nchunks;          /* every entry's, from the model row: bounds each one's */
-    pthread_mutex_t lock;      /* the statements, the arena, filling entries */
-    sqlite3_stmt *all, *exact, *seek, *chunks, *alive;
-    dcpi_arena arena;          /* keys and shapes of the entries filled so far */
-    int all_done;
-    dcp_checkpoint *parsed;    /* the catalog failed: the rest comes from a parse */
-};
 
 /* ------------------------------------------------------------ metadata key */
 
@@ -116,82 +106,36 @@ static void metadata_stamp(dcp_checkpoint *ck)
 
 /* ------------------------------------------------------------ serialising */
 
-typedef struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-    int oom;
-} wbuf;
-
-static void put(wbuf *w, const void *src, size_t n)
-{
-    if (w->oom || n == 0)   /* n == 0: src may be NULL (a 0-d shape) */
-        return;
-    if (w->n + n > w->cap) {
-        size_t nc = w->cap ? w->cap * 2 : 1 << 12;
-        while (nc < w->n + n)
-            nc *= 2;
-        unsigned char *np = realloc(w->p, nc);
-        if (!np) {
-            w->oom = 1;
-            return;
-        }
-        w->p = np;
-        w->cap = nc;
-    }
-    memcpy(w->p + w->n, src, n);
-    w->n += n;
-}
-/* LEB128: most numbers of a model (dims, file indexes, lengths) take 1-3 bytes. */
-static void put_u64(wbuf *w, uint64_t v)
-{
-    unsigned char b[10];
-    size_t n = 0;
-    do {
-        b[n] = (unsigned char)(v & 0x7f);
-        v >>= 7;
-        b[n++] |= v ? 0x80 : 0;
-    } while (v);
-    put(w, b, n);
-}
-static void put_dims(wbuf *w, const int64_t *d, int ndim)
+static void put_dims(dcpi_wbuf *w, const int64_t *d, int ndim)
 {
     for (int i = 0; i < ndim; i++)
-        put_u64(w, (uint64_t)d[i]);
+        dcpi_put_u64(w, (uint64_t)d[i]);
 }
-static void put_str(wbuf *w, const char *s)
+static void put_str(dcpi_wbuf *w, const char *s)
 {
-    put_u64(w, s ? strlen(s) : UINT64_MAX);
+    dcpi_put_u64(w, s ? strlen(s) : UINT64_MAX);
     if (s)
-        put(w, s, strlen(s));
+        dcpi_put(w, s, strlen(s));
 }
-static void put_blob(wbuf *w, const dcp_blob *b)
+static void put_blob(dcpi_wbuf *w, const dcp_blob *b)
 {
-    put_u64(w, b->file);
-    put_u64(w, b->transforms);
-    put_u64(w, b->offset);
-    put_u64(w, b->length);
+    dcpi_put_u64(w, b->file);
+    dcpi_put_u64(w, b->transforms);
+    dcpi_put_u64(w, b->offset);
+    dcpi_put_u64(w, b->length);
 }
-static void put_sum(wbuf *w, uint64_t seed)
-{
-    uint64_t h = w->oom ? 0 : XXH3_64bits_withSeed(w->p, w->n, seed);
-    unsigned char b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)(h >> (8 * i));
-    put(w, b, 8);
-}
-
 /* The model row: files, info, counts. */
-static int put_head(dcp_checkpoint *ck, wbuf *w, uint64_t nchunks)
+static int put_head(dcp_checkpoint *ck, dcpi_wbuf *w, uint64_t nchunks)
 {
-    put(w, MAGIC, 8);
-    put_u64(w, ck->nfiles);
+    dcpi_put(w, MAGIC, 8);
+    dcpi_put_u64(w, ck->nfiles);
     for (size_t f = 0; f < ck->nfiles; f++) {
         uint64_t size;
         dcp_error err;
         if (dcpi_ck_file_size(ck, (uint32_t)f, &size, &err) < 0)
             return -1;   /* a missing shard: not worth caching */
         put_str(w, ck->files[f]);
-        put_u64(w, size);
+        dcpi_put_u64(w, size);
     }
     const dcp_info *in = &ck->info;
     put_str(w, in->generation);
@@ -200,73 +144,43 @@ static int put_head(dcp_checkpoint *ck, wbuf *w, uint64_t nchunks)
     put_str(w, in->version);
     put_str(w, in->checkpoint_id);
     put_str(w, in->save_id);
-    put_u64(w, (uint64_t)in->has_planner_data | (uint64_t)in->megatron << 1);
-    put_u64(w, in->metadata_bytes);
-    put_u64(w, ck->nentries);
-    put_u64(w, nchunks);
+    dcpi_put_u64(w, (uint64_t)in->has_planner_data | (uint64_t)in->megatron << 1);
+    dcpi_put_u64(w, in->metadata_bytes);
+    dcpi_put_u64(w, ck->nentries);
+    dcpi_put_u64(w, nchunks);
     return w->oom ? -1 : 0;
 }
 
 /* An entry's header, checksummed with its key and index. */
-static void put_entry(wbuf *w, const dcp_entry *e, size_t idx)
+static void put_entry(dcpi_wbuf *w, const dcp_entry *e, size_t idx)
 {
     w->n = 0;
-    put_u64(w, (uint64_t)e->kind | (uint64_t)e->dtype << 8 | (uint64_t)e->ndim << 16 | (uint64_t)e->has_blob << 32);
+    dcpi_put_u64(w, (uint64_t)e->kind | (uint64_t)e->dtype << 8 | (uint64_t)e->ndim << 16 | (uint64_t)e->has_blob << 32);
     put_dims(w, e->shape, e->ndim);
     put_blob(w, &e->blob);
-    put_u64(w, e->nchunks);
-    put_sum(w, XXH3_64bits_withSeed(e->key, strlen(e->key), SEED_HEAD ^ (uint64_t)idx));
+    dcpi_put_u64(w, e->nchunks);
+    dcpi_put_sum(w, XXH3_64bits_withSeed(e->key, strlen(e->key), SEED_HEAD ^ (uint64_t)idx));
 }
 
-static void put_chunks(wbuf *w, const dcp_entry *e, const dcp_chunk *c, size_t idx)
+static void put_chunks(dcpi_wbuf *w, const dcp_entry *e, const dcp_chunk *c, size_t idx)
 {
     w->n = 0;
     for (size_t i = 0; i < e->nchunks; i++) {
         put_dims(w, c[i].offsets, e->ndim);
         put_dims(w, c[i].sizes, e->ndim);
-        put_u64(w, (uint64_t)c[i].has_blob);
+        dcpi_put_u64(w, (uint64_t)c[i].has_blob);
         put_blob(w, &c[i].blob);
     }
-    put_sum(w, SEED_CHUNKS ^ (uint64_t)idx);
+    dcpi_put_sum(w, SEED_CHUNKS ^ (uint64_t)idx);
 }
 
 /* ------------------------------------------------------------ reading */
 
-typedef struct rbuf {
-    const unsigned char *p, *end;
-    int bad;
-} rbuf;
-
-static const void *take(rbuf *r, size_t n)
-{
-    if (r->bad || (size_t)(r->end - r->p) < n) {
-        r->bad = 1;
-        return NULL;
-    }
-    const void *p = r->p;
-    r->p += n;
-    return p;
-}
-static uint64_t get_u64(rbuf *r)
-{
-    uint64_t v = 0;
-    for (unsigned shift = 0; !r->bad; shift += 7) {
-        if (r->p == r->end || shift > 63 || (shift == 63 && (*r->p & 0x7e))) {
-            r->bad = 1;
-            break;
-        }
-        unsigned char b = *r->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return v;
-    }
-    return 0;
-}
 /* ndim dimensions; each must fit int64 (callers check the rest). */
-static int get_dims(rbuf *r, int64_t *d, int ndim)
+static int get_dims(dcpi_rbuf *r, int64_t *d, int ndim)
 {
     for (int i = 0; i < ndim; i++) {
-        uint64_t v = get_u64(r);
+        uint64_t v = dcpi_get_u64(r);
         if (v > INT64_MAX)
             r->bad = 1;
         d[i] = (int64_t)v;
@@ -274,12 +188,12 @@ static int get_dims(rbuf *r, int64_t *d, int ndim)
     return r->bad ? -1 : 0;
 }
 /* A string copied into the arena (NULL stays NULL). */
-static const char *get_str(rbuf *r, dcpi_arena *a, size_t *len)
+static const char *get_str(dcpi_rbuf *r, dcpi_arena *a, size_t *len)
 {
-    uint64_t n = get_u64(r);
+    uint64_t n = dcpi_get_u64(r);
     if (n == UINT64_MAX)
         return NULL;
-    const char *p = n <= (size_t)(r->end - r->p) ? take(r, (size_t)n) : (r->bad = 1, NULL);
+    const char *p = n <= (size_t)(r->end - r->p) ? dcpi_take(r, (size_t)n) : (r->bad = 1, NULL);
     if (!p)
         return NULL;
     if (len)
@@ -289,48 +203,33 @@ static const char *get_str(rbuf *r, dcpi_arena *a, size_t *len)
         r->bad = 1;
     return s;
 }
-static void get_blob(rbuf *r, dcp_blob *b, size_t nfiles)
+static void get_blob(dcpi_rbuf *r, dcp_blob *b, size_t nfiles)
 {
-    uint64_t f = get_u64(r), t = get_u64(r);
-    b->offset = get_u64(r);
-    b->length = get_u64(r);
+    uint64_t f = dcpi_get_u64(r), t = dcpi_get_u64(r);
+    b->offset = dcpi_get_u64(r);
+    b->length = dcpi_get_u64(r);
     if (f >= nfiles || t > UINT32_MAX || b->offset > UINT64_MAX - b->length)
         r->bad = 1;
     b->file = (uint32_t)f;
     b->transforms = (uint32_t)t;
 }
-/* A checksummed payload: r covers it without its trailing sum. */
-static int sum_ok(const void *data, size_t len, uint64_t seed, rbuf *r)
-{
-    if (!data || len < 8)
-        return 0;
-    const unsigned char *p = data, *s = p + len - 8;
-    uint64_t h = 0;
-    for (int i = 0; i < 8; i++)
-        h |= (uint64_t)s[i] << (8 * i);
-    r->p = p;
-    r->end = s;
-    r->bad = 0;
-    return XXH3_64bits_withSeed(p, len - 8, seed) == h;
-}
-
 /* The model row into an empty ck: files (each must still have its size),
  * info, and room for every entry. */
 static int get_head(dcp_checkpoint *ck, const unsigned char *data, size_t len, uint64_t db_bytes,
                     uint64_t *nchunks)
 {
-    rbuf r = {data, data + len, 0};
+    dcpi_rbuf r = {data, data + len, 0};
     dcp_error err;
-    const char *magic = take(&r, 8);
+    const char *magic = dcpi_take(&r, 8);
     if (!magic || memcmp(magic, MAGIC, 8))
         return -1;
-    uint64_t nfiles = get_u64(&r);
+    uint64_t nfiles = dcpi_get_u64(&r);
     if (nfiles > len / 2)
         return -1;
     for (uint64_t f = 0; f < nfiles && !r.bad; f++) {
         size_t n = 0;
         const char *name = get_str(&r, &ck->arena, &n);
-        uint64_t size = get_u64(&r);
+        uint64_t size = dcpi_get_u64(&r);
         uint32_t idx;
         if (!name || dcpi_model_file(ck, name, n, &idx, &err) < 0 || idx != f)
             return -1;
@@ -346,12 +245,12 @@ static int get_head(dcp_checkpoint *ck, const unsigned char *data, size_t len, u
     in->version = get_str(&r, &ck->arena, NULL);
     in->checkpoint_id = get_str(&r, &ck->arena, NULL);
     in->save_id = get_str(&r, &ck->arena, NULL);
-    uint64_t flags = get_u64(&r);
+    uint64_t flags = dcpi_get_u64(&r);
     in->has_planner_data = (int)(flags & 1);
     in->megatron = (int)((flags >> 1) & 1);
-    in->metadata_bytes = get_u64(&r);
-    uint64_t nentries = get_u64(&r);
-    *nchunks = get_u64(&r);
+    in->metadata_bytes = dcpi_get_u64(&r);
+    uint64_t nentries = dcpi_get_u64(&r);
+    *nchunks = dcpi_get_u64(&r);
     /* Every entry and chunk takes bytes of the catalog file: that bounds the
      * tables allocated here (calloc: pages are touched as entries are read). */
     if (r.bad || r.p != r.end || nentries > db_bytes / 8 || *nchunks > db_bytes)
@@ -373,10 +272,10 @@ static int damaged(dcp_checkpoint *ck, const char *what, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     sqlite3 *db = dcpi_catalog_db(lz->cat);
-    char sql[160];
-    snprintf(sql, sizeof sql, "DELETE FROM model_entries WHERE model=%lld; DELETE FROM models WHERE id=%lld",
-             (long long)lz->model, (long long)lz->model);
-    sqlite3_stmt *busy[] = {lz->all, lz->exact, lz->seek, lz->chunks, lz->alive};
+    char sql[256];
+    snprintf(sql, sizeof sql, "DELETE FROM model_entries WHERE model=%lld; DELETE FROM model_records WHERE model=%lld;"
+             " DELETE FROM models WHERE id=%lld", (long long)lz->model, (long long)lz->model, (long long)lz->model);
+    sqlite3_stmt *busy[] = {lz->all, lz->exact, lz->seek, lz->chunks, lz->alive, lz->records};
     for (size_t i = 0; i < sizeof busy / sizeof *busy; i++)
         sqlite3_reset(busy[i]);
     sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
@@ -401,11 +300,11 @@ static int fill_entry(dcp_checkpoint *ck, uint64_t idx, const void *key, size_t 
     dcp_entry *e = &ck->entries[idx];
     if (e->key)
         return 0;
-    rbuf r;
+    dcpi_rbuf r;
     if (memchr(key, 0, klen) ||
-        !sum_ok(head, hlen, XXH3_64bits_withSeed(key, klen, SEED_HEAD ^ idx), &r))
+        !dcpi_sum_ok(head, hlen, XXH3_64bits_withSeed(key, klen, SEED_HEAD ^ idx), &r))
         goto bad;
-    uint64_t bits = get_u64(&r);
+    uint64_t bits = dcpi_get_u64(&r);
     dcp_kind kind = (dcp_kind)(bits & 0xff);
     dcp_dtype dt = (dcp_dtype)((bits >> 8) & 0xff);
     int ndim = (int)((bits >> 16) & 0xffff);
@@ -419,7 +318,7 @@ static int fill_entry(dcp_checkpoint *ck, uint64_t idx, const void *key, size_t 
             goto bad;
     dcp_blob blob;
     get_blob(&r, &blob, ck->nfiles);
-    uint64_t nchunks = get_u64(&r);
+    uint64_t nchunks = dcpi_get_u64(&r);
     if (r.bad || r.p != r.end || nchunks > lz->nchunks || (kind == DCP_KIND_BYTES && (nchunks || ndim)) ||
         (kind == DCP_KIND_TENSOR && !dcp_dtype_size(dt)))
         goto bad;
@@ -609,8 +508,8 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
 static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data,
                                     size_t len)
 {
-    rbuf r;
-    if (!sum_ok(data, len, SEED_CHUNKS ^ (uint64_t)idx, &r))
+    dcpi_rbuf r;
+    if (!dcpi_sum_ok(data, len, SEED_CHUNKS ^ (uint64_t)idx, &r))
         return NULL;
     size_t n = e->nchunks, nd = (size_t)e->ndim;
     /* each chunk takes at least 6 bytes: bounds the allocation */
@@ -638,7 +537,7 @@ static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size
         dcp_chunk *ch = &s->chunks[c];
         ch->offsets = off;
         ch->sizes = sz;
-        uint64_t hb = get_u64(&r);
+        uint64_t hb = dcpi_get_u64(&r);
         ch->has_blob = (int)(hb & 1);
         get_blob(&r, &ch->blob, ck->nfiles);
         if (hb > 1)
@@ -694,6 +593,8 @@ static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **o
         *out = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0));
         if (!*out)
             rc = damaged(ck, e->key, err);
+        else
+            dcpi_records_load(ck, *out);
     } else if (src == SQLITE_DONE) {
         rc = gone(ck, err) < 0 ? -1 : damaged(ck, e->key, err);
     } else {
@@ -726,6 +627,7 @@ void dcpi_lazy_free(struct dcpi_lazy *lz)
     sqlite3_finalize(lz->seek);
     sqlite3_finalize(lz->chunks);
     sqlite3_finalize(lz->alive);
+    dcpi_records_free(lz);
     dcp_catalog_close(lz->cat);
     dcp_close(lz->parsed);
     dcpi_arena_free(&lz->arena);
@@ -809,7 +711,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
             prepare(db, "SELECT idx, key, head FROM model_entries INDEXED BY model_entries_by_key"
                         " WHERE model=?1 AND key>=?2 ORDER BY key LIMIT 1", &lz->seek) < 0 ||
             prepare(db, "SELECT chunks FROM model_entries WHERE model=? AND idx=?", &lz->chunks) < 0 ||
-            prepare(db, "SELECT 1 FROM models WHERE id=?", &lz->alive) < 0)
+            prepare(db, "SELECT 1 FROM models WHERE id=?", &lz->alive) < 0 || dcpi_records_prepare(ck) < 0)
             rc = -1;
     }
     return rc;
@@ -820,7 +722,7 @@ static int store_entries(dcp_checkpoint *ck, sqlite3 *db, sqlite3_int64 model)
 {
     sqlite3_stmt *st;
     int rc = sqlite3_prepare_v2(db, "INSERT INTO model_entries VALUES(?,?,?,?,?)", -1, &st, NULL);
-    wbuf h = {0}, c = {0};
+    dcpi_wbuf h = {0}, c = {0};
     for (size_t i = 0; rc == SQLITE_OK && i < ck->nentries; i++) {
         const dcp_entry *e = &ck->entries[i];
         put_entry(&h, e, i);
@@ -863,7 +765,7 @@ static int exec2(sqlite3 *db, const char *sql, const char *a1, const char *a2)
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
 {
     char key[33], real[PATH_MAX];
-    wbuf w = {0};
+    dcpi_wbuf w = {0};
     dcp_catalog *cat = NULL;
     dcp_error err;
     uint64_t nchunks = 0;
@@ -897,6 +799,9 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
         char sql[160];
         snprintf(sql, sizeof sql, "DELETE FROM model_entries WHERE model IN (%s)", stale);
         rc = exec2(db, sql, real, key);
+        snprintf(sql, sizeof sql, "DELETE FROM model_records WHERE model IN (%s)", stale);
+        if (rc == SQLITE_OK)
+            rc = exec2(db, sql, real, key);
         if (rc == SQLITE_OK)
             rc = exec2(db, "DELETE FROM models WHERE path=?1 OR metadata_key=?2", real, key);
         if (rc == SQLITE_OK &&

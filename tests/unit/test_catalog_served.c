@@ -392,6 +392,78 @@ START_TEST(changed_checkpoint_catalogued_afresh)
 }
 END_TEST
 
+/* How many of the tensor chunks of s have a record before any is located
+ * (those read back from the catalog), and how many chunks with a blob. */
+static void preloaded(dcp_checkpoint *s, const char *file, size_t *have, size_t *all)
+{
+    dcp_error err;
+    *have = *all = 0;
+    for (size_t i = 0; i < dcp_num_entries(s); i++) {
+        const dcp_entry *e = dcp_entry_at(s, i);
+        const dcp_chunk *c;
+        if (e->kind != DCP_KIND_TENSOR)
+            continue;
+        ck_assert_msg(dcp_entry_chunks(s, e, &c, &err) == 0, "%s", err.msg);
+        const dcpi_chunkset *set = s->priv[i].set;
+        for (size_t k = 0; k < e->nchunks; k++) {
+            if (!c[k].has_blob || (file && strcmp(dcp_file_name(s, c[k].blob.file), file)))
+                continue;
+            (*all)++;
+            *have += set->records[k].state == 1;
+        }
+        dcp_release_chunks(s, e);
+    }
+}
+
+START_TEST(records_stored_and_used_while_shards_unchanged)
+{
+    make_tmpdir();
+    char src[4200], ck[4300];
+    fixture_path("01_single_plain", src, sizeof src);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("chmod -R u+w '%s' %s", ck, "");
+    dcp_checkpoint *p = open_parsed(ck);
+    /* located through a served model (its chunk sets dropped at once), stored */
+    dcp_checkpoint *s = open_served(ck);
+    same_reads(p, s);
+    dcp_close(s);
+    ck_assert_int_gt(count("SELECT count(*) FROM model_records"), 0);
+    /* the next open has them all before locating any, and they are the parsed ones */
+    dcp_checkpoint *c = open_catalog(ck);
+    ck_assert_int_eq(dcp_from_catalog(c), 1);
+    size_t have, all;
+    preloaded(c, NULL, &have, &all);
+    ck_assert_uint_gt(all, 0);
+    ck_assert_uint_eq(have, all);
+    same_reads(p, c);
+    for (size_t i = 0; i < dcp_num_entries(p); i++)
+        same_entry(p, dcp_entry_at(p, i), c, dcp_entry_at(c, i));
+    dcp_close(c);
+    /* a shard touched (new mtime and ctime): its records are located again */
+    run("touch '%s/__0_3.distcp' %s", ck, "");
+    c = open_catalog(ck);
+    ck_assert_int_eq(dcp_from_catalog(c), 1);
+    preloaded(c, "__0_3.distcp", &have, &all);
+    ck_assert_uint_gt(all, 0);
+    ck_assert_uint_eq(have, 0);
+    preloaded(c, NULL, &have, &all);
+    ck_assert_uint_gt(have, 0);   /* the other files' records still serve */
+    c->chunk_budget = 0;
+    same_reads(p, c);
+    dcp_close(c);
+    /* a damaged records row is ignored, never used */
+    ck_assert_int_eq(sql("UPDATE model_records SET data = CAST(zeroblob(length(data)) AS BLOB)"), SQLITE_OK);
+    c = open_catalog(ck);
+    preloaded(c, NULL, &have, &all);
+    ck_assert_uint_eq(have, 0);
+    same_reads(p, c);
+    dcp_close(c);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
 /* Format 2 catalogs (one model blob per checkpoint) are upgraded in place:
  * the models go, recorded digests stay. */
 START_TEST(format_2_catalog_upgraded)
@@ -432,6 +504,7 @@ int main(void)
     tcase_add_test(tc, threads_share_a_served_model);
     tcase_add_test(tc, model_dropped_under_an_open_checkpoint);
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
+    tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
