@@ -8,9 +8,9 @@
  * RING buffers (large sequential preads, the kernel told the access is
  * sequential) while the calling thread hashes the pieces already read; when
  * the hasher catches up it reads the next free piece itself instead of
- * waiting. So the rate is near that of reading alone, not of reading and
- * hashing in turn, and a reader thread that does not get a CPU costs
- * nothing. Without a second thread the hasher does it all.
+ * waiting. So with a second CPU the rate is that of reading alone (or
+ * better: both threads read), not of reading and hashing in turn; on a busy
+ * machine the low-priority reader yields and the hasher does it all. 
  *
  * Progress: progress(ctx, 0, total) when hashing starts, so that callers can
  * time the hashing alone.
@@ -20,7 +20,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -168,10 +170,15 @@ static int read_next(ring *g, int who)
     return 1;
 }
 
-/* The reader thread: read ahead while buffers are free. */
+/* The reader thread: read ahead while buffers are free. It runs at the
+ * lowest priority: on an idle CPU it reads in parallel with the hasher, and
+ * on a busy machine it yields, so that the hasher reads its pieces itself
+ * and hashes them while they are in its cache (two threads trading pieces
+ * on a saturated CPU cost more than one doing it all). */
 static void *reader(void *arg)
 {
     ring *g = arg;
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);   /* this thread only (Linux) */
     pthread_mutex_lock(&g->lock);
     while (g->claimed < g->pl->n)
         if (!read_next(g, 0))
