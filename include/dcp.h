@@ -169,16 +169,18 @@ size_t dcp_num_entries(const dcp_checkpoint *ck);
  * entries asked for: they are read from the catalog on first use and kept
  * until dcp_close, as a parsed model's are, so every dcp_entry pointer stays
  * valid until dcp_close. dcp_entry_at(ck, i) (metadata order) reads every
- * entry's header at its first call; dcp_find and dcp_seek read one. They
- * return NULL when there is no such entry, and also, for a model served by
- * the catalog, when the catalog cannot be read (dcp_seek tells the two apart). */
+ * entry's header at its first call; dcp_find and dcp_seek read one. If the
+ * catalog fails meanwhile (a damaged row, a model removed by another
+ * process), the metadata is parsed and the rest served from the parse. They
+ * return NULL when there is no such entry, and also when neither can answer
+ * (the checkpoint changed since it was opened: dcp_seek tells the two apart). */
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
 /* Keys in byte (strcmp) order, for listings by key prefix that need not hold
  * every key: *out is the entry with the smallest key >= from, or NULL when
  * there is none. The key right after k is the one >= k followed by "\x01". A
- * parsed model sorts its keys once, at the first call. -1 with err (EIO)
- * when the catalog cannot be read. */
+ * parsed model sorts its keys once, at the first call. -1 with err when
+ * neither the catalog nor a parse can answer (ESTALE: the checkpoint changed). */
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err);
 
 /* The chunks of tensor e: e->nchunks boxes in metadata order in *out (NULL
@@ -187,7 +189,7 @@ int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_er
  * and the records dcp_chunk_record gives for e, stay valid until the
  * matching dcp_release_chunks(ck, e). Calls pair up, may nest and may come
  * from any thread. A parsed model's chunks live until dcp_close. -1 with err
- * (EIO naming the key) when the catalog cannot be read. */
+ * as for dcp_seek. */
 int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err);
 void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e);
 
