@@ -1,113 +1,178 @@
 #!/bin/bash
-# The catalog at scale (run by `make bench`, never by the tests).
+# The catalog at scale (issue 5), run by `make bench`, never by the tests.
 #
-# A synthetic checkpoint of 100,000 keys and 1,000,000 chunks (10 row chunks
-# of 4x8 float32 per key over 10 shard files, every chunk a real torch.save
-# record), made with `dcp synth` when it exists, else with PyTorch; kept in
-# $DCPFS_BENCH_DIR between runs. Reports, with a private catalog:
-#   first open    parse .metadata and store the model (dcp info)
-#   reopen        the same, served by the catalog (best of REPS)
-#   no catalog    parse only
-#   dcpfs         time to mount, stat of one deep key right after mounting,
-#                 ls -R of the whole tree, the daemon's peak RSS (VmHWM)
-#   verify        dcp verify --record and dcp verify (re-hash) against a raw
-#                 read of the same shard files (warm page cache for both), for
-#                 the 1M-chunk checkpoint and for one of 4 large tensors.
-# Targets (issue 5): reopen < 0.2 s, stat < 1 ms, daemon RSS < 100 MiB,
-# verify >= 0.8x the raw read rate.
-set -euo pipefail
-: "${top_builddir:=$(cd "$(dirname "$0")/.." && pwd)}" "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
+# A synthetic checkpoint of 100,000 keys and 1,000,000 chunks, made with
+# `dcp synth --keys 100000 --shape 40,8 --ranks 10 --shard rows`: every key
+# "model.layers.K.weight" is a 40x8 float32 tensor saved as 10 row chunks of
+# 4x8, one per rank file, each a real torch.save record. Measured with a
+# private catalog, each against its target:
+#   first open     dcp info parsing .metadata and storing the model
+#   reopen         dcp info served by the catalog (every entry's header), and
+#                  dcp cat of one key (the open and one lookup)      < 0.2 s
+#   dcpfs          mount served by the catalog; stat of one deep key right
+#                  after mounting (median of REPS fresh mounts; and 50
+#                  more keys, each the first lookup in its directory) < 1 ms
+#                  ls -R of the whole tree; the daemon's peak RSS     < 100 MiB
+#                  a first mount that parses: its peak, and its RSS after
+#   verify         the hashing rate of dcp verify against a raw read (dd,
+#                  1 MiB reads) of the same shard files, both from a warm page
+#                  cache, best of REPS each, run in turns              >= 0.8x
+#                  for the 1M-chunk checkpoint and for 4 tensors of BIG_MIB
+# Times are wall clock (best of REPS) with CPU time (user+sys) beside them:
+# on a busy machine trust CPU time and ratios. The checkpoints are made in
+# $DCPFS_BENCH_DIR (default $TMPDIR/dcpfs-bench-catalog) and deleted at the
+# end unless DCPFS_BENCH_KEEP=1 (then a later run reuses them).
+set -uo pipefail
+: "${top_builddir:=$(cd "$(dirname "$0")/.." && pwd)}"
 DCP="$top_builddir/dcp"
 DCPFS="$top_builddir/dcpfs"
-DIR="${DCPFS_BENCH_DIR:-${TMPDIR:-/tmp}/dcpfs-bench}"
+DIR="${DCPFS_BENCH_DIR:-${TMPDIR:-/tmp}/dcpfs-bench-catalog}"
 REPS="${DCPFS_BENCH_REPS:-3}"
 KEYS="${DCPFS_BENCH_KEYS:-100000}"      # x 10 chunks
 BIG_MIB="${DCPFS_BENCH_BIG_MIB:-256}"   # each of the 4 large tensors
+KEEP="${DCPFS_BENCH_KEEP:-0}"
 
 say() { printf '%s\n' "$*"; }
-[ -x "$DCP" ] || { say "bench-catalog: build first (make)"; exit 0; }
-command -v /usr/bin/time >/dev/null || { say "bench-catalog: needs /usr/bin/time: skipped"; exit 0; }
-mkdir -p "$DIR"
-CK="$DIR/catalog-${KEYS}keys"
-BIG="$DIR/catalog-big-${BIG_MIB}m"
-CAT="$DIR/catalog-bench.sqlite"
-MNT="$DIR/catalog-mnt"
+skip() { say "bench-catalog: skipped: $*"; exit 0; }
+[ -x "$DCP" ] || skip "build first (make)"
+command -v /usr/bin/time >/dev/null || skip "needs /usr/bin/time"
+command -v python3 >/dev/null || skip "needs python3 (the stat timing)"
+mkdir -p "$DIR" || skip "cannot create $DIR"
+CK="$DIR/many-${KEYS}keys"
+BIG="$DIR/big-${BIG_MIB}m"
+CAT="$DIR/catalog.sqlite"
+MNT="$DIR/mnt"
+OUT="$DIR/out"
 PID=""
-cleanup() { [ -n "$PID" ] && { fusermount3 -u "$MNT" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }; rm -f "$CAT" "$CAT"-*; }
+cleanup() {
+    if [ -n "$PID" ]; then fusermount3 -u "$MNT" 2>/dev/null; wait "$PID" 2>/dev/null; fi
+    rm -rf "$CAT" "$CAT"-* "$MNT" "$MNT.ready" "$OUT" "$DIR"/time "$DIR"/synth.log "$DIR"/mnt.log
+    if [ "$KEEP" != 1 ]; then rm -rf "$CK" "$BIG"; rmdir "$DIR" 2>/dev/null; fi
+}
 trap cleanup EXIT
+need_kb=$(( (KEYS * 1900 + 4 * BIG_MIB * 1048576) / 1024 + 512 * 1024 ))
+have_kb=$(df -Pk "$DIR" | awk 'NR == 2 {print $4}')
+[ -f "$CK/.metadata" ] && [ -f "$BIG/.metadata" ] || [ "${have_kb:-0}" -ge "$need_kb" ] ||
+    skip "needs $((need_kb / 1024)) MiB free in $DIR"
 
 # ------------------------------------------------------------ checkpoints
-gen_many() {
-    [ -f "$CK/.metadata" ] && return 0
-    rm -rf "$CK"
-    if "$DCP" synth "$CK" --keys "$KEYS" --shape 40,8 --dtype float32 --ranks 10 --shard rows --seed 1 \
-            >"$DIR/catalog-synth.log" 2>&1; then
-        return 0
-    fi
-    rm -rf "$CK"
-    python3 -c 'import torch' 2>/dev/null || { say "bench-catalog: neither \`dcp synth\` nor PyTorch: skipped"; exit 0; }
-    say "(dcp synth unavailable: $(head -1 "$DIR/catalog-synth.log"); generating with PyTorch)"
-    python3 - "$CK" "$KEYS" <<'PY'
-import io, os, pickle, sys, torch
-from torch.distributed.checkpoint.metadata import (Metadata, TensorStorageMetadata, ChunkStorageMetadata,
-    TensorProperties, MetadataIndex)
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-out, K, C = sys.argv[1], int(sys.argv[2]), 10
-os.makedirs(out)
-buf = io.BytesIO(); torch.save(torch.arange(32, dtype=torch.float32).reshape(4, 8), buf)
-rec = buf.getvalue(); L = len(rec)
-sdm, sd = {}, {}
-for k in range(K):
-    key = f"model.layers.{k // 100}.mlp.experts.{k % 100}.weight"
-    sdm[key] = TensorStorageMetadata(properties=TensorProperties(dtype=torch.float32), size=torch.Size([4 * C, 8]),
-        chunks=[ChunkStorageMetadata(offsets=torch.Size([i * 4, 0]), sizes=torch.Size([4, 8])) for i in range(C)])
-    for i in range(C):
-        sd[MetadataIndex(key, torch.Size([i * 4, 0]))] = _StorageInfo(f"__{i}_0.distcp", k * L, L)
-for i in range(C):
-    with open(f"{out}/__{i}_0.distcp", "wb") as f:
-        f.write(rec * K)
-with open(f"{out}/.metadata", "wb") as f:
-    pickle.dump(Metadata(state_dict_metadata=sdm, storage_data=sd, planner_data={}), f)
-PY
+synth() {   # synth DIR ARGS...
+    local d=$1; shift
+    [ -f "$d/.metadata" ] && return 0
+    rm -rf "$d"
+    "$DCP" synth "$d" "$@" --seed 1 >"$DIR/synth.log" 2>&1 || skip "dcp synth failed: $(head -1 "$DIR/synth.log")"
 }
-
-gen_big() {
-    [ -f "$BIG/.metadata" ] && return 0
-    rm -rf "$BIG"
-    local side; side=$(awk -v m="$BIG_MIB" 'BEGIN {printf "%d", sqrt(m * 1048576 / 4)}')
-    if "$DCP" synth "$BIG" --keys 4 --shape "$side,$side" --dtype float32 --ranks 4 --shard rows --seed 1 \
-            >"$DIR/catalog-synth.log" 2>&1; then
-        return 0
-    fi
-    rm -rf "$BIG"
-    python3 - "$BIG" "$side" <<'PY'
-import sys, torch, torch.distributed.checkpoint as dcp
-out, side = sys.argv[1], int(sys.argv[2])
-g = torch.Generator().manual_seed(1)
-dcp.save({f"layer{i}.weight": torch.rand(side, side, generator=g) for i in range(4)}, checkpoint_id=out, no_dist=True)
-PY
-}
+side=$(awk -v m="$BIG_MIB" 'BEGIN {printf "%d", sqrt(m * 1048576 / 4)}')
+synth "$CK" --keys "$KEYS" --shape 40,8 --dtype float32 --ranks 10 --shard rows
+synth "$BIG" --keys 4 --shape "$side,$side" --dtype float32 --ranks 4 --shard rows
 
 # ------------------------------------------------------------ measures
-# timed CMD...: sets SECS and KB (peak RSS) of one run.
-# timed CMD...: SECS (wall), CPU (user+sys) and KB (peak RSS) of one run.
+# timed CMD...: SECS (wall), CPU (user+sys), MIB (peak RSS) of one run.
 timed() {
-    /usr/bin/time -o "$DIR/catalog-time" -f '%e %U %S %M' "$@" >/dev/null 2>&1 || true
-    local u s
-    read -r SECS u s KB < <(tail -1 "$DIR/catalog-time")
+    /usr/bin/time -o "$DIR/time" -f '%e %U %S %M' "$@" >/dev/null 2>&1
+    local u s kb
+    read -r SECS u s kb < <(tail -1 "$DIR/time")
     CPU=$(awk -v u="$u" -v s="$s" 'BEGIN {printf "%.2f", u + s}')
+    MIB=$(awk -v k="$kb" 'BEGIN {printf "%.0f", k / 1024}')
 }
-best() {   # best of REPS: SECS, CPU, KB of the fastest run (shared machines are noisy)
-    local bs="" bk="" bc=""
+best() {   # best of REPS by wall time
+    local bs="" bc="" bm=""
     for _ in $(seq "$REPS"); do
         timed "$@"
-        if [ -z "$bs" ] || awk -v a="$SECS" -v b="$bs" 'BEGIN {exit !(a < b)}'; then bs=$SECS; bk=$KB; bc=$CPU; fi
+        if [ -z "$bs" ] || awk -v a="$SECS" -v b="$bs" 'BEGIN {exit !(a < b)}'; then bs=$SECS; bc=$CPU; bm=$MIB; fi
     done
-    SECS=$bs; KB=$bk; CPU=$bc
+    SECS=$bs; CPU=$bc; MIB=$bm
 }
-mib() { awk -v k="$1" 'BEGIN {printf "%.0f MiB", k / 1024}'; }
-# raw_rate FILES...: MB/s of one sequential read of the files (1 MiB reads).
-raw_rate() {
+# verdict VALUE OP TARGET: "met" or "NOT met" (OP: lt, ge)
+verdict() { awk -v v="$1" -v t="$3" -v op="$2" 'BEGIN {ok = op == "lt" ? v < t : v >= t; print ok ? "met" : "NOT met"}'; }
+line() { printf '%-34s %s\n' "$1" "$2"; }
+ms() { awk -v ns="$1" 'BEGIN {printf "%.3f", ns / 1e9}'; }
+
+say "checkpoint: $CK: $(du -sh --apparent-size "$CK" | cut -f1), .metadata $(du -h --apparent-size "$CK/.metadata" | cut -f1)"
+"$DCP" --no-catalog info "$CK" | grep -E '^(keys|chunks):' | sed 's/^/  /'
+
+# ------------------------------------------------------------ opens
+rm -f "$CAT" "$CAT"-*
+cat "$CK/.metadata" "$CK"/*.distcp >/dev/null   # every open below reads from the page cache
+timed "$DCP" --catalog "$CAT" info "$CK"
+line "first open (parse + store)" "$SECS s (cpu $CPU s), peak RSS $MIB MiB"
+say "  catalog file: $(du -h --apparent-size "$CAT" | cut -f1)"
+"$DCP" --catalog "$CAT" info "$CK" | grep -q "rebuilt from the catalog" || say "  (a reopen was NOT served by the catalog)"
+best "$DCP" --catalog "$CAT" info "$CK"
+line "reopen, dcp info (every header)" "$SECS s (cpu $CPU s), peak RSS $MIB MiB   target < 0.2 s: $(verdict "$SECS" lt 0.2)"
+best "$DCP" --catalog "$CAT" cat "$CK" "model.layers.$((KEYS - 1)).weight"
+line "reopen, dcp cat of one key" "$SECS s (cpu $CPU s), peak RSS $MIB MiB   target < 0.2 s: $(verdict "$SECS" lt 0.2)"
+timed "$DCP" --no-catalog info "$CK"
+line "no catalog (parse only)" "$SECS s (cpu $CPU s), peak RSS $MIB MiB"
+
+# ------------------------------------------------------------ dcpfs
+# mount CATALOG: start dcpfs on $CK and wait until it answers; MOUNT_NS.
+mount_ck() {
+    mkdir -p "$MNT"
+    rm -f "$MNT.ready"; mkfifo "$MNT.ready"
+    local t0 t1 b=""
+    t0=$(date +%s%N)
+    "$DCPFS" -f -o ready_fd=3 -o "catalog=$1" "$CK" "$MNT" 3>"$MNT.ready" 2>"$DIR/mnt.log" &
+    PID=$!
+    read -r -t 600 -n 1 b <"$MNT.ready"
+    t1=$(date +%s%N); rm -f "$MNT.ready"
+    MOUNT_NS=$((t1 - t0))
+    [ "$b" = 1 ]
+}
+unmount_ck() { fusermount3 -u "$MNT" 2>/dev/null; wait "$PID" 2>/dev/null; PID=""; }
+status_kb() { awk -v k="$1:" '$1 == k {print $2}' "/proc/$PID/status"; }
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$PID/stat"; }
+stat_first() {   # the first stat of KEY's file right after mounting, in ms
+    python3 -c 'import os, sys, time
+t = time.perf_counter(); os.stat(sys.argv[1]); print(f"{(time.perf_counter() - t) * 1e3:.3f}")' "$MNT/$1"
+}
+if [ -x "$DCPFS" ] && [ -c /dev/fuse ] && command -v fusermount3 >/dev/null; then
+    deep="model/layers/$((KEYS - 1))/weight"
+    firsts=""
+    for _ in $(seq "$REPS"); do   # a fresh mount each time: the first lookups of the path
+        mount_ck "$CAT" || break
+        firsts="$firsts $(stat_first "$deep")"
+        mounted_ns=$MOUNT_NS
+        unmount_ck
+    done
+    if [ -n "$firsts" ] && mount_ck "$CAT"; then
+        line "dcpfs mount (catalog)" "$(ms $mounted_ns) s, RSS $(( $(status_kb VmRSS) / 1024 )) MiB"
+        read -r fbest fmed < <(printf '%s\n' $firsts | sort -n | awk '{v[NR] = $1} END {print v[1], v[int((NR + 1) / 2)]}')
+        line "stat of $deep" "first after mounting: best $fbest ms, median $fmed ms of $REPS mounts   target < 1 ms: $(verdict "$fmed" lt 1)"
+        python3 - "$MNT" "$KEYS" >"$OUT" <<'PY'
+import os, random, statistics, sys, time
+mnt, keys = sys.argv[1], int(sys.argv[2])
+def first_stat(p):
+    t = time.perf_counter(); os.stat(p); return (time.perf_counter() - t) * 1e3
+rng = random.Random(1)
+more = [first_stat(f"{mnt}/model/layers/{k}/weight") for k in rng.sample(range(keys - 1), min(50, keys - 1))]
+print(f"{statistics.median(more):.3f} {max(more):.3f}")
+PY
+        read -r med worst <"$OUT"
+        line "  50 more keys, each a first stat" "median $med ms, worst $worst ms"
+        t0=$(date +%s%N); n=$(ls -R "$MNT" | wc -l); t1=$(date +%s%N)
+        line "ls -R ($n lines)" "$(ms $((t1 - t0))) s, daemon cpu $(cpu_s) s since mount"
+        hwm=$(( $(status_kb VmHWM) / 1024 ))
+        line "dcpfs peak RSS (after ls -R)" "$hwm MiB (now $(( $(status_kb VmRSS) / 1024 )) MiB)   target < 100 MiB: $(verdict "$hwm" lt 100)"
+        unmount_ck
+    else
+        say "dcpfs: did not mount: $(head -3 "$DIR/mnt.log")"
+        unmount_ck
+    fi
+    # A first mount parses in the daemon; then it is served from the catalog and the parse's memory goes back.
+    if mount_ck "$DIR/first.sqlite"; then
+        line "dcpfs first mount (parse + store)" "$(ms $MOUNT_NS) s, peak RSS $(( $(status_kb VmHWM) / 1024 )) MiB, RSS after $(( $(status_kb VmRSS) / 1024 )) MiB"
+    else
+        say "dcpfs: the first mount failed: $(head -3 "$DIR/mnt.log")"
+    fi
+    unmount_ck
+    rm -f "$DIR/first.sqlite" "$DIR/first.sqlite"-*
+else
+    say "dcpfs: not built, or no /dev/fuse or fusermount3: skipped"
+fi
+
+# ------------------------------------------------------------ hashing
+raw_rate() {   # MB/s of one sequential read of the files with 1 MiB reads
     local t0 t1 bytes
     bytes=$(stat -L -c %s "$@" | awk '{s += $1} END {print s}')
     t0=$(date +%s%N)
@@ -115,75 +180,24 @@ raw_rate() {
     t1=$(date +%s%N)
     awk -v b="$bytes" -v ns=$((t1 - t0)) 'BEGIN {printf "%.0f", b / ns * 1000}'
 }
+rate_of() { sed -n "s/^content: $1 .*(\([0-9]*\) MB\/s).*/\1/p" "$OUT"; }
+max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 verify_rates() {   # verify_rates CKPT LABEL
-    local ck=$1 label=$2 raw rec chk
-    cat "$ck"/*.distcp >/dev/null   # warm: both sides read from the page cache
-    raw=$(raw_rate "$ck"/*.distcp)
-    "$DCP" --catalog "$CAT" verify --record "$ck" >"$DIR/catalog-verify.out" 2>&1 || true
-    rec=$(sed -n 's/^content: hashed .*(\([0-9]*\) MB\/s)$/\1/p' "$DIR/catalog-verify.out")
-    timed "$DCP" --catalog "$CAT" verify --record "$ck"
-    local tot=$SECS
-    "$DCP" --catalog "$CAT" verify "$ck" >"$DIR/catalog-verify.out" 2>&1 || true
-    chk=$(sed -n 's/^content: re-hashed .*(\([0-9]*\) MB\/s)$/\1/p' "$DIR/catalog-verify.out")
-    say "$(printf '%-22s raw read %6s MB/s | record %6s MB/s (%.2fx) | re-hash %6s MB/s (%.2fx) | whole verify --record %s s' \
-        "$label" "$raw" "${rec:-?}" "$(awk -v a="${rec:-0}" -v b="$raw" 'BEGIN {print a / b}')" \
-        "${chk:-?}" "$(awk -v a="${chk:-0}" -v b="$raw" 'BEGIN {print a / b}')" "$tot")"
-    grep -q ": OK$" "$DIR/catalog-verify.out" || { say "  verify reported problems:"; head -5 "$DIR/catalog-verify.out" | sed 's/^/    /'; }
+    local ck=$1 label=$2 raw=0 chk=0 rec r c
+    cat "$ck"/*.distcp >/dev/null
+    "$DCP" --catalog "$CAT" verify --record "$ck" >"$OUT" 2>&1
+    rec=$(rate_of hashed)
+    for _ in $(seq "$REPS"); do   # in turns: both see the same machine
+        r=$(raw_rate "$ck"/*.distcp)
+        "$DCP" --catalog "$CAT" verify "$ck" >"$OUT" 2>&1
+        grep -q ": OK$" "$OUT" || { say "  verify reported problems:"; head -5 "$OUT" | sed 's/^/    /'; }
+        c=$(rate_of re-hashed)
+        raw=$(max "$raw" "$r"); chk=$(max "$chk" "${c:-0}")
+    done
+    timed "$DCP" --catalog "$CAT" verify "$ck"
+    local ratio; ratio=$(awk -v a="$chk" -v b="$raw" 'BEGIN {printf "%.2f", b ? a / b : 0}')
+    line "verify, $label" "re-hash $chk MB/s vs raw read $raw MB/s = ${ratio}x   target >= 0.8x: $(verdict "$ratio" ge 0.8)"
+    say "  (--record hashed at ${rec:-?} MB/s; a whole dcp verify: $SECS s, cpu $CPU s, peak RSS $MIB MiB)"
 }
-
-gen_many
-gen_big
-say "checkpoint: $CK ($(du -sh --apparent-size "$CK" | cut -f1), .metadata $(du -h --apparent-size "$CK/.metadata" | cut -f1))"
-"$DCP" --no-catalog info "$CK" | grep -E '^(keys|chunks):' | sed 's/^/  /'
-
-rm -f "$CAT" "$CAT"-*
-timed "$DCP" --catalog "$CAT" info "$CK"
-say "$(printf '%-22s %6.2f s (cpu %s s)  peak RSS %s' "first open (+store)" "$SECS" "$CPU" "$(mib "$KB")")"
-best "$DCP" --catalog "$CAT" info "$CK"
-"$DCP" --catalog "$CAT" info "$CK" | grep -q "rebuilt from the catalog" || say "  (not served by the catalog!)"
-say "$(printf '%-22s %6.2f s (cpu %s s)  peak RSS %s   (target < 0.2 s)' "catalog reopen" "$SECS" "$CPU" "$(mib "$KB")")"
-timed "$DCP" --no-catalog info "$CK"
-say "$(printf '%-22s %6.2f s (cpu %s s)  peak RSS %s' "no catalog (parse)" "$SECS" "$CPU" "$(mib "$KB")")"
-say "catalog file: $(du -h --apparent-size "$CAT" | cut -f1)"
-
-# ------------------------------------------------------------ dcpfs
-if [ -x "$DCPFS" ] && [ -c /dev/fuse ] && command -v fusermount3 >/dev/null; then
-    mkdir -p "$MNT"
-    rm -f "$MNT.ready"; mkfifo "$MNT.ready"
-    t0=$(date +%s%N)
-    "$DCPFS" -f -o ready_fd=3 -o "catalog=$CAT" "$CK" "$MNT" 3>"$MNT.ready" 2>"$DIR/catalog-mnt.log" &
-    PID=$!
-    b=""; read -r -t 120 -n 1 b <"$MNT.ready" || true
-    t1=$(date +%s%N); rm -f "$MNT.ready"
-    if [ "$b" = 1 ]; then
-        say "$(printf '%-22s %6.2f s' "dcpfs mount" "$(awk -v ns=$((t1 - t0)) 'BEGIN {print ns / 1e9}')")"
-        deep=$(cd "$MNT" && python3 - <<'PY'
-import os, time
-p = "model/layers/999/mlp/experts/99/weight"
-t = time.perf_counter()
-try:
-    os.stat(p)   # the first lookup of each path component since mounting
-except FileNotFoundError:   # dcpfs may name keys differently: find it, then time a fresh one
-    p = next(os.path.join(r, f) for r, _, fs in os.walk(".") for f in fs if "999" in r + f)
-    t = time.perf_counter(); os.stat(p)
-first = time.perf_counter() - t
-t = time.perf_counter(); os.stat(p); again = time.perf_counter() - t
-print(f"{first * 1e3:.3f} ms (again {again * 1e3:.3f} ms) for {p}")
-PY
-)
-        say "$(printf '%-22s %s   (target < 1 ms)' "stat one deep key" "$deep")"
-        t0=$(date +%s%N); n=$(ls -R "$MNT" | wc -l); t1=$(date +%s%N)
-        say "$(printf '%-22s %6.2f s  (%s lines)' "ls -R" "$(awk -v ns=$((t1 - t0)) 'BEGIN {print ns / 1e9}')" "$n")"
-        hwm=$(awk '/VmHWM/ {print $2}' "/proc/$PID/status")
-        say "$(printf '%-22s %s   (target < 100 MiB)' "dcpfs peak RSS" "$(mib "$hwm")")"
-    else
-        say "dcpfs: did not mount: $(cat "$DIR/catalog-mnt.log")"
-    fi
-    fusermount3 -u "$MNT" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; PID=""
-else
-    say "dcpfs: not built, or no /dev/fuse / fusermount3: skipped"
-fi
-
-# ------------------------------------------------------------ hashing
-verify_rates "$CK" "verify, 1M chunks"
-verify_rates "$BIG" "verify, 4 x ${BIG_MIB} MiB"
+verify_rates "$BIG" "4 x $BIG_MIB MiB tensors"
+verify_rates "$CK" "1M chunks of 1.7 KiB"

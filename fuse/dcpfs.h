@@ -13,10 +13,18 @@
  * (the extra files of a Megatron folder) and virtual files (the safetensors
  * view of a whole checkpoint, stview.c).
  *
- * Locking: fs.lock (rwlock) guards the inode map and the child arrays of scan
- * directories and checkpoint roots; key-tree directories are built before they
- * are published and never change after. A node pointer, once obtained, stays
- * valid until unmount, so reads need no lock at all.
+ * Key trees are not held whole: a checkpoint's root is listed when it is
+ * opened, and every other key-tree directory when it is first listed
+ * (opendir); a lookup of one name in a directory not listed yet creates just
+ * that node, answered by a key lookup in the model (the catalog, for a model
+ * it serves). So a stat of one deep key costs a few key lookups, and memory
+ * grows with what is looked at, not with the checkpoint.
+ *
+ * Locking: fs.lock (rwlock) guards the inode map and the child arrays of all
+ * directories. A key-tree directory's children are published once, when it
+ * is listed, and never change after; nodes a lookup made earlier are reused
+ * (found in the inode map by their path hash). A node pointer, once
+ * obtained, stays valid until unmount, so reads need no lock at all.
  */
 #ifndef DCPFS_H
 #define DCPFS_H
@@ -102,6 +110,7 @@ struct dfs_node {
     struct dfs_node *parent;
     char *name;                /* the encoded name in the parent */
     enum dfs_ntype type;
+    unsigned gen;              /* ck->gen when made: nodes of an abandoned listing are never reused */
     struct dfs_ckpt *ck;       /* owning checkpoint (NULL for scan folders) */
     struct dfs_node *all_next; /* every node, for freeing at unmount */
 
@@ -109,6 +118,7 @@ struct dfs_node {
     struct dfs_node **kids;
     size_t nkids, kcap;
     size_t nsubdirs;
+    _Atomic int listed;        /* DFS_N_DIR: kids hold every child (else only lookups made nodes) */
 
     /* DFS_N_ENTRY */
     const dcp_entry *entry;
@@ -120,7 +130,7 @@ struct dfs_node {
     struct dfs_scan *scan;
 
     /* DFS_N_PASSTHRU: stat of the file at scan time */
-    struct stat pst;
+    struct stat *pst;
 
     /* DFS_N_VIRTUAL */
     const struct dfs_vfile_ops *vops;
@@ -140,6 +150,7 @@ struct dfs_ckpt {
     _Atomic int64_t *file_sizes;   /* per data file, -1 until fstat'ed (splice checks) */
     size_t nfiles;
     struct dfs_verified *verified; /* -o verify: blobs checked so far (verify.c) */
+    unsigned gen;              /* bumped when a checkpoint whose listing failed is opened again */
     struct dfs_ckpt *next;
 };
 
@@ -153,6 +164,7 @@ struct dfs {
     struct dfs_node *root;
     pthread_rwlock_t lock;     /* inode map, children of scan folders and checkpoint roots */
     pthread_mutex_t scan_lock; /* serialises rescans and checkpoint publication */
+    pthread_mutex_t list_lock; /* serialises listings of key-tree directories */
     struct dfs_inomap *map;
     pthread_mutex_t alloc_lock; /* guards all, nnodes and ckpts */
     struct dfs_node *all;      /* every node, for freeing at unmount */
@@ -180,9 +192,16 @@ struct dfs_node *dfs_map_get(struct dfs *fs, uint64_t ino);
 struct dfs_node *dfs_child(const struct dfs_node *dir, const char *name);
 void dfs_sort_kids(struct dfs_node *dir);
 int dfs_is_dir(const struct dfs_node *n);
-/* Open a checkpoint root if it is not open yet, and publish its tree.
+/* Open a checkpoint root if it is not open yet, and publish its listing.
  * Returns 0 or -errno (EIO when the checkpoint cannot be read, logged). */
 int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck);
+/* A key-tree directory: list it once (0 or -errno; with max, 1 when it has
+ * more children than that and was left unlisted), or look up one name in it
+ * before it is listed (the node, or NULL with *rc 0 when there is none, or
+ * -errno). */
+#define DFS_LIST_ON_LOOKUP 16   /* a directory looked up is listed when this small (exact st_nlink) */
+int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max);
+struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc);
 struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st);
 void dfs_free_all(struct dfs *fs);
 
@@ -203,8 +222,8 @@ const char *dfs_npy_descr(dcp_dtype dt, char *tmp, size_t tmplen);
 
 /* stview.c: the safetensors file of all a checkpoint's tensors */
 #define DFS_STVIEW_NAME "all.safetensors"
-/* Add the (not yet laid out) view file to a checkpoint root being built. */
-int dfs_stview_add(struct dfs *fs, struct dfs_node *root);
+/* A new (not yet laid out) view file for a checkpoint root being listed, or NULL. */
+struct dfs_node *dfs_stview_new(struct dfs *fs, struct dfs_node *root);
 
 /* read.c */
 void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);

@@ -248,6 +248,7 @@ int main(int argc, char *argv[])
     fs.srcfd = -1;
     pthread_rwlock_init(&fs.lock, NULL);
     pthread_mutex_init(&fs.scan_lock, NULL);
+    pthread_mutex_init(&fs.list_lock, NULL);
     pthread_mutex_init(&fs.alloc_lock, NULL);
 
     if (fuse_opt_parse(&args, &fs.opt, dfs_optspec, opt_proc) < 0)

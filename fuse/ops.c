@@ -40,19 +40,22 @@ static struct dfs_node *get_node(struct dfs *fs, fuse_ino_t ino)
     return n;
 }
 
-/* Bring a directory's children up to date: rescan a scan folder, open a checkpoint. */
-static int prepare_dir(struct dfs *fs, struct dfs_node *n)
+/* Bring a directory's children up to date: rescan a scan folder, open a
+ * checkpoint; list a key-tree directory when it is to be listed. */
+static int prepare_dir(struct dfs *fs, struct dfs_node *n, int listing)
 {
     if (n->type == DFS_N_SCANDIR)
         return dfs_scan_refresh(fs, n);
     if (n->type == DFS_N_CKPT)
         return dfs_ckpt_ensure(fs, n->ck);
+    if (listing && !atomic_load(&n->listed))
+        return dfs_dir_list(fs, n, 0);
     return 0;
 }
 
 /* The directory node ino, ready to list; replies with the error and returns
  * NULL when it is missing, not a directory, or cannot be prepared. */
-static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino)
+static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino, int listing)
 {
     struct dfs_node *n = get_node(fs, ino);
     if (!n) {
@@ -63,7 +66,7 @@ static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino
         fuse_reply_err(req, ENOTDIR);
         return NULL;
     }
-    int rc = prepare_dir(fs, n);
+    int rc = prepare_dir(fs, n, listing);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return NULL;
@@ -77,7 +80,7 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     memset(st, 0, sizeof *st);
     const struct stat *src = NULL;
     if (n->type == DFS_N_PASSTHRU)
-        src = &n->pst;
+        src = n->pst;
     else if (n->type == DFS_N_SCANDIR)
         src = dfs_scan_stat(n->scan);
     else if (n->ck)
@@ -93,8 +96,10 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     st->st_blksize = 1 << 20;   /* cp and friends size their buffers from it */
     if (dfs_is_dir(n)) {
         st->st_mode = S_IFDIR | 0555;
-        /* 1 = "unknown" to find(1), for a checkpoint not opened yet */
-        st->st_nlink = n->type == DFS_N_CKPT && atomic_load(&n->ck->state) != 1 ? 1 : 2 + n->nsubdirs;
+        /* 1 = "unknown" to find(1), for a checkpoint not opened yet or a directory not listed yet */
+        int known = n->type == DFS_N_CKPT ? atomic_load(&n->ck->state) == 1
+                    : n->type == DFS_N_DIR ? atomic_load(&n->listed) : 1;
+        st->st_nlink = known ? 2 + n->nsubdirs : 1;
         return;
     }
     st->st_mode = S_IFREG | 0444;
@@ -107,7 +112,7 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
         struct dfs_layout lay;
         size = n->vops && n->vops->layout((struct dfs_node *)n, &lay) == 0 ? lay.size : 0;
     } else {
-        size = (uint64_t)n->pst.st_size;
+        size = n->pst ? (uint64_t)n->pst->st_size : 0;
     }
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
@@ -177,13 +182,22 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct dfs *fs = FS(req);
-    struct dfs_node *dir = ready_dir(req, fs, parent);
+    struct dfs_node *dir = ready_dir(req, fs, parent, 0);
     if (!dir)
         return;
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_child(dir, name);
+    int listed = dir->type != DFS_N_DIR || atomic_load(&dir->listed);
     pthread_rwlock_unlock(&fs->lock);
     struct fuse_entry_param e;
+    if (!n && !listed) {   /* one name of a key-tree directory not listed yet */
+        int rc;
+        n = dfs_dir_lookup(fs, dir, name, &rc);
+        if (rc < 0) {
+            fuse_reply_err(req, -rc);
+            return;
+        }
+    }
     if (!n) {
         memset(&e, 0, sizeof e);
         e.entry_timeout = entry_timeout(dir);   /* a negative entry, cached too */
@@ -195,6 +209,10 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_err(req, -rc);
         return;
     }
+    /* A small key-tree directory is listed now, so that its st_nlink is
+     * exact; a large one stays "unknown" (1) until it is listed. */
+    if (n->type == DFS_N_DIR && !atomic_load(&n->listed))
+        dfs_dir_list(fs, n, DFS_LIST_ON_LOOKUP);
     fill_entry(fs, dir, n, &e);
     fuse_reply_entry(req, &e);
 }
@@ -292,7 +310,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
         dfs_read_entry(req, fs, n, size, off);
         break;
     case DFS_N_PASSTHRU:
-        dfs_read_fd(req, fs, h->fd, (uint64_t)n->pst.st_size, size, off);
+        dfs_read_fd(req, fs, h->fd, (uint64_t)n->pst->st_size, size, off);
         break;
     case DFS_N_VIRTUAL:
         dfs_read_virtual(req, fs, n, size, off);
@@ -319,7 +337,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct dfs *fs = FS(req);
-    struct dfs_node *n = ready_dir(req, fs, ino);
+    struct dfs_node *n = ready_dir(req, fs, ino, 1);
     if (!n)
         return;
     struct dfs_dh *d = calloc(1, sizeof *d);

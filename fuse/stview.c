@@ -123,19 +123,19 @@ static const struct dfs_vfile_ops stview_ops = {
     .destroy = stview_destroy,
 };
 
-int dfs_stview_add(struct dfs *fs, struct dfs_node *root)
+struct dfs_node *dfs_stview_new(struct dfs *fs, struct dfs_node *root)
 {
     struct stview *v = calloc(1, sizeof *v);
     if (!v)
-        return -ENOMEM;
+        return NULL;
     struct dfs_node *n = dfs_node_new(fs, root, DFS_STVIEW_NAME, strlen(DFS_STVIEW_NAME), DFS_N_VIRTUAL);
     if (!n) {
         free(v);
-        return -ENOMEM;
+        return NULL;
     }
     pthread_mutex_init(&v->lock, NULL);
     atomic_init(&v->state, 0);
     n->vdata = v;
     n->vops = &stview_ops;
-    return dfs_add_kid(root, n);
+    return n;
 }

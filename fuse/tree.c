@@ -3,12 +3,14 @@
  * Inode numbers are a 64-bit hash (xxh3) of the mount-relative path, chained
  * component by component, so the same SOURCE mounts with the same inode
  * numbers every time. A hash that is taken (or 0/1, which FUSE reserves) is
- * rehashed with the next seed; the tree is built in metadata order, so even
- * that rare case is repeatable.
+ * rehashed with the next seed (nodes are made as they are looked up, so that
+ * rare case depends on the order of lookups).
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +35,7 @@ struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const cha
     n->parent = parent;
     n->type = type;
     n->ck = parent ? parent->ck : NULL;
+    n->gen = n->ck ? n->ck->gen : 0;
     atomic_init(&n->size, -1);
     n->phash = parent ? XXH3_64bits_withSeed(name, namelen, parent->phash) : ROOT_PHASH;
     pthread_mutex_lock(&fs->alloc_lock);
@@ -168,117 +171,408 @@ int dfs_map_insert(struct dfs *fs, struct dfs_node *n)
 
 /* ------------------------------------------------------------- key trees */
 
-/* Directories of the tree being built: (parent, name) -> node. */
-struct dirset {
-    struct dfs_node **slots;
-    size_t cap, count;
-};
-
-static uint64_t dir_hash(const struct dfs_node *parent, const char *name, size_t len)
+/* The node named name in dir, made by a lookup or a listing (caller holds
+ * fs->lock). The inode map finds it: the probe follows dfs_map_insert's
+ * sequence (the path hash, then rehashes of it while taken by others). */
+static struct dfs_node *find_node(struct dfs *fs, const struct dfs_node *dir, const char *name, size_t len)
 {
-    return XXH3_64bits_withSeed(name, len, (uint64_t)(uintptr_t)parent);
-}
-
-static struct dfs_node *dirset_get(struct dirset *d, const struct dfs_node *parent, const char *name, size_t len)
-{
-    if (!d->cap)
-        return NULL;
-    for (size_t j = dir_hash(parent, name, len) & (d->cap - 1);; j = (j + 1) & (d->cap - 1)) {
-        struct dfs_node *n = d->slots[j];
+    uint64_t phash = XXH3_64bits_withSeed(name, len, dir->phash), ino = phash;
+    for (uint64_t seed = 1;; ino = XXH3_64bits_withSeed(&phash, sizeof phash, seed++)) {
+        if (ino <= FUSE_ROOT_ID)
+            continue;
+        struct dfs_node *n = dfs_map_get(fs, ino);
         if (!n)
             return NULL;
-        if (n->parent == parent && strncmp(n->name, name, len) == 0 && n->name[len] == '\0')
+        if (n->parent == dir && n->gen == dir->ck->gen && strncmp(n->name, name, len) == 0 && n->name[len] == '\0')
             return n;
     }
 }
 
-static int dirset_put(struct dirset *d, struct dfs_node *n)
+/* The key prefix of a key-tree directory: its path below the checkpoint root,
+ * decoded, joined with '.' ("" for the root). malloc'd; NULL on ENOMEM or a
+ * name that does not decode (none does: names are made by encoding). */
+static char *dir_prefix(const struct dfs_node *dir)
 {
-    if (2 * (d->count + 1) > d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 256;
-        struct dfs_node **s = calloc(cap, sizeof *s);
-        if (!s)
-            return -ENOMEM;
-        for (size_t i = 0; i < d->cap; i++) {
-            struct dfs_node *o = d->slots[i];
-            if (!o)
-                continue;
-            size_t j = dir_hash(o->parent, o->name, strlen(o->name)) & (cap - 1);
-            while (s[j])
-                j = (j + 1) & (cap - 1);
-            s[j] = o;
-        }
-        free(d->slots);
-        d->slots = s;
-        d->cap = cap;
+    size_t len = 0, depth = 0;
+    for (const struct dfs_node *d = dir; d->type == DFS_N_DIR; d = d->parent, depth++)
+        len += strlen(d->name) + 1;   /* decoding never lengthens a name */
+    const struct dfs_node **chain = malloc((depth ? depth : 1) * sizeof *chain);
+    char *p = malloc(len + 1), comp[DFS_NAME_MAX + 1];
+    if (!p || !chain) {
+        free(p);
+        free(chain);
+        return NULL;
     }
-    size_t j = dir_hash(n->parent, n->name, strlen(n->name)) & (d->cap - 1);
-    while (d->slots[j])
-        j = (j + 1) & (d->cap - 1);
-    d->slots[j] = n;
-    d->count++;
+    size_t i = depth, used = 0;
+    for (const struct dfs_node *d = dir; d->type == DFS_N_DIR; d = d->parent)
+        chain[--i] = d;
+    for (i = 0; i < depth; i++) {
+        int n = dfs_name_decode(chain[i]->name, comp, sizeof comp);
+        if (n < 0) {
+            free(p);
+            free(chain);
+            return NULL;
+        }
+        if (i)
+            p[used++] = '.';
+        memcpy(p + used, comp, (size_t)n);
+        used += (size_t)n;
+    }
+    p[used] = '\0';
+    free(chain);
+    return p;
+}
+
+/* One child of a directory, as the model's keys show it. */
+struct kid {
+    const char *comp;        /* the key component (not NUL-terminated) */
+    size_t len;
+    const dcp_entry *leaf;   /* the entry whose key ends with this component */
+    int dir;                 /* some key goes on below it */
+    int as_dir;              /* the node to be is that directory (else leaf's file) */
+    /* the node to be, prepared outside fs->lock */
+    const char *name;        /* its encoded name (and suffix) */
+    char *npy_hdr;
+    uint32_t npy_hdr_len;
+    int64_t size;
+};
+
+static int oom(dcp_error *err)
+{
+    err->code = ENOMEM;
+    snprintf(err->msg, sizeof err->msg, "out of memory");
+    return -1;
+}
+
+/* Is there a key that starts with prefix? */
+static int has_prefix(dcp_checkpoint *c, const char *prefix, dcp_error *err)
+{
+    const dcp_entry *e;
+    if (dcp_seek(c, prefix, &e, err) < 0)
+        return -1;
+    return e && strncmp(e->key, prefix, strlen(prefix)) == 0;
+}
+
+/* The children of the directory whose keys start with pre ("" or "a.b."):
+ * one seek per child (a directory's keys are skipped in one go, since
+ * "a.b.x" < "a.b/" sorts every key below "a.b." before "a.b/"). 1 when
+ * there are more than max (0: no limit). */
+static int collect(dcp_checkpoint *c, const char *pre, size_t max, struct kid **out, size_t *nout, dcp_error *err)
+{
+    size_t plen = strlen(pre), n = 0, cap = 0, fcap = plen + 256;
+    struct kid *k = NULL;
+    char *from = malloc(fcap);
+    int rc = from ? 0 : oom(err);
+    if (from)
+        memcpy(from, pre, plen + 1);
+    while (rc == 0) {
+        const dcp_entry *e;
+        if (dcp_seek(c, from, &e, err) < 0) {
+            rc = -1;
+            break;
+        }
+        if (!e || strncmp(e->key, pre, plen) != 0)
+            break;
+        if (max && n == max) {
+            rc = 1;
+            break;
+        }
+        const char *rest = e->key + plen, *dot = strchr(rest, '.');
+        size_t clen = dot ? (size_t)(dot - rest) : strlen(rest);
+        if (n == cap) {
+            struct kid *g = realloc(k, (cap = cap ? 2 * cap : 16) * sizeof *g);
+            if (!g) {
+                rc = oom(err);
+                break;
+            }
+            k = g;
+        }
+        k[n++] = (struct kid){.comp = rest, .len = clen, .leaf = dot ? NULL : e, .dir = dot != NULL};
+        /* next: the key right after this one, or after every key below this component */
+        size_t need = dot ? plen + clen + 2 : strlen(e->key) + 2;
+        if (need > fcap) {
+            char *g = realloc(from, fcap = 2 * need);
+            if (!g) {
+                rc = oom(err);
+                break;
+            }
+            from = g;
+        }
+        if (dot) {
+            memcpy(from + plen, rest, clen);
+            memcpy(from + plen + clen, "/", 2);   /* '/' = '.' + 1 */
+        } else {
+            memcpy(from, e->key, need - 2);
+            memcpy(from + need - 2, "\x01", 2);
+        }
+    }
+    free(from);
+    if (rc != 0) {
+        free(k);
+        return rc;
+    }
+    *out = k;
+    *nout = n;
     return 0;
 }
 
-/* The directory that holds key's last component, creating directories as
- * needed; last and lastlen receive the last component. NULL with *rc set on failure
- * (rc = 1: the key cannot be shown). */
-static struct dfs_node *walk_dirs(struct dfs *fs, struct dirset *ds, struct dfs_node *root,
-                                  const char *key, const char **last, size_t *lastlen, int *rc)
+static int by_comp(const void *a, const void *b)
 {
-    char enc[DFS_NAME_MAX + 1];
-    struct dfs_node *dir = root;
-    const char *p = key;
-    for (;;) {
-        const char *dot = strchr(p, '.');
-        if (!dot) {
-            *last = p;
-            *lastlen = strlen(p);
-            return dir;
-        }
-        int n = dfs_name_encode(p, (size_t)(dot - p), enc, sizeof enc);
-        if (n < 0) {
-            *rc = 1;
-            return NULL;
-        }
-        struct dfs_node *d = dirset_get(ds, dir, enc, (size_t)n);
-        if (!d) {
-            d = dfs_node_new(fs, dir, enc, (size_t)n, DFS_N_DIR);
-            if (!d || dirset_put(ds, d) < 0 || dfs_add_kid(dir, d) < 0) {
-                *rc = -ENOMEM;
-                return NULL;
-            }
-        }
-        dir = d;
-        p = dot + 1;
-    }
+    const struct kid *x = a, *y = b;
+    int c = memcmp(x->comp, y->comp, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-static int add_entry_file(struct dfs *fs, struct dirset *ds, struct dfs_node *dir, const dcp_entry *e,
-                          const char *last, size_t lastlen)
+/* Name a child into name (DFS_NAME_MAX + 1 bytes) and prepare its node's
+ * data (npy header, size). 1 when it cannot be shown (too long once
+ * encoded), -errno on failure. */
+static int prepare_kid(struct dfs *fs, struct dfs_ckpt *ck, struct kid *k, int is_dir, char *name)
 {
-    char name[DFS_NAME_MAX + 1];
-    int n = dfs_name_encode(last, lastlen, name, sizeof name);
+    int n = dfs_name_encode(k->comp, k->len, name, DFS_NAME_MAX + 1);
+    k->name = name;
     if (n < 0)
         return 1;
+    if (is_dir)
+        return 0;
+    const dcp_entry *e = k->leaf;
     int npy = fs->opt.view == DFS_VIEW_NPY && e->kind == DCP_KIND_TENSOR;
-    const char *suffix = npy ? DFS_NPY_SUFFIX : dirset_get(ds, dir, name, (size_t)n) ? DFS_COLLIDE_SUFFIX : "";
+    const char *suffix = npy ? DFS_NPY_SUFFIX : k->dir ? DFS_COLLIDE_SUFFIX : "";
     size_t sl = strlen(suffix);
     if ((size_t)n + sl > DFS_NAME_MAX)
         return 1;
     memcpy(name + n, suffix, sl + 1);
-    struct dfs_node *f = dfs_node_new(fs, dir, name, (size_t)n + sl, DFS_N_ENTRY);
-    if (!f)
-        return -ENOMEM;
-    f->entry = e;
-    if (npy && dfs_npy_header(e, &f->npy_hdr, &f->npy_hdr_len) < 0)
+    if (npy && dfs_npy_header(e, &k->npy_hdr, &k->npy_hdr_len) < 0)
         return -ENOMEM;
     uint64_t nbytes;
     dcp_error err;
-    if (dcp_entry_nbytes(f->ck->ck, e, &nbytes, &err) == 0 && nbytes <= (uint64_t)INT64_MAX - f->npy_hdr_len)
-        atomic_store(&f->size, (int64_t)(nbytes + f->npy_hdr_len));
-    return dfs_add_kid(dir, f);
+    k->size = -1;
+    if (dcp_entry_nbytes(ck->ck, e, &nbytes, &err) == 0 && nbytes <= (uint64_t)INT64_MAX - k->npy_hdr_len)
+        k->size = (int64_t)(nbytes + k->npy_hdr_len);
+    return 0;
 }
+
+/* The node of a prepared child, found or made and put in the inode map
+ * (caller holds fs->lock for writing). Takes k->npy_hdr. */
+static struct dfs_node *place_kid(struct dfs *fs, struct dfs_node *dir, struct kid *k, int is_dir, int *rc)
+{
+    size_t len = strlen(k->name);
+    struct dfs_node *n = find_node(fs, dir, k->name, len);
+    if (n)
+        return n;
+    n = dfs_node_new(fs, dir, k->name, len, is_dir ? DFS_N_DIR : DFS_N_ENTRY);
+    if (!n || (*rc = dfs_map_insert(fs, n)) < 0) {
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    if (!is_dir) {
+        n->entry = k->leaf;
+        n->npy_hdr = k->npy_hdr;
+        n->npy_hdr_len = k->npy_hdr_len;
+        k->npy_hdr = NULL;
+        atomic_store(&n->size, k->size);
+    }
+    return n;
+}
+
+static void log_hidden(struct dfs_ckpt *ck, const char *pre, const struct kid *k, int is_dir)
+{
+    dfs_log(LOG_WARNING, "%s: %s%.*s%s: not shown: %s longer than %d bytes once encoded", ck->path, pre,
+            (int)k->len, k->comp, is_dir ? ".*" : "", is_dir ? "a key component is" : "its file name is",
+            DFS_NAME_MAX);
+}
+
+/* List dir (a checkpoint root or a key-tree directory) from the model and
+ * publish its children; extra (the root's plain files) is called before
+ * publication to add more. With max, give up (1) past max children.
+ * Serialised by fs->list_lock. */
+static int list_dir(struct dfs *fs, struct dfs_node *dir, size_t max,
+                    int (*extra)(struct dfs *, struct dfs_node *, struct dfs_node ***, size_t *, size_t *))
+{
+    struct dfs_ckpt *ck = dir->ck;
+    dcp_error err;
+    char *prefix = dir->type == DFS_N_DIR ? dir_prefix(dir) : strdup("");
+    char *pre = prefix ? malloc(strlen(prefix) + 2) : NULL;
+    if (!pre) {
+        free(prefix);
+        return -ENOMEM;
+    }
+    strcpy(pre, prefix);
+    if (dir->type == DFS_N_DIR)
+        strcat(pre, ".");   /* the root's keys have no prefix; "%" (an empty component) has "." */
+    free(prefix);
+    struct kid *k = NULL;
+    size_t nk = 0, m = 0;
+    int rc = collect(ck->ck, pre, max, &k, &nk, &err);
+    if (rc != 0) {
+        if (rc < 0)
+            dfs_log(LOG_ERR, "%s", err.msg);
+        free(pre);
+        return rc > 0 ? 1 : err.code == ENOMEM ? -ENOMEM : -EIO;
+    }
+    /* A component may come twice (a key "a.b" and keys below "a.b."), not
+     * always side by side: sort and merge. */
+    qsort(k, nk, sizeof *k, by_comp);
+    for (size_t i = 0; i < nk; i++) {
+        if (m && by_comp(&k[m - 1], &k[i]) == 0) {
+            k[m - 1].dir |= k[i].dir;
+            if (k[i].leaf)
+                k[m - 1].leaf = k[i].leaf;
+            continue;
+        }
+        k[m++] = k[i];
+    }
+    /* Each component makes a directory, a file, or both (the file then has
+     * a suffix); named and prepared outside fs->lock. */
+    size_t ns = 0, nused = 0, ncap = 0;
+    struct kid *spec = malloc((2 * m + 1) * sizeof *spec);
+    char *names = NULL, name[DFS_NAME_MAX + 1];   /* every name, one after the other */
+    rc = spec ? 0 : -ENOMEM;
+    for (size_t i = 0; rc == 0 && i < m; i++) {
+        for (int as_dir = 1; as_dir >= 0 && rc == 0; as_dir--) {
+            if (as_dir ? !k[i].dir : !k[i].leaf)
+                continue;
+            struct kid *x = &spec[ns];
+            *x = k[i];
+            x->as_dir = as_dir;
+            x->npy_hdr = NULL;
+            int r = prepare_kid(fs, ck, x, as_dir, name);
+            size_t len = r == 0 ? strlen(name) + 1 : 0;
+            if (r == 0 && nused + len > ncap) {
+                char *g = realloc(names, ncap = 2 * (nused + len) + 4096);
+                if (!g)
+                    r = -ENOMEM;
+                else
+                    names = g;
+            }
+            if (r < 0) {
+                free(x->npy_hdr);
+                rc = r;
+            } else if (r > 0) {
+                log_hidden(ck, pre, x, as_dir);
+            } else {
+                memcpy(names + nused, name, len);
+                x->name = (const char *)(uintptr_t)nused;   /* an offset until names stops moving */
+                nused += len;
+                ns++;
+            }
+        }
+    }
+    for (size_t i = 0; rc == 0 && i < ns; i++)
+        spec[i].name = names + (uintptr_t)spec[i].name;
+    struct dfs_node **kids = NULL;
+    size_t nkids = 0, kcap = ns + 1, nsub = 0;
+    if (rc == 0 && !(kids = malloc(kcap * sizeof *kids)))
+        rc = -ENOMEM;
+    if (rc == 0) {
+        pthread_rwlock_wrlock(&fs->lock);
+        for (size_t i = 0; rc == 0 && i < ns; i++) {
+            struct dfs_node *n = place_kid(fs, dir, &spec[i], spec[i].as_dir, &rc);
+            if (n) {
+                kids[nkids++] = n;
+                nsub += spec[i].as_dir;
+            }
+        }
+        pthread_rwlock_unlock(&fs->lock);
+    }
+    if (rc == 0 && extra)
+        rc = extra(fs, dir, &kids, &nkids, &kcap);
+    if (rc == 0) {
+        struct dfs_node tmp = {0};
+        tmp.kids = kids;
+        tmp.nkids = nkids;
+        dfs_sort_kids(&tmp);
+        pthread_rwlock_wrlock(&fs->lock);
+        struct dfs_node **old = dir->kids;
+        dir->kids = kids;
+        dir->nkids = nkids;
+        dir->kcap = kcap;
+        dir->nsubdirs = nsub;
+        atomic_store(&dir->listed, 1);
+        pthread_rwlock_unlock(&fs->lock);
+        free(old);
+        kids = NULL;
+    }
+    for (size_t i = 0; spec && i < ns; i++)
+        free(spec[i].npy_hdr);
+    free(names);
+    free(kids);
+    free(spec);
+    free(k);
+    free(pre);
+    return rc;
+}
+
+int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max)
+{
+    pthread_mutex_lock(&fs->list_lock);
+    int rc = atomic_load(&dir->listed) ? 0 : list_dir(fs, dir, max, NULL);
+    pthread_mutex_unlock(&fs->list_lock);
+    return rc;
+}
+
+struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc)
+{
+    *rc = 0;
+    if (dir->type != DFS_N_DIR)
+        return NULL;
+    /* name = an encoded component and maybe a suffix (encoded names hold no '.') */
+    const char *dot = strchr(name, '.');
+    size_t blen = dot ? (size_t)(dot - name) : strlen(name);
+    char base[DFS_NAME_MAX + 1], comp[DFS_NAME_MAX + 1], again[DFS_NAME_MAX + 1];
+    if ((dot && strcmp(dot, DFS_NPY_SUFFIX) && strcmp(dot, DFS_COLLIDE_SUFFIX)) || blen > DFS_NAME_MAX)
+        return NULL;
+    memcpy(base, name, blen);
+    base[blen] = '\0';
+    int clen = dfs_name_decode(base, comp, sizeof comp);
+    if (clen < 0 || dfs_name_encode(comp, (size_t)clen, again, sizeof again) < 0 || strcmp(again, base))
+        return NULL;   /* no key component encodes to it */
+    char *prefix = dir_prefix(dir);
+    size_t plen = prefix ? strlen(prefix) : 0, klen = plen + 1 + (size_t)clen;
+    char *key = prefix ? malloc(klen + 2) : NULL;
+    if (!key) {
+        free(prefix);
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    memcpy(key, prefix, plen);
+    key[plen] = '.';
+    memcpy(key + plen + 1, comp, (size_t)clen);
+    memcpy(key + klen, ".", 2);
+    free(prefix);
+    dcp_checkpoint *c = dir->ck->ck;
+    dcp_error err;
+    struct kid k = {.comp = key + plen + 1, .len = (size_t)clen};
+    char kname[DFS_NAME_MAX + 1];
+    struct dfs_node *n = NULL;
+    const dcp_entry *e = NULL;
+    int isdir = has_prefix(c, key, &err);   /* keys go on below "<key>." */
+    key[klen] = '\0';
+    if (isdir < 0 || ((dot || !isdir) && dcp_seek(c, key, &e, &err) < 0)) {
+        dfs_log(LOG_ERR, "%s", err.msg);
+        *rc = err.code == ENOMEM ? -ENOMEM : -EIO;
+    } else if (!dot && isdir) {
+        pthread_rwlock_wrlock(&fs->lock);
+        n = prepare_kid(fs, dir->ck, &k, 1, kname) == 0 ? place_kid(fs, dir, &k, 1, rc) : NULL;
+        pthread_rwlock_unlock(&fs->lock);
+    } else if (e && !strcmp(e->key, key)) {
+        /* the one name its file has: NAME.npy, NAME.data beside a directory, or NAME */
+        k.leaf = e;
+        k.dir = isdir;
+        int r = prepare_kid(fs, dir->ck, &k, 0, kname);
+        if (r < 0) {
+            *rc = r;
+        } else if (r == 0 && !strcmp(k.name, name)) {
+            pthread_rwlock_wrlock(&fs->lock);
+            n = place_kid(fs, dir, &k, 0, rc);
+            pthread_rwlock_unlock(&fs->lock);
+        }
+        free(k.npy_hdr);
+    }
+    free(key);
+    return n;
+}
+
+/* ------------------------------------------------------------ the root */
 
 static int is_data_name(const char *name, struct dfs_ckpt *ck)
 {
@@ -295,10 +589,36 @@ static int is_data_name(const char *name, struct dfs_ckpt *ck)
     return 0;
 }
 
-/* Plain files beside the data (Megatron's metadata.json and common.pt, a
- * Hugging Face config.json): shown as they are, unless a key takes the name. */
-static int add_passthrough(struct dfs *fs, struct dfs_ckpt *ck, struct dfs_node *root)
+static int by_name(const void *a, const void *b)
 {
+    return strcmp((*(struct dfs_node *const *)a)->name, (*(struct dfs_node *const *)b)->name);
+}
+
+/* Append n to a listing being built (published later by list_dir), after
+ * making its inode reachable. */
+static int push_kid(struct dfs *fs, struct dfs_node *n, struct dfs_node ***kids, size_t *nkids, size_t *kcap)
+{
+    if (*nkids == *kcap) {
+        struct dfs_node **g = realloc(*kids, (*kcap = 2 * *kcap + 4) * sizeof *g);
+        if (!g)
+            return -ENOMEM;
+        *kids = g;
+    }
+    pthread_rwlock_wrlock(&fs->lock);
+    int rc = dfs_map_insert(fs, n);
+    pthread_rwlock_unlock(&fs->lock);
+    if (rc == 0)
+        (*kids)[(*nkids)++] = n;
+    return rc;
+}
+
+/* Plain files beside the data (Megatron's metadata.json and common.pt, a
+ * Hugging Face config.json): shown as they are, unless a key takes the name.
+ * Adds to the root's listing before it is published. */
+static int add_passthrough(struct dfs *fs, struct dfs_node *root, struct dfs_node ***kids, size_t *nkids,
+                           size_t *kcap)
+{
+    struct dfs_ckpt *ck = root->ck;
     int fd = open(ck->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -307,8 +627,8 @@ static int add_passthrough(struct dfs *fs, struct dfs_ckpt *ck, struct dfs_node 
         close(fd);
         return 0;
     }
-    dfs_sort_kids(root);
-    struct dfs_node keys = *root;   /* the key tree's names only, sorted */
+    size_t nkeys = *nkids;   /* the key tree's names, sorted for the checks below */
+    qsort(*kids, nkeys, sizeof **kids, by_name);
     int rc = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
@@ -317,93 +637,35 @@ static int add_passthrough(struct dfs *fs, struct dfs_ckpt *ck, struct dfs_node 
             continue;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
             continue;
-        keys.kids = root->kids;     /* dfs_add_kid may have moved the array */
-        if (dfs_child(&keys, de->d_name)) {
+        struct dfs_node probe = {.name = de->d_name}, *pp = &probe;
+        if (bsearch(&pp, *kids, nkeys, sizeof **kids, by_name)) {
             dfs_log(LOG_WARNING, "%s/%s: not shown: a key has the same name", ck->path, de->d_name);
             continue;
         }
         struct dfs_node *n = dfs_node_new(fs, root, de->d_name, strlen(de->d_name), DFS_N_PASSTHRU);
-        if (!n) {
+        if (!n || !(n->pst = malloc(sizeof *n->pst))) {
             rc = -ENOMEM;
             break;
         }
-        n->pst = st;
+        *n->pst = st;
         atomic_store(&n->size, (int64_t)st.st_size);
-        if ((rc = dfs_add_kid(root, n)) < 0)
+        if ((rc = push_kid(fs, n, kids, nkids, kcap)) < 0)
             break;
     }
     closedir(d);
     return rc;
 }
 
-static void sort_tree(struct dfs_node *dir)
+/* The root's extra files: plain files beside the data, then the virtual
+ * safetensors file of all tensors (fuse/stview.c). */
+static int add_root_files(struct dfs *fs, struct dfs_node *root, struct dfs_node ***kids, size_t *nkids,
+                          size_t *kcap)
 {
-    dfs_sort_kids(dir);
-    for (size_t i = 0; i < dir->nkids; i++)
-        if (dir->kids[i]->type == DFS_N_DIR)
-            sort_tree(dir->kids[i]);
-}
-
-static int publish_tree(struct dfs *fs, struct dfs_node *dir)
-{
-    for (size_t i = 0; i < dir->nkids; i++) {
-        int rc = dfs_map_insert(fs, dir->kids[i]);
-        if (rc < 0)
-            return rc;
-    }
-    for (size_t i = 0; i < dir->nkids; i++)
-        if (dir->kids[i]->type == DFS_N_DIR) {
-            int rc = publish_tree(fs, dir->kids[i]);
-            if (rc < 0)
-                return rc;
-        }
-    return 0;
-}
-
-/* Build the key tree into `shadow` (a stand-in for ck->root with the same
- * path hash, invisible to other threads). */
-static int build_tree(struct dfs *fs, struct dfs_ckpt *ck, struct dfs_node *shadow)
-{
-    dcp_checkpoint *c = ck->ck;
-    size_t n = dcp_num_entries(c);
-    struct dfs_node **parents = calloc(n ? n : 1, sizeof *parents);
-    struct dirset ds = {0};
-    int rc = parents ? 0 : -ENOMEM;
-    /* Directories first, so a key that is also a prefix finds its directory. */
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        const dcp_entry *e = dcp_entry_at(c, i);
-        const char *last;
-        size_t lastlen;
-        int r = 0;
-        parents[i] = walk_dirs(fs, &ds, shadow, e->key, &last, &lastlen, &r);
-        if (r < 0)
-            rc = r;
-        else if (r > 0)
-            dfs_log(LOG_WARNING, "%s: %s: not shown: a key component is longer than %d bytes once encoded",
-                    ck->path, e->key, DFS_NAME_MAX);
-    }
-    for (size_t i = 0; rc == 0 && i < n; i++) {
-        if (!parents[i])
-            continue;
-        const dcp_entry *e = dcp_entry_at(c, i);
-        const char *last = strrchr(e->key, '.');
-        last = last ? last + 1 : e->key;
-        int r = add_entry_file(fs, &ds, parents[i], e, last, strlen(last));
-        if (r < 0)
-            rc = r;
-        else if (r > 0)
-            dfs_log(LOG_WARNING, "%s: %s: not shown: its file name is longer than %d bytes",
-                    ck->path, e->key, DFS_NAME_MAX);
-    }
-    if (rc == 0)
-        rc = add_passthrough(fs, ck, shadow);
-    if (rc == 0)
-        rc = dfs_stview_add(fs, shadow);
-    if (rc == 0)
-        sort_tree(shadow);
-    free(ds.slots);
-    free(parents);
-    return rc;
+    int rc = add_passthrough(fs, root, kids, nkids, kcap);
+    if (rc < 0)
+        return rc;
+    struct dfs_node *n = dfs_stview_new(fs, root);
+    return n ? push_kid(fs, n, kids, nkids, kcap) : -ENOMEM;
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -426,7 +688,7 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
     return ck;
 }
 
-static int open_and_build(struct dfs *fs, struct dfs_ckpt *ck)
+static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
 {
     dcp_error err;
     dcp_open_options oo = {.flags = fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG, .catalog = fs->opt.catalog};
@@ -434,34 +696,23 @@ static int open_and_build(struct dfs *fs, struct dfs_ckpt *ck)
         dfs_log(LOG_ERR, "%s", err.msg);
         return -EIO;
     }
+#ifdef __GLIBC__
+    /* A first open parsed .metadata (a million chunks: ~1 GB at its peak)
+     * and freed it: give that memory back to the system now. */
+    if (!dcp_from_catalog(ck->ck))
+        malloc_trim(0);
+#endif
     ck->nfiles = dcp_num_files(ck->ck);
     ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
     if (!ck->file_sizes)
         return -ENOMEM;
     for (size_t i = 0; i < ck->nfiles; i++)
         atomic_init(&ck->file_sizes[i], -1);
-
-    struct dfs_node *root = ck->root;
-    struct dfs_node shadow = *root;
-    shadow.kids = NULL;
-    shadow.nkids = shadow.kcap = shadow.nsubdirs = 0;
-    /* Children are created with parent = &shadow; re-parent them to the real root below. */
-    int rc = build_tree(fs, ck, &shadow);
-    for (size_t i = 0; i < shadow.nkids; i++)
-        shadow.kids[i]->parent = root;
-    if (rc < 0) {
-        free(shadow.kids);
-        return rc;
-    }
-    pthread_rwlock_wrlock(&fs->lock);
-    struct dfs_node **old = root->kids;
-    root->kids = shadow.kids;
-    root->nkids = shadow.nkids;
-    root->kcap = shadow.kcap;
-    root->nsubdirs = shadow.nsubdirs;
-    rc = publish_tree(fs, root);
-    pthread_rwlock_unlock(&fs->lock);
-    free(old);
+    /* The root is listed now (its plain files must not clash with keys);
+     * every other directory when it is first listed or looked into. */
+    pthread_mutex_lock(&fs->list_lock);
+    int rc = list_dir(fs, ck->root, 0, add_root_files);
+    pthread_mutex_unlock(&fs->list_lock);
     return rc;
 }
 
@@ -490,14 +741,16 @@ int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck)
             goto out;
         }
     }
-    if (ck->ck) {   /* a failed build after a good open: start over */
+    if (ck->ck) {   /* a failed listing after a good open: start over (the nodes it made are
+                     * not reused: they belong to the model being closed) */
+        ck->gen++;
         dfs_verify_free(ck);
         dcp_close(ck->ck);
         ck->ck = NULL;
         free(ck->file_sizes);
         ck->file_sizes = NULL;
     }
-    rc = open_and_build(fs, ck);
+    rc = open_and_list(fs, ck);
     if (rc == 0) {
         atomic_store(&ck->state, 1);
     } else {
@@ -531,6 +784,7 @@ void dfs_free_all(struct dfs *fs)
             n->vops->destroy(n);
         free(n->kids);
         free(n->npy_hdr);
+        free(n->pst);
         dfs_scan_free(n->scan);
         free(n);
         n = next;

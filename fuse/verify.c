@@ -124,19 +124,27 @@ int dfs_verify_plan(struct dfs *fs, struct dfs_ckpt *ck, const dcp_entry *e, con
         return e->has_blob && check_blob(fs, ck, e, &e->blob) == BAD ? -EIO : 0;
     /* Ops may merge neighbouring chunks of a file: check every chunk whose
      * blob the op's source range touches. */
-    for (size_t i = 0; i < plan->nops; i++) {
+    const dcp_chunk *chunks;
+    dcp_error err;
+    if (dcp_entry_chunks(ck->ck, e, &chunks, &err) < 0) {
+        dfs_log(LOG_ERR, "%s", err.msg);
+        return -EIO;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < plan->nops && rc == 0; i++) {
         const dcp_op *op = &plan->ops[i];
-        for (size_t c = 0; c < e->nchunks; c++) {
-            const dcp_blob *b = &e->chunks[c].blob;
+        for (size_t c = 0; c < e->nchunks && rc == 0; c++) {
+            const dcp_blob *b = &chunks[c].blob;
             int touches = (op->flags & DCP_OP_DECODED)
                               ? (b->file == op->blob.file && b->offset == op->blob.offset)
                               : (b->file == op->file && op->src_offset < b->offset + b->length &&
                                  b->offset < op->src_offset + op->length);
-            if (e->chunks[c].has_blob && touches && check_blob(fs, ck, e, b) == BAD)
-                return -EIO;
+            if (chunks[c].has_blob && touches && check_blob(fs, ck, e, b) == BAD)
+                rc = -EIO;
         }
     }
-    return 0;
+    dcp_release_chunks(ck->ck, e);
+    return rc;
 }
 
 void dfs_verify_free(struct dfs_ckpt *ck)

@@ -88,14 +88,15 @@ typedef struct dcp_chunk {
     int has_blob;              /* 0 when storage_data has no entry for it */
 } dcp_chunk;
 
+/* An entry's header. Its chunks are not part of it: a model served by the
+ * catalog keeps them there, so they are fetched with dcp_entry_chunks. */
 typedef struct dcp_entry {
     const char *key;           /* the flattened state-dict key (non-str keys in decimal) */
     dcp_kind kind;
     dcp_dtype dtype;           /* tensors */
     int ndim;                  /* tensors; 0 for a 0-d tensor */
     const int64_t *shape;      /* ndim values */
-    size_t nchunks;
-    const dcp_chunk *chunks;
+    size_t nchunks;            /* tensors: how many chunks dcp_entry_chunks gives */
     dcp_blob blob;             /* bytes items */
     int has_blob;
 } dcp_entry;
@@ -137,9 +138,12 @@ typedef struct dcp_checkpoint dcp_checkpoint;
 enum {
     DCP_OPEN_DEFAULT = 0,
     /* Use the catalog (dcp_integrity.h): a checkpoint whose .metadata was
-     * parsed before is rebuilt from the catalog instead of re-parsed, and a
-     * first open stores what it parsed. Any catalog trouble falls back to
-     * parsing; the catalog is never trusted over the checkpoint. */
+     * parsed before is served from the catalog instead of re-parsed: the
+     * open reads one small record, and entries and chunks are read as they
+     * are used. A first open parses, stores what it parsed, and is then
+     * served from the catalog too (the parse's memory is freed). Trouble at
+     * open falls back to parsing; the catalog is never trusted over the
+     * checkpoint (a changed .metadata or shard size means parse again). */
     DCP_OPEN_CATALOG = 1u << 0
 };
 
@@ -160,8 +164,35 @@ void dcp_close(dcp_checkpoint *ck);
 const char *dcp_path(const dcp_checkpoint *ck);
 const dcp_info *dcp_get_info(const dcp_checkpoint *ck);
 size_t dcp_num_entries(const dcp_checkpoint *ck);
-const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);  /* metadata order */
+
+/* Entries. A model served by the catalog (dcp_from_catalog) holds only the
+ * entries asked for: they are read from the catalog on first use and kept
+ * until dcp_close, as a parsed model's are, so every dcp_entry pointer stays
+ * valid until dcp_close. dcp_entry_at(ck, i) (metadata order) reads every
+ * entry's header at its first call; dcp_find and dcp_seek read one. If the
+ * catalog fails meanwhile (a damaged row, a model removed by another
+ * process), the metadata is parsed and the rest served from the parse. They
+ * return NULL when there is no such entry, and also when neither can answer
+ * (the checkpoint changed since it was opened: dcp_seek tells the two apart). */
+const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
+/* Keys in byte (strcmp) order, for listings by key prefix that need not hold
+ * every key: *out is the entry with the smallest key >= from, or NULL when
+ * there is none. The key right after k is the one >= k followed by "\x01". A
+ * parsed model sorts its keys once, at the first call. -1 with err when
+ * neither the catalog nor a parse can answer (ESTALE: the checkpoint changed). */
+int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err);
+
+/* The chunks of tensor e: e->nchunks boxes in metadata order in *out (NULL
+ * for none). A model served by the catalog reads them from it on demand and
+ * keeps the chunks of recently used entries within a memory budget; *out,
+ * and the records dcp_chunk_record gives for e, stay valid until the
+ * matching dcp_release_chunks(ck, e). Calls pair up, may nest and may come
+ * from any thread. A parsed model's chunks live until dcp_close. -1 with err
+ * as for dcp_seek. */
+int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err);
+void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e);
+
 size_t dcp_num_files(const dcp_checkpoint *ck);
 const char *dcp_file_name(const dcp_checkpoint *ck, uint32_t file);  /* relative path */
 
@@ -173,7 +204,8 @@ uint64_t dcp_entry_numel(const dcp_entry *e);
 int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_error *err);
 
 /* Locate chunk i of tensor e: parse the blob's zip and data.pkl (once; the
- * result is cached in ck and thread-safe). *out stays valid until dcp_close. */
+ * result is cached with the entry's chunks and thread-safe). The caller holds
+ * e's chunks (dcp_entry_chunks); *out stays valid as long as it does. */
 int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
                      const dcp_record **out, dcp_error *err);
 

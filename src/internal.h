@@ -63,10 +63,27 @@ typedef struct dcpi_record_slot {
     dcp_record rec;
 } dcpi_record_slot;
 
+/* The chunks of one entry of a model served by the catalog, read from it on
+ * demand (model.c keeps them; integrity/modelcache.c reads them): one
+ * allocation holding the chunks, their boxes and their record slots. Kept
+ * while pinned (dcp_entry_chunks), then in a least-recently-used list
+ * within ck->chunk_budget bytes. */
+typedef struct dcpi_chunkset {
+    struct dcpi_chunkset *prev, *next;   /* the LRU list, when unpinned */
+    size_t idx;                          /* the entry */
+    size_t bytes;                        /* of the allocation */
+    unsigned pins;
+    int dirty;                           /* records located since it was read (to store) */
+    dcp_chunk *chunks;                   /* nchunks */
+    dcpi_record_slot *records;           /* nchunks */
+    int64_t *strides;                    /* nchunks * ndim, for the records */
+} dcpi_chunkset;
+
 struct dcpi_entry_priv {
-    dcp_chunk *chunks;         /* same array as entry.chunks, writable */
+    dcp_chunk *chunks;         /* a parsed model's chunks (nchunks, writable) */
     size_t chunk_cap;
-    dcpi_record_slot *records;  /* nchunks slots, allocated on first use */
+    dcpi_record_slot *records;  /* a parsed model's: nchunks slots, allocated on first use */
+    dcpi_chunkset *set;        /* a served model's, while cached (under ck->lock) */
 };
 
 /* Decoded (zstd) blob cache entry. */
@@ -110,7 +127,20 @@ struct dcp_checkpoint {
     int from_catalog;              /* the model was rebuilt from the catalog */
     struct dcpi_st_index *st_index; /* torchsave.c: parsed safetensors headers of
                                       SAFETENSORS-format shards; arena-owned list, under lock */
+
+    /* A model served by the catalog: entries[] and priv[] are allocated for
+     * every entry at open but filled as entries are asked for (an entry is
+     * there once its key is set, stored last with release order). */
+    struct dcpi_lazy *lazy;        /* integrity/modelcache.c; NULL for a parsed model */
+    char model_key[33];            /* integrity/modelcache.c: the .metadata's content key, "" until known */
+    char model_stamp[112];         /* integrity/modelcache.c: its stat stamp, "" until known or when racy */
+    size_t *sorted;                /* a parsed model's entry indexes in key order (dcp_seek), lazy */
+    dcpi_chunkset *lru_head, *lru_tail;   /* unpinned chunk sets, most recent first (under lock) */
+    size_t chunk_bytes;            /* bytes of every cached chunk set */
+    size_t chunk_budget;           /* evict unpinned sets beyond this */
 };
+
+#define DCPI_CHUNK_BUDGET (16u << 20)
 
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
@@ -127,10 +157,24 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
 
-/* The model cache (integrity/modelcache.c): rebuild an empty ck from the
- * catalog (0) or fail (-1, ck partly filled: discard it); store a parsed one. */
+/* The model cache (integrity/modelcache.c). Serve an empty ck from the
+ * catalog (0) or fail (-1, ck partly filled: discard it); store a parsed
+ * one (0 when stored, or already there). */
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
-void dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
+int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
+/* A served model's entries, read on demand (each fills ck->entries[idx]):
+ * every one (dcp_entry_at), the one with key (exact) or the first with a key
+ * >= key (seek). *idx = SIZE_MAX when there is none. */
+int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err);
+int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err);
+/* A new chunk set of entry idx (pins 0, not yet in the cache). */
+int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
+void dcpi_lazy_free(struct dcpi_lazy *lz);
+/* Records of a served model (integrity/recordcache.c): keep those a set
+ * located (under ck->lock, when the set is dropped); store what is kept
+ * (outside ck->lock; all: at close, else only a full batch). */
+void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
+void dcpi_records_flush(dcp_checkpoint *ck, int all);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
@@ -154,8 +198,9 @@ int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len,
 int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key,
                   dcp_error *err);
 
-/* Record locator (torchsave.c): parse a tensor chunk's torch.save zip. */
-int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, size_t chunk, dcp_record *rec,
-                      dcp_error *err);
+/* Record locator (torchsave.c): parse the torch.save zip of chunk c (chunk
+ * index `chunk` of e). rec->stride points at stride (room for e->ndim values). */
+int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c, size_t chunk,
+                      dcp_record *rec, int64_t *stride, dcp_error *err);
 
 #endif

@@ -148,7 +148,6 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
             return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
         p->chunks = nc;
         p->chunk_cap = ncap;
-        e->chunks = nc;
     }
     size_t n = (size_t)e->ndim * sizeof(int64_t);
     int64_t *box = dcpi_arena_alloc(&ck->arena, 2 * n + 1);
@@ -228,6 +227,7 @@ static dcp_checkpoint *ck_new(const char *path, dcp_error *err)
     dcpi_strmap_init(&ck->file_index);
     pthread_mutex_init(&ck->lock, NULL);
     ck->dirfd = -1;
+    ck->chunk_budget = DCPI_CHUNK_BUDGET;
     ck->path = strdup(path);
     if (!ck->path) {
         dcp_close(ck);
@@ -250,6 +250,41 @@ int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *
     return dcp_open_ex(path, &o, out, err);
 }
 
+/* The per-file tables every open checkpoint has. */
+static int ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
+{
+    ck->fds = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->fds);
+    ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
+    if (!ck->fds || !ck->file_sizes)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        ck->fds[i] = -1;
+        ck->file_sizes[i] = -1;
+    }
+    return 0;
+}
+
+/* A checkpoint served by the catalog, or NULL (any trouble: the caller
+ * parses). from carries the .metadata's key and stamp in and out, so that
+ * they are computed once per dcp_open. */
+static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_checkpoint *from)
+{
+    dcp_error err;
+    dcp_checkpoint *ck = ck_new(path, &err);
+    if (!ck)
+        return NULL;
+    memcpy(ck->model_key, from->model_key, sizeof ck->model_key);
+    memcpy(ck->model_stamp, from->model_stamp, sizeof ck->model_stamp);
+    int rc = dcpi_catalog_load(ck, catalog);
+    memcpy(from->model_key, ck->model_key, sizeof ck->model_key);
+    memcpy(from->model_stamp, ck->model_stamp, sizeof ck->model_stamp);
+    if (rc < 0 || ck_files_ready(ck, &err) < 0) {
+        dcp_close(ck);
+        return NULL;
+    }
+    return ck;
+}
+
 int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err)
 {
     *out = NULL;
@@ -257,33 +292,31 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
     if (!ck)
         return -1;
     int use_catalog = (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
-    if (use_catalog && dcpi_catalog_load(ck, opts->catalog) == 0) {
-        ck->from_catalog = 1;
-    } else {
-        if (use_catalog) {   /* a partial load is thrown away: parse afresh */
+    if (use_catalog) {
+        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
+        if (served) {
             dcp_close(ck);
-            if (!(ck = ck_new(path, err)))
-                return -1;
-        }
-        if (has_file(ck->dirfd, "metadata.json"))
-            ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
-        if (detect_and_load(ck, err) < 0) {
-            dcp_close(ck);
-            return -1;
+            served->from_catalog = 1;
+            *out = served;
+            return 0;
         }
     }
-    ck->fds = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->fds);
-    ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
-    if (!ck->fds || !ck->file_sizes) {
+    if (has_file(ck->dirfd, "metadata.json"))
+        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
+    if (detect_and_load(ck, err) < 0 || ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return -1;
     }
-    for (size_t i = 0; i < ck->nfiles; i++) {
-        ck->fds[i] = -1;
-        ck->file_sizes[i] = -1;
+    /* Store what was parsed, then serve it from the catalog like any later
+     * open: the parse's memory (a million chunks: ~1 GB at its peak) goes
+     * now rather than at dcp_close. A failure only costs a later parse. */
+    if (use_catalog && dcpi_catalog_store(ck, opts->catalog) == 0) {
+        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
+        if (served) {
+            dcp_close(ck);
+            ck = served;
+        }
     }
-    if (use_catalog && !ck->from_catalog)
-        dcpi_catalog_store(ck, opts->catalog);   /* best effort: a failure only costs a later parse */
     *out = ck;
     return 0;
 }
@@ -300,10 +333,20 @@ void dcp_close(dcp_checkpoint *ck)
                 close(ck->fds[i]);
     for (int i = 0; i < DCPI_DECODED_CACHE; i++)
         free(ck->decoded[i].data);
-    for (size_t i = 0; i < ck->nentries; i++) {
-        free(ck->priv[i].chunks);
-        free(ck->priv[i].records);
+    if (ck->lazy && ck->priv) {   /* store the records located since the model was opened */
+        for (size_t i = 0; i < ck->nentries; i++)
+            if (ck->priv[i].set)
+                dcpi_records_keep(ck, ck->priv[i].set);
+        dcpi_records_flush(ck, 1);
     }
+    if (ck->priv)
+        for (size_t i = 0; i < ck->nentries; i++) {
+            free(ck->priv[i].chunks);
+            free(ck->priv[i].records);
+            free(ck->priv[i].set);
+        }
+    dcpi_lazy_free(ck->lazy);
+    free(ck->sorted);
     free(ck->entries);
     free(ck->priv);
     free(ck->files);
@@ -326,15 +369,73 @@ const dcp_info *dcp_get_info(const dcp_checkpoint *ck) { return &ck->info; }
 size_t dcp_num_entries(const dcp_checkpoint *ck) { return ck->nentries; }
 size_t dcp_num_files(const dcp_checkpoint *ck) { return ck->nfiles; }
 
+/* Lookups fill a served model's tables behind a const pointer: a cache. */
+static dcp_checkpoint *cache_of(const dcp_checkpoint *ck) { return (dcp_checkpoint *)ck; }
+
+static int filled(const dcp_entry *e) { return __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != NULL; }
+
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i)
 {
-    return i < ck->nentries ? &ck->entries[i] : NULL;
+    if (i >= ck->nentries)
+        return NULL;
+    const dcp_entry *e = &ck->entries[i];
+    dcp_error err;
+    if (ck->lazy && !filled(e) && dcpi_lazy_all(cache_of(ck), &err) < 0)
+        return NULL;
+    return e;
 }
 
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key)
 {
     uint64_t v;
-    return dcpi_strmap_get(&ck->keys, key, strlen(key), &v) ? &ck->entries[v] : NULL;
+    if (!ck->lazy)
+        return dcpi_strmap_get(&ck->keys, key, strlen(key), &v) ? &ck->entries[v] : NULL;
+    size_t idx;
+    dcp_error err;
+    return dcpi_lazy_find(cache_of(ck), key, 0, &idx, &err) == 0 && idx != SIZE_MAX ? &ck->entries[idx] : NULL;
+}
+
+static int by_key(const void *a, const void *b, void *arg)
+{
+    const dcp_entry *e = arg;
+    return strcmp(e[*(const size_t *)a].key, e[*(const size_t *)b].key);
+}
+
+int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err)
+{
+    *out = NULL;
+    if (ck->lazy) {
+        size_t idx;
+        if (dcpi_lazy_find(ck, from, 1, &idx, err) < 0)
+            return -1;
+        *out = idx == SIZE_MAX ? NULL : &ck->entries[idx];
+        return 0;
+    }
+    pthread_mutex_lock(&ck->lock);
+    if (!ck->sorted && ck->nentries) {
+        size_t *s = malloc(ck->nentries * sizeof *s);
+        if (s) {
+            for (size_t i = 0; i < ck->nentries; i++)
+                s[i] = i;
+            qsort_r(s, ck->nentries, sizeof *s, by_key, ck->entries);
+        }
+        __atomic_store_n(&ck->sorted, s, __ATOMIC_RELEASE);
+    }
+    const size_t *s = ck->sorted;
+    pthread_mutex_unlock(&ck->lock);
+    if (!s)
+        return ck->nentries ? dcpi_err(err, ENOMEM, "%s: out of memory", ck->path) : 0;
+    size_t lo = 0, hi = ck->nentries;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(ck->entries[s[mid]].key, from) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < ck->nentries)
+        *out = &ck->entries[s[lo]];
+    return 0;
 }
 
 const char *dcp_file_name(const dcp_checkpoint *ck, uint32_t file)
@@ -367,22 +468,129 @@ int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_
     return dcpi_blob_size(ck, &e->blob, out, e->key, err);
 }
 
+/* ---------------------------------------------------------------- chunks */
+
+static size_t entry_index(const dcp_checkpoint *ck, const dcp_entry *e)
+{
+    return e >= ck->entries && e < ck->entries + ck->nentries ? (size_t)(e - ck->entries) : SIZE_MAX;
+}
+
+static void lru_unlink(dcp_checkpoint *ck, dcpi_chunkset *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        ck->lru_head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    else
+        ck->lru_tail = s->prev;
+    s->prev = s->next = NULL;
+}
+
+/* Under ck->lock: drop the least recently used unpinned sets beyond the budget. */
+static void evict(dcp_checkpoint *ck)
+{
+    while (ck->chunk_bytes > ck->chunk_budget && ck->lru_tail) {
+        dcpi_chunkset *s = ck->lru_tail;
+        lru_unlink(ck, s);
+        ck->priv[s->idx].set = NULL;
+        ck->chunk_bytes -= s->bytes;
+        dcpi_records_keep(ck, s);   /* the records it located go to the catalog */
+        free(s);
+    }
+}
+
+int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err)
+{
+    size_t idx = entry_index(ck, e);
+    *out = NULL;
+    if (idx == SIZE_MAX)
+        return dcpi_err(err, EINVAL, "%s: not an entry of this checkpoint", ck->path);
+    if (e->kind != DCP_KIND_TENSOR || !e->nchunks)
+        return 0;
+    if (!ck->lazy) {
+        *out = ck->priv[idx].chunks;
+        return 0;
+    }
+    struct dcpi_entry_priv *p = &ck->priv[idx];
+    pthread_mutex_lock(&ck->lock);
+    dcpi_chunkset *s = p->set;
+    if (s) {
+        if (!s->pins++)
+            lru_unlink(ck, s);
+        pthread_mutex_unlock(&ck->lock);
+        *out = s->chunks;
+        return 0;
+    }
+    pthread_mutex_unlock(&ck->lock);
+    dcpi_chunkset *fresh;   /* read without ck->lock: readers of other entries go on */
+    if (dcpi_lazy_chunks(ck, idx, &fresh, err) < 0)
+        return -1;
+    pthread_mutex_lock(&ck->lock);
+    if ((s = p->set)) {   /* another thread read it meanwhile */
+        if (!s->pins++)
+            lru_unlink(ck, s);
+        free(fresh);
+    } else {
+        s = p->set = fresh;
+        s->pins = 1;
+        ck->chunk_bytes += s->bytes;
+        evict(ck);
+    }
+    pthread_mutex_unlock(&ck->lock);
+    *out = s->chunks;
+    return 0;
+}
+
+void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
+{
+    size_t idx = entry_index(ck, e);
+    if (!ck->lazy || idx == SIZE_MAX)
+        return;
+    pthread_mutex_lock(&ck->lock);
+    dcpi_chunkset *s = ck->priv[idx].set;
+    if (s && s->pins && !--s->pins) {
+        s->next = ck->lru_head;
+        if (ck->lru_head)
+            ck->lru_head->prev = s;
+        ck->lru_head = s;
+        if (!ck->lru_tail)
+            ck->lru_tail = s;
+        evict(ck);
+    }
+    pthread_mutex_unlock(&ck->lock);
+    if (ck->lazy)
+        dcpi_records_flush(ck, 0);   /* a batch of kept records, if there is one */
+}
+
 int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
                      const dcp_record **out, dcp_error *err)
 {
-    size_t idx = (size_t)(e - ck->entries);
-    if (idx >= ck->nentries || e->kind != DCP_KIND_TENSOR || i >= e->nchunks)
-        return dcpi_err(err, EINVAL, "%s: %s: no chunk %zu", ck->path, e->key, i);
+    size_t idx = entry_index(ck, e);
+    if (idx == SIZE_MAX || e->kind != DCP_KIND_TENSOR || i >= e->nchunks)
+        return dcpi_err(err, EINVAL, "%s: %s: no chunk %zu", ck->path, idx == SIZE_MAX ? "?" : e->key, i);
     struct dcpi_entry_priv *p = &ck->priv[idx];
+    const dcp_chunk *chunk;
+    dcpi_record_slot *slot;
+    int64_t *strides = NULL;   /* a served model's room for them; a parsed one uses the arena */
     pthread_mutex_lock(&ck->lock);
-    if (!p->records) {
-        p->records = calloc(e->nchunks, sizeof *p->records);
-        if (!p->records) {
+    if (ck->lazy) {
+        if (!p->set || !p->set->pins) {
+            pthread_mutex_unlock(&ck->lock);
+            return dcpi_err(err, EINVAL, "%s: %s: the entry's chunks are not held (dcp_entry_chunks)", ck->path, e->key);
+        }
+        chunk = &p->set->chunks[i];
+        slot = &p->set->records[i];
+        strides = p->set->strides + i * (size_t)e->ndim;
+    } else {
+        if (!p->records && !(p->records = calloc(e->nchunks, sizeof *p->records))) {
             pthread_mutex_unlock(&ck->lock);
             return dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
         }
+        chunk = &p->chunks[i];
+        slot = &p->records[i];
     }
-    dcpi_record_slot *slot = &p->records[i];
     int state = slot->state;
     pthread_mutex_unlock(&ck->lock);
     if (state == 1) {
@@ -392,12 +600,25 @@ int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
     /* Locate without the lock (it does I/O); two threads may race to the same
      * answer, and the first one stored wins. */
     dcp_record rec;
-    if (dcpi_locate_record(ck, e, i, &rec, err) < 0)
+    int64_t stride[DCPI_MAX_NDIM];
+    if (dcpi_locate_record(ck, e, chunk, i, &rec, stride, err) < 0)
         return -1;
     pthread_mutex_lock(&ck->lock);
     if (slot->state != 1) {
+        size_t n = (size_t)e->ndim * sizeof *stride;
+        if (!strides)
+            strides = dcpi_arena_alloc(&ck->arena, n ? n : 1);
+        if (!strides) {
+            pthread_mutex_unlock(&ck->lock);
+            return dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
+        }
+        if (n)
+            memcpy(strides, stride, n);
+        rec.stride = strides;
         slot->rec = rec;
         __atomic_store_n(&slot->state, 1, __ATOMIC_RELEASE);
+        if (ck->lazy)
+            p->set->dirty = 1;
     }
     pthread_mutex_unlock(&ck->lock);
     *out = &slot->rec;

@@ -99,10 +99,9 @@ static int push_op(dcp_plan *p, const dcp_op *op, dcp_error *err)
 
 /* Check that every element of chunk ci lies inside its storage record, and
  * that its dtype has the entry's element size. */
-static int check_record(dcp_checkpoint *ck, const dcp_entry *e, size_t ci, const dcp_record *r,
-                        dcp_error *err)
+static int check_record(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c, size_t ci,
+                        const dcp_record *r, dcp_error *err)
 {
-    const dcp_chunk *c = &e->chunks[ci];
     size_t esz = dcp_dtype_size(e->dtype);
     if (dcp_dtype_size(r->dtype) != esz)
         return dcpi_err(err, EINVAL, "%s: %s: chunk %zu is stored as %s but the metadata says %s",
@@ -143,16 +142,15 @@ static uint32_t op_flags(uint32_t rf)
 
 /* Emit the ops of the overlap [lo, hi) of chunk ci with the box (box offsets
  * roff, C-order destination strides dstr in elements, at dest_base bytes). */
-static int plan_chunk(dcp_checkpoint *ck, const dcp_entry *e, size_t ci, const int64_t *lo,
+static int plan_chunk(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c, size_t ci, const int64_t *lo,
                       const int64_t *hi, const int64_t *roff, const uint64_t *dstr,
                       uint64_t dest_base, dcp_plan *p, dcp_error *err)
 {
-    const dcp_chunk *c = &e->chunks[ci];
     if (!c->has_blob)
         return dcpi_err(err, ENOENT, "%s: %s: chunk %zu has no storage entry in the metadata",
                        ck->path, e->key, ci);
     const dcp_record *r;
-    if (dcp_chunk_record(ck, e, ci, &r, err) < 0 || check_record(ck, e, ci, r, err) < 0)
+    if (dcp_chunk_record(ck, e, ci, &r, err) < 0 || check_record(ck, e, c, ci, r, err) < 0)
         return -1;
     if (p->dtype == DCP_DTYPE_INVALID)
         p->dtype = r->dtype;
@@ -246,7 +244,7 @@ static int plan_chunk(dcp_checkpoint *ck, const dcp_entry *e, size_t ci, const i
 
 /* Append the ops of box [off, off+len) (already validated) placed in C order
  * at dest_base; *covered gets the number of box elements some chunk covers. */
-static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *off, const int64_t *len,
+static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks, const int64_t *off, const int64_t *len,
                     uint64_t dest_base, dcp_plan *p, uint64_t *covered, dcp_error *err)
 {
     int nd = e->ndim;
@@ -261,7 +259,7 @@ static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *off, 
         return 0;
     int64_t lo[DCPI_MAX_NDIM], hi[DCPI_MAX_NDIM];
     for (size_t ci = 0; ci < e->nchunks; ci++) {
-        const dcp_chunk *c = &e->chunks[ci];
+        const dcp_chunk *c = &chunks[ci];
         uint64_t ov = 1;
         int d = 0;
         for (; d < nd; d++) {
@@ -274,7 +272,7 @@ static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *off, 
         }
         if (d < nd)
             continue;
-        if (plan_chunk(ck, e, ci, lo, hi, off, dstr, dest_base, p, err) < 0)
+        if (plan_chunk(ck, e, c, ci, lo, hi, off, dstr, dest_base, p, err) < 0)
             return -1;
         if (!dcpi_add_u64(*covered, ov, covered))
             *covered = UINT64_MAX;   /* overlapping chunks: only "!= vol" matters */
@@ -317,7 +315,14 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
         return dcpi_err(err, EOVERFLOW, "%s: %s: region too large", ck->path, e->key);
     }
     plan->entry = e;   /* dtype: from the first stored chunk, else the metadata's */
-    if (plan_box(ck, e, offsets, lengths, 0, plan, &covered, err) < 0) {
+    const dcp_chunk *chunks;
+    if (dcp_entry_chunks(ck, e, &chunks, err) < 0) {
+        dcp_plan_reset(plan);
+        return -1;
+    }
+    int rc = plan_box(ck, e, chunks, offsets, lengths, 0, plan, &covered, err);
+    dcp_release_chunks(ck, e);
+    if (rc < 0) {
         dcp_plan_reset(plan);
         return -1;
     }
@@ -332,7 +337,7 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
 /* Plan elements [a, b) of the sub-tensor of dims >= d (dims < d fixed in off
  * with length 1) as boxes contiguous in C order: a head partial slab, the
  * full middle slabs as one box, a tail partial slab. At most 2*ndim+1 boxes. */
-static int plan_range(dcp_checkpoint *ck, const dcp_entry *e, int d, int64_t *off, int64_t *len,
+static int plan_range(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks, int d, int64_t *off, int64_t *len,
                       const uint64_t *block, uint64_t a, uint64_t b, uint64_t base, uint64_t esz,
                       dcp_plan *p, int *partial, dcp_error *err)
 {
@@ -340,7 +345,7 @@ static int plan_range(dcp_checkpoint *ck, const dcp_entry *e, int d, int64_t *of
         return 0;
     uint64_t covered;
     if (d == e->ndim) {   /* a single element: a == 0, b == 1 */
-        if (plan_box(ck, e, off, len, (base + a) * esz, p, &covered, err) < 0)
+        if (plan_box(ck, e, chunks, off, len, (base + a) * esz, p, &covered, err) < 0)
             return -1;
         *partial |= covered != 1;
         return 0;
@@ -350,11 +355,11 @@ static int plan_range(dcp_checkpoint *ck, const dcp_entry *e, int d, int64_t *of
     uint64_t start = base;
     if (i0 == i1) {
         off[d] = (int64_t)i0, len[d] = 1;
-        return plan_range(ck, e, d + 1, off, len, block, r0, r1, base + i0 * B, esz, p, partial, err);
+        return plan_range(ck, e, chunks, d + 1, off, len, block, r0, r1, base + i0 * B, esz, p, partial, err);
     }
     if (r0) {
         off[d] = (int64_t)i0, len[d] = 1;
-        if (plan_range(ck, e, d + 1, off, len, block, r0, B, start + i0 * B, esz, p, partial, err) < 0)
+        if (plan_range(ck, e, chunks, d + 1, off, len, block, r0, B, start + i0 * B, esz, p, partial, err) < 0)
             return -1;
         i0++;
     }
@@ -362,13 +367,13 @@ static int plan_range(dcp_checkpoint *ck, const dcp_entry *e, int d, int64_t *of
         off[d] = (int64_t)i0, len[d] = (int64_t)(i1 - i0);
         for (int k = d + 1; k < e->ndim; k++)
             off[k] = 0, len[k] = e->shape[k];
-        if (plan_box(ck, e, off, len, (start + i0 * B) * esz, p, &covered, err) < 0)
+        if (plan_box(ck, e, chunks, off, len, (start + i0 * B) * esz, p, &covered, err) < 0)
             return -1;
         *partial |= covered != (i1 - i0) * B;
     }
     if (r1) {
         off[d] = (int64_t)i1, len[d] = 1;
-        if (plan_range(ck, e, d + 1, off, len, block, 0, r1, start + i1 * B, esz, p, partial, err) < 0)
+        if (plan_range(ck, e, chunks, d + 1, off, len, block, 0, r1, start + i1 * B, esz, p, partial, err) < 0)
             return -1;
     }
     return 0;
@@ -448,8 +453,15 @@ int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t offset, uint
     plan->dtype = DCP_DTYPE_INVALID;
     /* base is -a0 in elements so that each box lands at (start - a0) * esz;
      * unsigned wrap-around makes that exact. */
-    if (plan_range(ck, e, 0, off, len, block, a0, end / esz, (uint64_t)0 - a0, esz, plan, &partial,
-                   err) < 0) {
+    const dcp_chunk *chunks;
+    if (dcp_entry_chunks(ck, e, &chunks, err) < 0) {
+        dcp_plan_reset(plan);
+        return -1;
+    }
+    int rc = plan_range(ck, e, chunks, 0, off, len, block, a0, end / esz, (uint64_t)0 - a0, esz, plan, &partial,
+                        err);
+    dcp_release_chunks(ck, e);
+    if (rc < 0) {
         dcp_plan_reset(plan);
         return -1;
     }

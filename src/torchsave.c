@@ -24,6 +24,7 @@ typedef struct loc {
     const dcp_chunk *c;
     size_t chunk;
     dcp_error *err;
+    int64_t *stride;            /* the caller's room for the record's strides */
 } loc;
 
 __attribute__((format(printf, 3, 4)))
@@ -39,15 +40,12 @@ static int loc_fail(loc *l, int code, const char *fmt, ...)
                     (unsigned long long)l->c->blob.offset, why);
 }
 
-/* The stride array lives in the arena, which other threads share. */
+/* The strides go to the caller's array (the caller decides where records live). */
 static int64_t *stride_copy(loc *l, const int64_t *s, int nd)
 {
-    pthread_mutex_lock(&l->ck->lock);
-    int64_t *p = dcpi_arena_memdup(&l->ck->arena, s, (size_t)nd * sizeof *s);
-    pthread_mutex_unlock(&l->ck->lock);
-    if (!p)
-        dcpi_err(l->err, ENOMEM, "%s: %s: out of memory", l->ck->path, l->e->key);
-    return p;
+    if (nd)
+        memcpy(l->stride, s, (size_t)nd * sizeof *s);
+    return l->stride;
 }
 
 /* Bytes of the chunk's elements, or 0 with an error on overflow. */
@@ -565,10 +563,10 @@ out:
     return rc;
 }
 
-int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, size_t chunk, dcp_record *rec, dcp_error *err)
+int dcpi_locate_record(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c, size_t chunk, dcp_record *rec,
+                       int64_t *stride, dcp_error *err)
 {
-    const dcp_chunk *c = &e->chunks[chunk];
-    loc l = {ck, e, c, chunk, err};
+    loc l = {ck, e, c, chunk, err, stride};
     if (!c->has_blob) {
         char box[256];
         size_t used = 0;

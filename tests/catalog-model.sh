@@ -29,20 +29,46 @@ served || fail "the re-parsed model was not stored"
 truncate -s +1 "$ck/__0_0.distcp"
 served && fail "a changed shard size was served from a stale record"
 
-# A tampered record is parsed as hostile input and falls back to parsing.
+# A tampered model row is parsed as hostile input and falls back to parsing.
 served || fail "not cached"
 python3 - "$XDG_CACHE_HOME/dcpfs/catalog.sqlite" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-rows = db.execute("SELECT metadata_key, data FROM models").fetchall()
+rows = db.execute("SELECT id, head FROM models").fetchall()
 assert rows, "no model records"
-for key, data in rows:
-    bad = bytearray(data); bad[len(bad) // 2] ^= 0xff; bad = bytes(bad[:-3])
-    db.execute("UPDATE models SET data=? WHERE metadata_key=?", (bad, key))
+for id, head in rows:
+    bad = bytearray(head); bad[len(bad) // 2] ^= 0xff; bad = bytes(bad[:-3])
+    db.execute("UPDATE models SET head=? WHERE id=?", (bad, id))
 db.commit()
 PY
 "$DCP" ls --json "$ck" > "$SCRATCH/after.json"
 cmp "$SCRATCH/parsed.json" "$SCRATCH/after.json" || fail "a tampered record changed the listing"
+
+# A tampered entry row is met only when used: that use falls back to parsing
+# (same answers), and the model is dropped so the next open stores it afresh.
+"$DCP" --no-catalog layout --json "$ck" > "$SCRATCH/layout.json"
+served || fail "not cached"
+tamper() {   # tamper COLUMN KEY
+    python3 - "$XDG_CACHE_HOME/dcpfs/catalog.sqlite" "$1" "$2" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+col, key = sys.argv[2], sys.argv[3].encode()
+(data,) = db.execute(f"SELECT {col} FROM model_entries WHERE key=?", (key,)).fetchone()
+bad = bytearray(data); bad[0] ^= 0x01
+db.execute(f"UPDATE model_entries SET {col}=? WHERE key=?", (bytes(bad), key))
+db.commit()
+PY
+}
+tamper chunks model.embed_tokens.weight
+"$DCP" layout --json "$ck" > "$SCRATCH/layout2.json" || fail "a tampered chunk list broke dcp layout"
+cmp "$SCRATCH/layout.json" "$SCRATCH/layout2.json" || fail "the layout differs with a tampered chunk list"
+served && fail "a model with a damaged row was kept"
+served || fail "not stored again"
+tamper head model.embed_tokens.weight
+"$DCP" ls --json "$ck" > "$SCRATCH/after.json" || fail "a tampered entry header broke dcp ls"
+cmp "$SCRATCH/parsed.json" "$SCRATCH/after.json" || fail "the listing differs with a tampered header"
+"$DCP" layout --json "$ck" > "$SCRATCH/layout2.json" || fail "dcp layout after a tampered header"
+cmp "$SCRATCH/layout.json" "$SCRATCH/layout2.json" || fail "the layout differs after a tampered header"
 
 # A file that is not a catalog is moved aside and rebuilt.
 echo "garbage" > "$XDG_CACHE_HOME/dcpfs/catalog.sqlite"

@@ -26,21 +26,40 @@ static void shape(const dcp_entry *e, char *buf, size_t n)
 static int same_by_digest(dcp_catalog *cat, dcp_checkpoint *a, const dcp_entry *ea, dcp_checkpoint *b,
                           const dcp_entry *eb)
 {
+    const dcp_chunk *xa, *xb;
+    dcp_error err;
     if (!cat || ea->kind != DCP_KIND_TENSOR || ea->nchunks != eb->nchunks)
         return 0;
-    for (size_t i = 0; i < ea->nchunks; i++) {
-        const dcp_chunk *ca = &ea->chunks[i], *cb = &eb->chunks[i];
-        if (memcmp(ca->offsets, cb->offsets, (size_t)ea->ndim * sizeof(int64_t)) ||
-            memcmp(ca->sizes, cb->sizes, (size_t)ea->ndim * sizeof(int64_t)))
-            return 0;
+    if (dcp_entry_chunks(a, ea, &xa, &err) < 0)
+        return 0;
+    if (dcp_entry_chunks(b, eb, &xb, &err) < 0) {
+        dcp_release_chunks(a, ea);
+        return 0;
+    }
+    int same = 1;
+    for (size_t i = 0; i < ea->nchunks && same; i++) {
+        const dcp_chunk *ca = &xa[i], *cb = &xb[i];
         uint64_t ha, hb;
         int fa, fb;
-        dcp_error err;
-        if (dcp_catalog_digest(cat, a, &ca->blob, &ha, &fa, &err) < 0 || !fa ||
-            dcp_catalog_digest(cat, b, &cb->blob, &hb, &fb, &err) < 0 || !fb || ha != hb)
-            return 0;
+        same = !memcmp(ca->offsets, cb->offsets, (size_t)ea->ndim * sizeof(int64_t)) &&
+               !memcmp(ca->sizes, cb->sizes, (size_t)ea->ndim * sizeof(int64_t)) &&
+               dcp_catalog_digest(cat, a, &ca->blob, &ha, &fa, &err) == 0 && fa &&
+               dcp_catalog_digest(cat, b, &cb->blob, &hb, &fb, &err) == 0 && fb && ha == hb;
     }
-    return 1;
+    dcp_release_chunks(a, ea);
+    dcp_release_chunks(b, eb);
+    return same;
+}
+
+/* The entry of ck with key, NULL when there is none; -1 when the catalog
+ * serving ck cannot be read (absent and unreadable are not the same). */
+static int lookup(dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err)
+{
+    if (dcp_seek(ck, key, out, err) < 0)
+        return -1;
+    if (*out && strcmp((*out)->key, key))
+        *out = NULL;
+    return 0;
 }
 
 /* 1 if the flat images differ, 0 if equal, -1 on error. */
@@ -109,9 +128,12 @@ int cmd_diff(int argc, char **argv)
         trouble = 1;
     }
     for (size_t i = 0; i < dcp_num_entries(a) && !trouble; i++) {
-        const dcp_entry *ea = dcp_entry_at(a, i), *eb = dcp_find(b, ea->key);
+        const dcp_entry *ea = dcp_entry_at(a, i), *eb = NULL;
         char sa[256], sb[256];
-        if (!eb) {
+        if (!ea || lookup(b, ea->key, &eb, &err) < 0) {
+            cli_error("%s", ea ? err.msg : "the checkpoint changed while it was read");
+            trouble = 1;
+        } else if (!eb) {
             printf("only in A: %s\n", ea->key);
             differences++;
         } else if (ea->kind != eb->kind) {
@@ -138,11 +160,16 @@ int cmd_diff(int argc, char **argv)
             }
         }
     }
-    for (size_t i = 0; i < dcp_num_entries(b) && !trouble; i++)
-        if (!dcp_find(a, dcp_entry_at(b, i)->key)) {
-            printf("only in B: %s\n", dcp_entry_at(b, i)->key);
+    for (size_t i = 0; i < dcp_num_entries(b) && !trouble; i++) {
+        const dcp_entry *eb = dcp_entry_at(b, i), *ea = NULL;
+        if (!eb || lookup(a, eb->key, &ea, &err) < 0) {
+            cli_error("%s", eb ? err.msg : "the checkpoint changed while it was read");
+            trouble = 1;
+        } else if (!ea) {
+            printf("only in B: %s\n", eb->key);
             differences++;
         }
+    }
     free(ba);
     free(bb);
     dcp_catalog_close(cat);

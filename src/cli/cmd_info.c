@@ -36,6 +36,11 @@ int cmd_info(int argc, char **argv)
     size_t n = dcp_num_entries(ck);
     for (size_t i = 0; i < n; i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e) {
+            cli_error("%s: the checkpoint changed while it was read", path);
+            dcp_close(ck);
+            return 1;
+        }
         if (e->kind == DCP_KIND_TENSOR) {
             tensors++;
             chunks += e->nchunks;

@@ -34,10 +34,15 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
         }
         return 0;
     }
+    const dcp_chunk *chunks;
+    dcp_error err;
+    if (dcp_entry_chunks(ck, e, &chunks, &err) < 0) {
+        cli_error("%s", err.msg);
+        return 1;
+    }
     for (size_t i = 0; i < e->nchunks; i++) {
-        const dcp_chunk *c = &e->chunks[i];
+        const dcp_chunk *c = &chunks[i];
         const dcp_record *r = NULL;
-        dcp_error err;
         if (dcp_chunk_record(ck, e, i, &r, &err) < 0) {
             cli_error("%s", err.msg);
             status = 1;
@@ -76,6 +81,7 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
             putchar('\n');
         }
     }
+    dcp_release_chunks(ck, e);
     return status;
 }
 
@@ -108,8 +114,15 @@ int cmd_layout(int argc, char **argv)
             status = show(ck, e, json);
         }
     } else {
-        for (size_t i = 0; i < dcp_num_entries(ck); i++)
-            status |= show(ck, dcp_entry_at(ck, i), json);
+        for (size_t i = 0; i < dcp_num_entries(ck); i++) {
+            const dcp_entry *e = dcp_entry_at(ck, i);
+            if (!e) {
+                cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+                status = 1;
+                break;
+            }
+            status |= show(ck, e, json);
+        }
     }
     dcp_close(ck);
     return status;

@@ -47,6 +47,11 @@ int cmd_ls(int argc, char **argv)
         printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
     for (size_t i = 0; i < n; i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e) {
+            cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+            status = 1;
+            break;
+        }
         if (!cli_key_matches(pattern, e->key))
             continue;
         uint64_t nbytes = 0;

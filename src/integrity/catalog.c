@@ -12,7 +12,8 @@
 
 #include "integrity.h"
 
-#define CATALOG_FORMAT "dcpfs-catalog-2"
+#define CATALOG_FORMAT "dcpfs-catalog-3"
+#define CATALOG_FORMAT_2 "dcpfs-catalog-2"   /* one model blob per checkpoint: upgraded in place */
 #define SIDECAR_MAGIC "dcpfs-digests 1"
 
 struct dcp_catalog {
@@ -23,16 +24,52 @@ struct dcp_catalog {
 };
 
 /* checkpoints: one row per identity; digests refer to it by number, so the
- * (large) digest table does not repeat the identity. models: modelcache.c. */
+ * (large) digest table does not repeat the identity. models and
+ * model_entries: modelcache.c; model_records: recordcache.c. */
+#define MODEL_TABLES \
+    "CREATE TABLE IF NOT EXISTS models(id INTEGER PRIMARY KEY AUTOINCREMENT, metadata_key TEXT UNIQUE NOT NULL," \
+    " path TEXT NOT NULL, stamp TEXT, xxh3 INTEGER NOT NULL, head BLOB NOT NULL);" \
+    "CREATE INDEX IF NOT EXISTS models_by_path ON models(path);" \
+    "CREATE TABLE IF NOT EXISTS model_entries(model INTEGER NOT NULL, idx INTEGER NOT NULL, key BLOB NOT NULL," \
+    " head BLOB NOT NULL, chunks BLOB NOT NULL, PRIMARY KEY(model, idx)) WITHOUT ROWID;" \
+    "CREATE INDEX IF NOT EXISTS model_entries_by_key ON model_entries(model, key, head);" \
+    "CREATE TABLE IF NOT EXISTS model_records(model INTEGER NOT NULL, idx INTEGER NOT NULL, data BLOB NOT NULL," \
+    " PRIMARY KEY(model, idx)) WITHOUT ROWID;"
 static const char schema[] =
     "CREATE TABLE IF NOT EXISTS catalog_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS checkpoints(id INTEGER PRIMARY KEY, identity TEXT UNIQUE NOT NULL);"
     "CREATE TABLE IF NOT EXISTS digests(ck INTEGER NOT NULL, file TEXT NOT NULL, offset INTEGER NOT NULL,"
     " length INTEGER NOT NULL, xxh3 INTEGER NOT NULL, PRIMARY KEY(ck, file, offset)) WITHOUT ROWID;"
-    "CREATE TABLE IF NOT EXISTS models(metadata_key TEXT PRIMARY KEY, path TEXT NOT NULL,"
-    " xxh3 INTEGER NOT NULL, data BLOB NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS models_by_path ON models(path);"
+    MODEL_TABLES
     "INSERT OR IGNORE INTO catalog_meta VALUES('format', '" CATALOG_FORMAT "');";
+/* Format 2 to 3: the models change shape (they are a cache: dropped), the
+ * recorded digests stay. */
+static const char upgrade_2[] =
+    "DROP TABLE IF EXISTS models;"
+    "DROP TABLE IF EXISTS model_entries;"
+    "DROP TABLE IF EXISTS model_records;"
+    MODEL_TABLES
+    "UPDATE catalog_meta SET value='" CATALOG_FORMAT "' WHERE key='format';";
+
+/* Upgrade a format-2 catalog, unless another process did meanwhile. */
+static int upgrade(sqlite3 *db)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), old = 0;
+    if (rc == SQLITE_OK &&
+        (rc = sqlite3_prepare_v2(db, "SELECT value FROM catalog_meta WHERE key='format'", -1, &st, NULL)) == SQLITE_OK) {
+        const char *v = sqlite3_step(st) == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+        old = v && !strcmp(v, CATALOG_FORMAT_2);
+        sqlite3_finalize(st);
+    }
+    if (rc == SQLITE_OK && old)
+        rc = sqlite3_exec(db, upgrade_2, NULL, NULL, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return rc == SQLITE_OK ? 0 : -1;
+}
 
 static int sqlerr(dcp_catalog *cat, dcp_error *err, const char *what)
 {
@@ -77,10 +114,11 @@ int dcpi_catalog_fail(dcp_catalog *cat, int rc, dcp_error *err, const char *what
 
 sqlite3 *dcpi_catalog_db(dcp_catalog *cat) { return cat->db; }
 
-/* A catalog of ours? Empty (new), or carrying our format row. This is cheap
- * on purpose (no integrity_check over a large file at every open): SQLite
- * reports damage it meets as SQLITE_CORRUPT, which moves the file aside,
- * and every model record carries its own checksum. */
+/* A catalog of ours? Empty (new), or carrying our format row (2 when it is
+ * an older one to upgrade). This is cheap on purpose (no integrity_check over
+ * a large file at every open): SQLite reports damage it meets as
+ * SQLITE_CORRUPT, which moves the file aside, and every model record carries
+ * its own checksum. */
 static int healthy(sqlite3 *db)
 {
     sqlite3_stmt *st;
@@ -95,8 +133,8 @@ static int healthy(sqlite3 *db)
     if (tables == 0)
         return 1;   /* new and empty */
     if (sqlite3_prepare_v2(db, "SELECT value FROM catalog_meta WHERE key='format'", -1, &st, NULL) == SQLITE_OK) {
-        ours = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0) &&
-               !strcmp((const char *)sqlite3_column_text(st, 0), CATALOG_FORMAT);
+        const char *v = sqlite3_step(st) == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+        ours = v && !strcmp(v, CATALOG_FORMAT) ? 1 : v && !strcmp(v, CATALOG_FORMAT_2) ? 2 : 0;
         sqlite3_finalize(st);
     }
     return ours;
@@ -107,7 +145,7 @@ static int try_open(dcp_catalog *cat)
     if (sqlite3_open_v2(cat->path, &cat->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         NULL) != SQLITE_OK)
         return -1;
-    sqlite3_busy_timeout(cat->db, 30000);
+    sqlite3_busy_timeout(cat->db, DCPI_CATALOG_BUSY_MS);
     int h = healthy(cat->db);
     if (h <= 0)
         return h == 0 ? -1 : -2;
@@ -115,10 +153,12 @@ static int try_open(dcp_catalog *cat)
      * enough for a cache that is rebuilt whenever in doubt. */
     if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK)
         return -1;
+    if (h == 2)
+        return upgrade(cat->db);
     /* Only a writer creates the schema; a reader of an existing catalog does not take the write lock. */
     sqlite3_stmt *st;
     int have = 0;
-    if (sqlite3_prepare_v2(cat->db, "SELECT 1 FROM sqlite_master WHERE name='models'", -1, &st, NULL) == SQLITE_OK) {
+    if (sqlite3_prepare_v2(cat->db, "SELECT 1 FROM sqlite_master WHERE name='model_records'", -1, &st, NULL) == SQLITE_OK) {
         have = sqlite3_step(st) == SQLITE_ROW;
         sqlite3_finalize(st);
     }
@@ -274,7 +314,7 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
         if (r[i].rerr) {
             int e = r[i].rerr;
             dcpi_err(err, e == EIO ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
-                     ck->path, ck->files[r[i].file], ck->entries[r[i].entry].key, r[i].offset, r[i].length,
+                     ck->path, ck->files[r[i].file], dcp_entry_at(ck, r[i].entry)->key, r[i].offset, r[i].length,
                      e == EIO ? "it ends past the end of the file" : strerror(e));
             free(r);
             return -1;
@@ -527,7 +567,7 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
     char msg[1400];
     for (size_t i = 0; i < n; i++) {
         const dcpi_blobref *b = &r[i];
-        const char *key = ck->entries[b->entry].key, *file = ck->files[b->file];
+        const char *key = dcp_entry_at(ck, b->entry)->key, *file = ck->files[b->file];
         if (!b->want) {
             (*missing)++;
             continue;

@@ -134,12 +134,12 @@ static int add_box(corners *c, const int *dims, const int64_t *lo, const int64_t
     return 0;
 }
 
-static int exact_cover(const dcp_entry *e, const size_t *idx, size_t m)
+static int exact_cover(const dcp_entry *e, const dcp_chunk *chunks, const size_t *idx, size_t m)
 {
     int dims[DCPI_MAX_NDIM], k = 0;
     for (int d = 0; d < e->ndim; d++)
         for (size_t i = 0; i < m; i++)
-            if (e->chunks[idx[i]].offsets[d] != 0 || e->chunks[idx[i]].sizes[d] != e->shape[d]) {
+            if (chunks[idx[i]].offsets[d] != 0 || chunks[idx[i]].sizes[d] != e->shape[d]) {
                 dims[k++] = d;
                 break;
             }
@@ -151,7 +151,7 @@ static int exact_cover(const dcp_entry *e, const size_t *idx, size_t m)
     static const int64_t zero[DCPI_MAX_NDIM];
     int rc = 1;
     for (size_t i = 0; i < m && rc == 1; i++)
-        if (add_box(&c, dims, e->chunks[idx[i]].offsets, e->chunks[idx[i]].sizes, 1) < 0)
+        if (add_box(&c, dims, chunks[idx[i]].offsets, chunks[idx[i]].sizes, 1) < 0)
             rc = -1;
     if (rc == 1 && add_box(&c, dims, zero, e->shape, -1) < 0)
         rc = -1;
@@ -177,14 +177,14 @@ static int by_start(const void *x, const void *y, void *arg)
  * An intact tensor is confirmed by exact_cover in linear time; only a broken
  * one is swept (along the dimension with the most distinct chunk starts) to
  * name the overlapping pairs. */
-static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, report *r)
+static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks, report *r)
 {
     uint64_t numel = dcp_entry_numel(e), vol = 0;
     size_t n = e->nchunks;
     for (size_t i = 0; i < n; i++) {
         uint64_t v = 1;
         for (int d = 0; d < e->ndim; d++)
-            v *= (uint64_t)e->chunks[i].sizes[d];
+            v *= (uint64_t)chunks[i].sizes[d];
         vol += v;
     }
     if (e->ndim == 0) {
@@ -201,11 +201,11 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, report *r)
     for (size_t i = 0; i < n; i++) {
         uint64_t v = 1;
         for (int d = 0; d < e->ndim; d++)
-            v *= (uint64_t)e->chunks[i].sizes[d];
+            v *= (uint64_t)chunks[i].sizes[d];
         if (v)
             idx[m++] = i;
     }
-    int exact = vol == numel ? exact_cover(e, idx, m) : 0;
+    int exact = vol == numel ? exact_cover(e, chunks, idx, m) : 0;
     if (exact != 0) {
         free(idx);
         return exact < 0 ? -1 : 0;
@@ -213,13 +213,13 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, report *r)
     /* Not an exact tiling: name the overlaps. Pick the dimension with the most distinct starts (cheap estimate: sort per dim). */
     int best = 0;
     size_t best_distinct = 0;
-    struct sweep sw = {e->chunks, 0};
+    struct sweep sw = {chunks, 0};
     for (int d = 0; d < e->ndim && m > 1; d++) {
         sw.dim = d;
         qsort_r(idx, m, sizeof *idx, by_start, &sw);
         size_t distinct = 1;
         for (size_t i = 1; i < m; i++)
-            distinct += e->chunks[idx[i]].offsets[d] != e->chunks[idx[i - 1]].offsets[d];
+            distinct += chunks[idx[i]].offsets[d] != chunks[idx[i - 1]].offsets[d];
         if (distinct > best_distinct) {
             best_distinct = distinct;
             best = d;
@@ -230,11 +230,11 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, report *r)
     uint64_t overlaps_found = 0;
     size_t lo = 0;   /* chunks before lo end before the current start on the sweep dim */
     for (size_t i = 0; i < m && overlaps_found < 16; i++) {
-        const dcp_chunk *c = &e->chunks[idx[i]];
-        while (lo < i && e->chunks[idx[lo]].offsets[best] + e->chunks[idx[lo]].sizes[best] <= c->offsets[best])
+        const dcp_chunk *c = &chunks[idx[i]];
+        while (lo < i && chunks[idx[lo]].offsets[best] + chunks[idx[lo]].sizes[best] <= c->offsets[best])
             lo++;
         for (size_t j = lo; j < i; j++) {
-            const dcp_chunk *p = &e->chunks[idx[j]];
+            const dcp_chunk *p = &chunks[idx[j]];
             if (p->offsets[best] + p->sizes[best] > c->offsets[best] && overlaps(e, p, c)) {
                 char a[256], b[256];
                 box_text(e, p, a, sizeof a);
@@ -271,8 +271,14 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
             problem(&r, "%s/%s: shard file missing or unreadable: %s", ck->path, ck->files[f], fe.msg);
         }
     }
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
+    for (size_t i = 0; i < dcp_num_entries(ck); i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        const dcp_chunk *chunks;
+        if (!e) {
+            free(missing);
+            free(sizes);
+            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+        }
         if (e->kind == DCP_KIND_BYTES) {
             if (!e->has_blob)
                 problem(&r, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
@@ -282,13 +288,19 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
                         (unsigned long long)e->blob.length, (unsigned long long)sizes[e->blob.file]);
             continue;
         }
-        if (check_tiling(ck, e, &r) < 0) {
+        if (dcp_entry_chunks(ck, e, &chunks, err) < 0) {
+            free(missing);
+            free(sizes);
+            return -1;
+        }
+        if (check_tiling(ck, e, chunks, &r) < 0) {
+            dcp_release_chunks(ck, e);
             free(missing);
             free(sizes);
             return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
         }
         for (size_t c = 0; c < e->nchunks; c++) {
-            const dcp_chunk *ch = &e->chunks[c];
+            const dcp_chunk *ch = &chunks[c];
             char box[256];
             box_text(e, ch, box, sizeof box);
             if (!ch->has_blob) {
@@ -303,11 +315,16 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
                         (unsigned long long)ch->blob.length, (unsigned long long)sizes[ch->blob.file]);
                 continue;
             }
-            const dcp_record *rec;
+            /* from the shard itself: a served model's records may come from the catalog */
+            dcp_record rec;
+            const dcp_record *rp;
+            int64_t stride[DCPI_MAX_NDIM];
             dcp_error re;
-            if (dcp_chunk_record(ck, e, c, &rec, &re) < 0)
+            if (ck->lazy ? dcpi_locate_record(ck, e, ch, c, &rec, stride, &re) < 0
+                         : dcp_chunk_record(ck, e, c, &rp, &re) < 0)
                 problem(&r, "%s", re.msg);
         }
+        dcp_release_chunks(ck, e);
     }
     free(missing);
     free(sizes);

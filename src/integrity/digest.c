@@ -11,9 +11,7 @@
 
 #include "integrity.h"
 
-#define HASH_PIECE (8u << 20)        /* dcp_blob_digest's reads */
-#define WINDOW (2u << 20)            /* the bulk hasher's reads: large, yet cache-resident */
-#define PROGRESS_STEP (64u << 20)    /* report progress every this many bytes */
+#define HASH_PIECE (8u << 20)        /* dcp_blob_digest's reads (the bulk hasher: hashing.c) */
 
 int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_error *err)
 {
@@ -54,22 +52,35 @@ static int by_place(const void *x, const void *y)
 
 int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp_error *err)
 {
-    size_t n = 0;
-    for (size_t i = 0; i < ck->nentries; i++)
-        n += ck->entries[i].kind == DCP_KIND_BYTES ? 1 : ck->entries[i].nchunks;
+    size_t n = 0, nentries = dcp_num_entries(ck);
+    for (size_t i = 0; i < nentries; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e)
+            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+        n += e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
+    }
     dcpi_blobref *r = malloc((n ? n : 1) * sizeof *r);
     if (!r)
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     size_t m = 0;
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
-        size_t nb = e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
-        for (size_t c = 0; c < nb; c++) {
-            const dcp_blob *b = e->kind == DCP_KIND_BYTES ? &e->blob : &e->chunks[c].blob;
-            if (!(e->kind == DCP_KIND_BYTES ? e->has_blob : e->chunks[c].has_blob))
-                continue;
-            r[m++] = (dcpi_blobref){.file = b->file, .offset = b->offset, .length = b->length, .entry = i, .want = 1};
+    for (size_t i = 0; i < nentries; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (e->kind == DCP_KIND_BYTES) {
+            if (e->has_blob)
+                r[m++] = (dcpi_blobref){.file = e->blob.file, .offset = e->blob.offset, .length = e->blob.length,
+                                        .entry = i, .want = 1};
+            continue;
         }
+        const dcp_chunk *c;
+        if (dcp_entry_chunks(ck, e, &c, err) < 0) {
+            free(r);
+            return -1;
+        }
+        for (size_t j = 0; j < e->nchunks; j++)
+            if (c[j].has_blob)
+                r[m++] = (dcpi_blobref){.file = c[j].blob.file, .offset = c[j].blob.offset,
+                                        .length = c[j].blob.length, .entry = i, .want = 1};
+        dcp_release_chunks(ck, e);
     }
     /* qsort is not stable: keep the first entry's index for a shared range
      * (SAFETENSORS shards give every chunk of a file the same blob). */
@@ -85,115 +96,6 @@ int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp
     }
     *out = r;
     *nout = k;
-    return 0;
-}
-
-static int pread_all(int fd, unsigned char *buf, size_t len, uint64_t off)
-{
-    while (len) {
-        ssize_t r = pread(fd, buf, len, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return r < 0 ? errno : EIO;
-        buf += r;
-        len -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
-}
-
-struct progress {
-    dcp_progress_fn fn;
-    void *ctx;
-    uint64_t done, total, last;
-};
-
-static void advance(struct progress *p, uint64_t n)
-{
-    p->done += n;
-    if (p->fn && (p->done - p->last >= PROGRESS_STEP || p->done == p->total)) {
-        p->last = p->done;
-        p->fn(p->ctx, p->done, p->total);
-    }
-}
-
-/* The wanted refs [lo, hi) of one file. Reads a window of up to WINDOW bytes
- * starting at a blob and hashes every blob that lies inside it in one call;
- * larger blobs are streamed. Sorted blobs make the reads sequential. */
-static void hash_file(dcp_checkpoint *ck, dcpi_blobref *r, size_t lo, size_t hi, unsigned char *buf,
-                      XXH3_state_t *st, struct progress *pg)
-{
-    int fd = openat(ck->dirfd, ck->files[r[lo].file], O_RDONLY | O_CLOEXEC);
-    struct stat sb;
-    int e = fd < 0 ? errno : fstat(fd, &sb) < 0 ? errno : 0;
-    if (!e && !S_ISREG(sb.st_mode))
-        e = EISDIR;
-    if (e) {
-        for (size_t i = lo; i < hi; i++)
-            if (r[i].want)
-                r[i].rerr = e;
-        if (fd >= 0)
-            close(fd);
-        return;
-    }
-    uint64_t size = (uint64_t)sb.st_size, ws = 0, we = 0;
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    for (size_t i = lo; i < hi; i++) {
-        dcpi_blobref *b = &r[i];
-        if (!b->want)
-            continue;
-        if (b->offset > size || b->length > size - b->offset) {
-            b->rerr = EIO;   /* the blob ends past the file */
-        } else if (b->length <= WINDOW) {
-            if (b->offset < ws || b->offset + b->length > we) {
-                size_t n = size - b->offset < WINDOW ? (size_t)(size - b->offset) : WINDOW;
-                ws = we = 0;
-                if ((b->rerr = pread_all(fd, buf, n, b->offset)) == 0) {
-                    ws = b->offset;
-                    we = b->offset + n;
-                }
-            }
-            if (!b->rerr)
-                b->xxh3 = XXH3_64bits(buf + (b->offset - ws), (size_t)b->length);
-        } else {
-            ws = we = 0;
-            XXH3_64bits_reset(st);
-            for (uint64_t off = 0; off < b->length && !b->rerr; off += WINDOW) {
-                size_t n = b->length - off < WINDOW ? (size_t)(b->length - off) : WINDOW;
-                if ((b->rerr = pread_all(fd, buf, n, b->offset + off)) == 0)
-                    XXH3_64bits_update(st, buf, n);
-            }
-            if (!b->rerr)
-                b->xxh3 = XXH3_64bits_digest(st);
-        }
-        advance(pg, b->length);
-    }
-    close(fd);
-}
-
-int dcpi_hash_blobs(dcp_checkpoint *ck, dcpi_blobref *r, size_t n, dcp_progress_fn progress, void *pctx,
-                    dcp_error *err)
-{
-    struct progress pg = {progress, pctx, 0, 0, 0};
-    for (size_t i = 0; i < n; i++)
-        pg.total += r[i].want ? r[i].length : 0;
-    unsigned char *buf = malloc(WINDOW);
-    XXH3_state_t *st = XXH3_createState();
-    if (!buf || !st) {
-        free(buf);
-        XXH3_freeState(st);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
-    }
-    for (size_t lo = 0, hi; lo < n; lo = hi) {
-        for (hi = lo; hi < n && r[hi].file == r[lo].file; hi++)
-            ;
-        hash_file(ck, r, lo, hi, buf, st, &pg);
-    }
-    if (progress && pg.total && pg.last != pg.done)
-        progress(pctx, pg.done, pg.total);
-    free(buf);
-    XXH3_freeState(st);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 # Integrity: structural verification, digests, the SQLite catalog (issue 5).
 include_HEADERS += include/dcp_integrity.h
-libdcp_la_SOURCES += src/integrity/coverage.c src/integrity/digest.c src/integrity/catalog.c \
-	src/integrity/modelcache.c
+libdcp_la_SOURCES += src/integrity/coverage.c src/integrity/digest.c src/integrity/hashing.c \
+	src/integrity/catalog.c src/integrity/modelcache.c src/integrity/recordcache.c src/integrity/rowcodec.c
 libdcp_la_CFLAGS += $(SQLITE_CFLAGS) $(XXHASH_CFLAGS)
 libdcp_la_LIBADD += $(SQLITE_LIBS) $(XXHASH_LIBS)
 noinst_HEADERS += src/integrity/integrity.h

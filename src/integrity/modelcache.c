@@ -1,9 +1,33 @@
-/* The model cache: what parsing .metadata produced (keys, dtypes, shapes,
- * chunks, blob locations, files and their sizes, info) stored in the catalog
- * as one record per checkpoint, so that a later open of an unchanged
- * checkpoint skips the pickle entirely. The record is keyed by the .metadata
- * file's size, mtime and XXH3 and checked against the shard files' sizes on
- * load; it is parsed as hostile input, and any doubt means "parse again". */
+/* The model cache: what parsing .metadata produced, stored in the catalog so
+ * that a later open of an unchanged checkpoint skips the pickle entirely and
+ * reads only what it uses.
+ *
+ *   models         one row per .metadata (keyed by its size, mtime and
+ *                  XXH3, and found first by its stat stamp and path): the
+ *                  files and their sizes, the info strings, the number of
+ *                  entries and chunks. An open reads only this.
+ *   model_entries  one row per entry: its key, its header (kind, dtype,
+ *                  shape, bytes-item blob, chunk count) and its chunks (boxes
+ *                  and blob locations) in a separate column, so that reading
+ *                  a header never reads the chunks. The primary key (model,
+ *                  idx) serves dcp_entry_at and the chunks of an entry; the
+ *                  index (model, key, head) serves dcp_find and dcp_seek
+ *                  (listings by key prefix) without touching the table.
+ *
+ * Chunk lists are one row per entry, not one row per chunk: a million-chunk
+ * checkpoint makes 100k rows, not 1M, and an entry's chunks come back in one
+ * B-tree lookup (about 10 us, decoded), with no offsets into a shared blob
+ * to keep consistent. Chunk records found in the shards: recordcache.c.
+ *
+ * Everything read back is hostile input: each header and chunk list carries
+ * an XXH3 of its bytes (SQLite checks its pages, not what is in them), and
+ * every value is bounds-checked as the parser's model builder does. A
+ * mismatch at open means "parse again"; a damaged row met later, or a model
+ * removed by another process, makes this open parse the metadata and serve
+ * the rest from the parse (fall_back), and drops the model from the catalog.
+ * A model is tied to the .metadata and checked against the shard files'
+ * sizes at open; any doubt means "parse again".
+ */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,19 +36,28 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "integrity.h"
 
-#define MAGIC "DCPMODL3"   /* little-endian varints; see serialise(). Bump when
-                              * parsing changes what a model holds (3: generation
-                              * strings, rank-local file names) */
+#define MAGIC "DCPMODL4"   /* little-endian varints; see put_head(). Bump when
+                            * parsing changes what a model holds (3: generation
+                            * strings, rank-local file names; 4: rows per entry) */
+#define SEED_HEAD 0x68656164u       /* "head": the checksum of an entry's header */
+#define SEED_CHUNKS 0x63686b73u     /* "chks": the checksum of its chunk list */
+#define LAZY_CACHE_KIB 4096         /* SQLite page cache of a served model's connection */
+
 
 /* ------------------------------------------------------------ metadata key */
 
 static int metadata_key(dcp_checkpoint *ck, char key[33])
 {
+    if (ck->model_key[0]) {
+        memcpy(key, ck->model_key, 33);
+        return 0;
+    }
     int fd = openat(ck->dirfd, ".metadata", O_RDONLY | O_CLOEXEC);
     struct stat sb;
     if (fd < 0)
@@ -49,78 +82,63 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     free(buf);
     XXH3_freeState(st);
     close(fd);
-    return r == 0 ? 0 : -1;
+    if (r != 0)
+        return -1;
+    memcpy(ck->model_key, key, 33);
+    return 0;
+}
+
+/* The .metadata's stat, which serves a reopen without reading the file:
+ * device, inode, size, mtime and ctime. Users cannot set ctime, and any
+ * write to the file or replacement of it changes ctime or the inode. Left
+ * empty (the content key decides) when the file changed in the last two
+ * seconds, since a change within the same clock tick would not show. */
+static void metadata_stamp(dcp_checkpoint *ck)
+{
+    struct stat sb;
+    struct timespec now;
+    if (ck->model_stamp[0])
+        return;
+    if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0 || clock_gettime(CLOCK_REALTIME, &now) < 0 ||
+        now.tv_sec - sb.st_mtim.tv_sec < 2 || now.tv_sec - sb.st_ctim.tv_sec < 2)
+        return;
+    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
+             (unsigned long long)sb.st_dev, (unsigned long long)sb.st_ino, (unsigned long long)sb.st_size,
+             (long long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec, (long long)sb.st_ctim.tv_sec, sb.st_ctim.tv_nsec);
 }
 
 /* ------------------------------------------------------------ serialising */
 
-typedef struct wbuf {
-    unsigned char *p;
-    size_t n, cap;
-    int oom;
-} wbuf;
-
-static void put(wbuf *w, const void *src, size_t n)
-{
-    if (w->oom || n == 0)   /* n == 0: src may be NULL (a 0-d shape) */
-        return;
-    if (w->n + n > w->cap) {
-        size_t nc = w->cap ? w->cap * 2 : 1 << 16;
-        while (nc < w->n + n)
-            nc *= 2;
-        unsigned char *np = realloc(w->p, nc);
-        if (!np) {
-            w->oom = 1;
-            return;
-        }
-        w->p = np;
-        w->cap = nc;
-    }
-    memcpy(w->p + w->n, src, n);
-    w->n += n;
-}
-/* LEB128: most numbers of a model (dims, file indexes, lengths) take 1-3 bytes. */
-static void put_u64(wbuf *w, uint64_t v)
-{
-    unsigned char b[10];
-    size_t n = 0;
-    do {
-        b[n] = (unsigned char)(v & 0x7f);
-        v >>= 7;
-        b[n++] |= v ? 0x80 : 0;
-    } while (v);
-    put(w, b, n);
-}
-static void put_dims(wbuf *w, const int64_t *d, int ndim)
+static void put_dims(dcpi_wbuf *w, const int64_t *d, int ndim)
 {
     for (int i = 0; i < ndim; i++)
-        put_u64(w, (uint64_t)d[i]);
+        dcpi_put_u64(w, (uint64_t)d[i]);
 }
-static void put_str(wbuf *w, const char *s)
+static void put_str(dcpi_wbuf *w, const char *s)
 {
-    put_u64(w, s ? strlen(s) : UINT64_MAX);
+    dcpi_put_u64(w, s ? strlen(s) : UINT64_MAX);
     if (s)
-        put(w, s, strlen(s));
+        dcpi_put(w, s, strlen(s));
 }
-static void put_blob(wbuf *w, const dcp_blob *b)
+static void put_blob(dcpi_wbuf *w, const dcp_blob *b)
 {
-    put_u64(w, b->file);
-    put_u64(w, b->transforms);
-    put_u64(w, b->offset);
-    put_u64(w, b->length);
+    dcpi_put_u64(w, b->file);
+    dcpi_put_u64(w, b->transforms);
+    dcpi_put_u64(w, b->offset);
+    dcpi_put_u64(w, b->length);
 }
-
-static int serialise(dcp_checkpoint *ck, wbuf *w)
+/* The model row: files, info, counts. */
+static int put_head(dcp_checkpoint *ck, dcpi_wbuf *w, uint64_t nchunks)
 {
-    put(w, MAGIC, 8);
-    put_u64(w, ck->nfiles);
+    dcpi_put(w, MAGIC, 8);
+    dcpi_put_u64(w, ck->nfiles);
     for (size_t f = 0; f < ck->nfiles; f++) {
         uint64_t size;
         dcp_error err;
         if (dcpi_ck_file_size(ck, (uint32_t)f, &size, &err) < 0)
             return -1;   /* a missing shard: not worth caching */
         put_str(w, ck->files[f]);
-        put_u64(w, size);
+        dcpi_put_u64(w, size);
     }
     const dcp_info *in = &ck->info;
     put_str(w, in->generation);
@@ -129,63 +147,43 @@ static int serialise(dcp_checkpoint *ck, wbuf *w)
     put_str(w, in->version);
     put_str(w, in->checkpoint_id);
     put_str(w, in->save_id);
-    put_u64(w, (uint64_t)in->has_planner_data | (uint64_t)in->megatron << 1);
-    put_u64(w, in->metadata_bytes);
-    put_u64(w, ck->nentries);
-    for (size_t i = 0; i < ck->nentries; i++) {
-        const dcp_entry *e = &ck->entries[i];
-        put_str(w, e->key);
-        put_u64(w, (uint64_t)e->kind | (uint64_t)e->dtype << 8 | (uint64_t)e->ndim << 16 | (uint64_t)e->has_blob << 32);
-        put_dims(w, e->shape, e->ndim);
-        put_blob(w, &e->blob);
-        put_u64(w, e->nchunks);
-        for (size_t c = 0; c < e->nchunks; c++) {
-            put_dims(w, e->chunks[c].offsets, e->ndim);
-            put_dims(w, e->chunks[c].sizes, e->ndim);
-            put_u64(w, (uint64_t)e->chunks[c].has_blob);
-            put_blob(w, &e->chunks[c].blob);
-        }
-    }
+    dcpi_put_u64(w, (uint64_t)in->has_planner_data | (uint64_t)in->megatron << 1);
+    dcpi_put_u64(w, in->metadata_bytes);
+    dcpi_put_u64(w, ck->nentries);
+    dcpi_put_u64(w, nchunks);
     return w->oom ? -1 : 0;
 }
 
-/* ------------------------------------------------------------ loading */
-
-typedef struct rbuf {
-    const unsigned char *p, *end;
-    int bad;
-} rbuf;
-
-static const void *take(rbuf *r, size_t n)
+/* An entry's header, checksummed with its key and index. */
+static void put_entry(dcpi_wbuf *w, const dcp_entry *e, size_t idx)
 {
-    if (r->bad || (size_t)(r->end - r->p) < n) {
-        r->bad = 1;
-        return NULL;
-    }
-    const void *p = r->p;
-    r->p += n;
-    return p;
+    w->n = 0;
+    dcpi_put_u64(w, (uint64_t)e->kind | (uint64_t)e->dtype << 8 | (uint64_t)e->ndim << 16 | (uint64_t)e->has_blob << 32);
+    put_dims(w, e->shape, e->ndim);
+    put_blob(w, &e->blob);
+    dcpi_put_u64(w, e->nchunks);
+    dcpi_put_sum(w, XXH3_64bits_withSeed(e->key, strlen(e->key), SEED_HEAD ^ (uint64_t)idx));
 }
-static uint64_t get_u64(rbuf *r)
+
+static void put_chunks(dcpi_wbuf *w, const dcp_entry *e, const dcp_chunk *c, size_t idx)
 {
-    uint64_t v = 0;
-    for (unsigned shift = 0; !r->bad; shift += 7) {
-        if (r->p == r->end || shift > 63 || (shift == 63 && (*r->p & 0x7e))) {
-            r->bad = 1;
-            break;
-        }
-        unsigned char b = *r->p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return v;
+    w->n = 0;
+    for (size_t i = 0; i < e->nchunks; i++) {
+        put_dims(w, c[i].offsets, e->ndim);
+        put_dims(w, c[i].sizes, e->ndim);
+        dcpi_put_u64(w, (uint64_t)c[i].has_blob);
+        put_blob(w, &c[i].blob);
     }
-    return 0;
+    dcpi_put_sum(w, SEED_CHUNKS ^ (uint64_t)idx);
 }
-/* ndim dimensions; each must fit int64 (the builder checks the rest). */
-static int get_dims(rbuf *r, int64_t *d, int ndim)
+
+/* ------------------------------------------------------------ reading */
+
+/* ndim dimensions; each must fit int64 (callers check the rest). */
+static int get_dims(dcpi_rbuf *r, int64_t *d, int ndim)
 {
     for (int i = 0; i < ndim; i++) {
-        uint64_t v = get_u64(r);
+        uint64_t v = dcpi_get_u64(r);
         if (v > INT64_MAX)
             r->bad = 1;
         d[i] = (int64_t)v;
@@ -193,205 +191,644 @@ static int get_dims(rbuf *r, int64_t *d, int ndim)
     return r->bad ? -1 : 0;
 }
 /* A string copied into the arena (NULL stays NULL). */
-static const char *get_str(rbuf *r, dcp_checkpoint *ck, size_t *len)
+static const char *get_str(dcpi_rbuf *r, dcpi_arena *a, size_t *len)
 {
-    uint64_t n = get_u64(r);
+    uint64_t n = dcpi_get_u64(r);
     if (n == UINT64_MAX)
         return NULL;
-    const char *p = n <= (size_t)(r->end - r->p) ? take(r, (size_t)n) : (r->bad = 1, NULL);
+    const char *p = n <= (size_t)(r->end - r->p) ? dcpi_take(r, (size_t)n) : (r->bad = 1, NULL);
     if (!p)
         return NULL;
     if (len)
         *len = n;
-    char *s = dcpi_arena_strndup(&ck->arena, p, n);
+    char *s = dcpi_arena_strndup(a, p, n);
     if (!s)
         r->bad = 1;
     return s;
 }
-static void get_blob(rbuf *r, dcp_blob *b, size_t nfiles)
+static void get_blob(dcpi_rbuf *r, dcp_blob *b, size_t nfiles)
 {
-    uint64_t f = get_u64(r), t = get_u64(r);
-    b->offset = get_u64(r);
-    b->length = get_u64(r);
+    uint64_t f = dcpi_get_u64(r), t = dcpi_get_u64(r);
+    b->offset = dcpi_get_u64(r);
+    b->length = dcpi_get_u64(r);
     if (f >= nfiles || t > UINT32_MAX || b->offset > UINT64_MAX - b->length)
         r->bad = 1;
     b->file = (uint32_t)f;
     b->transforms = (uint32_t)t;
 }
-
-/* The chunks of entry idx, built in place rather than one by one through
- * dcpi_model_add_chunk (a million chunks: a third of the memory and time):
- * one exactly sized array, all offsets in one arena block, and a sizes
- * vector shared with the previous chunk when equal (most chunks of a key
- * have the same box size). Checks each box as the builder does. */
-static int add_chunks(dcp_checkpoint *ck, size_t idx, rbuf *r, uint64_t nchunks)
+/* The model row into an empty ck: files (each must still have its size),
+ * info, and room for every entry. */
+static int get_head(dcp_checkpoint *ck, const unsigned char *data, size_t len, uint64_t db_bytes,
+                    uint64_t *nchunks)
 {
-    dcp_entry *e = &ck->entries[idx];
-    struct dcpi_entry_priv *p = &ck->priv[idx];
-    int ndim = e->ndim;
-    size_t per = (size_t)ndim * sizeof(int64_t);
-    int64_t *offs = dcpi_arena_alloc(&ck->arena, nchunks * per > 16 ? nchunks * per : 16);
-    if (!offs || !(p->chunks = malloc(nchunks * sizeof *p->chunks)))
-        return -1;
-    p->chunk_cap = nchunks;
-    e->chunks = p->chunks;
-    const int64_t *prev = offs;   /* any valid pointer for ndim 0 */
-    for (uint64_t c = 0; c < nchunks; c++) {
-        int64_t *off = offs + c * (size_t)ndim, sz[DCPI_MAX_NDIM];
-        if (get_dims(r, off, ndim) < 0 || get_dims(r, sz, ndim) < 0)
-            return -1;
-        for (int d = 0; d < ndim; d++) {
-            uint64_t end;
-            if (!dcpi_add_u64((uint64_t)off[d], (uint64_t)sz[d], &end) || end > (uint64_t)e->shape[d])
-                return -1;
-        }
-        if (c == 0 || memcmp(prev, sz, per)) {
-            int64_t *copy = dcpi_arena_memdup(&ck->arena, sz, per ? per : 1);
-            if (!copy)
-                return -1;
-            prev = copy;
-        }
-        dcp_chunk *ch = &p->chunks[c];
-        ch->offsets = off;
-        ch->sizes = prev;
-        ch->has_blob = (int)(get_u64(r) & 1);
-        get_blob(r, &ch->blob, ck->nfiles);
-        e->nchunks = c + 1;
-    }
-    return r->bad ? -1 : 0;
-}
-
-static int deserialise(dcp_checkpoint *ck, const unsigned char *data, size_t len)
-{
-    rbuf r = {data, data + len, 0};
+    dcpi_rbuf r = {data, data + len, 0};
     dcp_error err;
-    const char *magic = take(&r, 8);
+    const char *magic = dcpi_take(&r, 8);
     if (!magic || memcmp(magic, MAGIC, 8))
         return -1;
-    uint64_t nfiles = get_u64(&r);
+    uint64_t nfiles = dcpi_get_u64(&r);
     if (nfiles > len / 2)
         return -1;
     for (uint64_t f = 0; f < nfiles && !r.bad; f++) {
         size_t n = 0;
-        const char *name = get_str(&r, ck, &n);
-        uint64_t size = get_u64(&r), now;
+        const char *name = get_str(&r, &ck->arena, &n);
+        uint64_t size = dcpi_get_u64(&r);
         uint32_t idx;
         if (!name || dcpi_model_file(ck, name, n, &idx, &err) < 0 || idx != f)
             return -1;
         /* A shard whose size changed makes the record stale. */
         struct stat sb;
-        if (fstatat(ck->dirfd, name, &sb, 0) < 0 || !S_ISREG(sb.st_mode) || (now = (uint64_t)sb.st_size) != size)
+        if (fstatat(ck->dirfd, name, &sb, 0) < 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != size)
             return -1;
     }
     dcp_info *in = &ck->info;
-    in->generation = get_str(&r, ck, NULL);
-    in->serialization = get_str(&r, ck, NULL);
-    in->layout = get_str(&r, ck, NULL);
-    in->version = get_str(&r, ck, NULL);
-    in->checkpoint_id = get_str(&r, ck, NULL);
-    in->save_id = get_str(&r, ck, NULL);
-    uint64_t flags = get_u64(&r);
+    in->generation = get_str(&r, &ck->arena, NULL);
+    in->serialization = get_str(&r, &ck->arena, NULL);
+    in->layout = get_str(&r, &ck->arena, NULL);
+    in->version = get_str(&r, &ck->arena, NULL);
+    in->checkpoint_id = get_str(&r, &ck->arena, NULL);
+    in->save_id = get_str(&r, &ck->arena, NULL);
+    uint64_t flags = dcpi_get_u64(&r);
     in->has_planner_data = (int)(flags & 1);
     in->megatron = (int)((flags >> 1) & 1);
-    in->metadata_bytes = get_u64(&r);
-    uint64_t nentries = get_u64(&r);
-    if (nentries > len / 4)
+    in->metadata_bytes = dcpi_get_u64(&r);
+    uint64_t nentries = dcpi_get_u64(&r);
+    *nchunks = dcpi_get_u64(&r);
+    /* Every entry and chunk takes bytes of the catalog file: that bounds the
+     * tables allocated here (calloc: pages are touched as entries are read). */
+    if (r.bad || r.p != r.end || nentries > db_bytes / 8 || *nchunks > db_bytes)
         return -1;
-    int64_t shape[DCPI_MAX_NDIM];
-    for (uint64_t i = 0; i < nentries && !r.bad; i++) {
-        size_t klen = 0, idx;
-        const char *key = get_str(&r, ck, &klen);
-        uint64_t bits = get_u64(&r);
-        dcp_kind kind = (dcp_kind)(bits & 0xff);
-        int ndim = (int)((bits >> 16) & 0xffff);
-        if (!key || (kind != DCP_KIND_TENSOR && kind != DCP_KIND_BYTES) || ndim > DCPI_MAX_NDIM)
-            return -1;
-        if (get_dims(&r, shape, ndim) < 0)
-            return -1;
-        /* A key seen twice would add chunks to the first: not a record we wrote. */
-        if (dcpi_model_entry(ck, key, klen, kind, &idx, &err) < 0 || idx != i)
-            return -1;
-        if (kind == DCP_KIND_TENSOR &&
-            dcpi_model_set_tensor(ck, idx, (dcp_dtype)((bits >> 8) & 0xff), ndim, shape, &err) < 0)
-            return -1;
-        dcp_entry *e = &ck->entries[idx];
-        get_blob(&r, &e->blob, ck->nfiles);
-        e->has_blob = (int)((bits >> 32) & 1);
-        uint64_t nchunks = get_u64(&r);
-        /* each chunk takes at least 6 bytes: bounds the allocation below */
-        if (nchunks > (size_t)(r.end - r.p) / 6 || (kind == DCP_KIND_BYTES && nchunks))
-            return -1;
-        if (nchunks && add_chunks(ck, idx, &r, nchunks) < 0)
+    if (nentries) {
+        ck->entries = calloc((size_t)nentries, sizeof *ck->entries);
+        ck->priv = calloc((size_t)nentries, sizeof *ck->priv);
+        if (!ck->entries || !ck->priv)
             return -1;
     }
-    return r.bad || r.p != r.end ? -1 : 0;
+    ck->nentries = ck->entry_cap = (size_t)nentries;
+    return 0;
 }
 
-/* ------------------------------------------------------------ the table */
+/* Under lz->lock: a row failed its checksum or bounds. The model is dropped
+ * from the catalog (best effort) so that the next open parses afresh; this
+ * one falls back to parsing (fall_back). */
+static int damaged(dcp_checkpoint *ck, const char *what, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    sqlite3 *db = dcpi_catalog_db(lz->cat);
+    char sql[256];
+    snprintf(sql, sizeof sql, "DELETE FROM model_entries WHERE model=%lld; DELETE FROM model_records WHERE model=%lld;"
+             " DELETE FROM models WHERE id=%lld", (long long)lz->model, (long long)lz->model, (long long)lz->model);
+    sqlite3_stmt *busy[] = {lz->all, lz->exact, lz->seek, lz->chunks, lz->alive, lz->records};
+    for (size_t i = 0; i < sizeof busy / sizeof *busy; i++)
+        sqlite3_reset(busy[i]);
+    sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (sqlite3_exec(db, sql, NULL, NULL, NULL) == SQLITE_OK)
+        sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    else
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return dcpi_err(err, EIO, "%s: %s: the catalog's copy of the model is damaged (a checksum or bound failed);"
+                    " it was dropped from %s, and the next open parses the metadata again", ck->path, what,
+                    dcp_catalog_path(lz->cat));
+}
+
+/* Under lz->lock: fill ck->entries[idx] from its row (a no-op when filled). */
+static int fill_entry(dcp_checkpoint *ck, uint64_t idx, const void *key, size_t klen, const void *head,
+                      size_t hlen, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    if (!key && klen == 0)
+        key = "";   /* SQLite gives NULL for an empty blob: the key "" */
+    if (idx >= ck->nentries || !key)
+        return damaged(ck, "an entry", err);
+    dcp_entry *e = &ck->entries[idx];
+    if (e->key)
+        return 0;
+    dcpi_rbuf r;
+    if (memchr(key, 0, klen) ||
+        !dcpi_sum_ok(head, hlen, XXH3_64bits_withSeed(key, klen, SEED_HEAD ^ idx), &r))
+        goto bad;
+    uint64_t bits = dcpi_get_u64(&r);
+    dcp_kind kind = (dcp_kind)(bits & 0xff);
+    dcp_dtype dt = (dcp_dtype)((bits >> 8) & 0xff);
+    int ndim = (int)((bits >> 16) & 0xffff);
+    int64_t shape[DCPI_MAX_NDIM];
+    if ((kind != DCP_KIND_TENSOR && kind != DCP_KIND_BYTES) || ndim > DCPI_MAX_NDIM ||
+        get_dims(&r, shape, ndim) < 0)
+        goto bad;
+    uint64_t numel = 1;
+    for (int d = 0; d < ndim; d++)
+        if (!dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > (UINT64_MAX >> 5))
+            goto bad;
+    dcp_blob blob;
+    get_blob(&r, &blob, ck->nfiles);
+    uint64_t nchunks = dcpi_get_u64(&r);
+    if (r.bad || r.p != r.end || nchunks > lz->nchunks || (kind == DCP_KIND_BYTES && (nchunks || ndim)) ||
+        (kind == DCP_KIND_TENSOR && !dcp_dtype_size(dt)))
+        goto bad;
+    int64_t *s = dcpi_arena_memdup(&lz->arena, shape, (size_t)ndim * sizeof *shape + 1);
+    char *k = dcpi_arena_strndup(&lz->arena, key, klen);
+    if (!s || !k)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    e->kind = kind;
+    e->dtype = kind == DCP_KIND_TENSOR ? dt : DCP_DTYPE_INVALID;
+    e->ndim = ndim;
+    e->shape = s;
+    e->nchunks = (size_t)nchunks;
+    e->blob = blob;
+    e->has_blob = (int)((bits >> 32) & 1);
+    __atomic_store_n(&e->key, k, __ATOMIC_RELEASE);   /* last: the entry is there */
+    return 0;
+bad:;
+    char what[160];
+    snprintf(what, sizeof what, "entry %llu (%.*s)", (unsigned long long)idx, klen > 100 ? 100 : (int)klen,
+             (const char *)key);
+    return damaged(ck, what, err);
+}
+
+static int sqlfail(dcp_checkpoint *ck, int rc, const char *what, dcp_error *err)
+{
+    dcpi_catalog_fail(ck->lazy->cat, rc, err, what);
+    return dcpi_err_prefix(err, "%s", ck->path);
+}
+
+/* Under lz->lock: is the model row still there? A model is removed when its
+ * folder's .metadata changed and another open stored the new one. */
+static int gone(dcp_checkpoint *ck, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    sqlite3_reset(lz->alive);
+    sqlite3_bind_int64(lz->alive, 1, lz->model);
+    int rc = sqlite3_step(lz->alive);
+    sqlite3_reset(lz->alive);
+    if (rc == SQLITE_ROW)
+        return 0;
+    if (rc != SQLITE_DONE)
+        return sqlfail(ck, rc, "reading the model", err);
+    return dcpi_err(err, ESTALE, "%s: the catalog %s no longer holds this checkpoint's model (its .metadata "
+                    "changed since it was opened): reopen it", ck->path, dcp_catalog_path(lz->cat));
+}
+
+/* ------------------------------------------------------------ falling back */
+
+/* Under lz->lock: the catalog failed (a damaged row, a model removed by
+ * another process, an I/O error). Parse the .metadata now and serve the rest
+ * of the model from the parse, provided it is still the model that was
+ * opened: the same .metadata and the same keys at the entries given out. */
+static int fall_back(dcp_checkpoint *ck, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    if (lz->parsed)
+        return 0;
+    dcp_checkpoint *p;
+    char key[33];
+    if (dcp_open(ck->path, 0, &p, err) < 0)
+        return -1;
+    int same = metadata_key(p, key) == 0 && !strcmp(key, ck->model_key) && p->nentries == ck->nentries &&
+               p->nfiles == ck->nfiles;
+    for (size_t i = 0; same && i < ck->nentries; i++)
+        same = !ck->entries[i].key || !strcmp(ck->entries[i].key, p->entries[i].key);
+    for (size_t f = 0; same && f < ck->nfiles; f++)
+        same = !strcmp(ck->files[f], p->files[f]);
+    if (!same) {
+        dcp_close(p);
+        return dcpi_err(err, ESTALE, "%s: the checkpoint changed since it was opened: reopen it", ck->path);
+    }
+    lz->parsed = p;
+    return 0;
+}
+
+/* Under lz->lock: fill entry idx from the parse. */
+static void fill_parsed(dcp_checkpoint *ck, size_t idx)
+{
+    dcp_entry *e = &ck->entries[idx];
+    if (e->key)
+        return;
+    const dcp_entry *pe = &ck->lazy->parsed->entries[idx];
+    e->kind = pe->kind;
+    e->dtype = pe->dtype;
+    e->ndim = pe->ndim;
+    e->shape = pe->shape;   /* the parse lives as long as ck */
+    e->nchunks = pe->nchunks;
+    e->blob = pe->blob;
+    e->has_blob = pe->has_blob;
+    __atomic_store_n(&e->key, pe->key, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------ entries */
+
+/* Under lz->lock: every entry's header from the catalog. */
+static int all_from_catalog(dcp_checkpoint *ck, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    int rc = 0, src;
+    uint64_t next = 0;
+    sqlite3_reset(lz->all);
+    sqlite3_bind_int64(lz->all, 1, lz->model);
+    while (rc == 0 && (src = sqlite3_step(lz->all)) == SQLITE_ROW) {
+        uint64_t idx = (uint64_t)sqlite3_column_int64(lz->all, 0);
+        if (idx != next++)
+            rc = damaged(ck, "the entry list", err);
+        else
+            rc = fill_entry(ck, idx, sqlite3_column_blob(lz->all, 1), (size_t)sqlite3_column_bytes(lz->all, 1),
+                            sqlite3_column_blob(lz->all, 2), (size_t)sqlite3_column_bytes(lz->all, 2), err);
+    }
+    if (rc == 0 && src != SQLITE_DONE)
+        rc = sqlfail(ck, src, "reading the entries", err);
+    if (rc == 0 && next != ck->nentries && gone(ck, err) == 0)
+        rc = damaged(ck, "the entry list", err);
+    else if (rc == 0 && next != ck->nentries)
+        rc = -1;
+    sqlite3_reset(lz->all);
+    return rc;
+}
+
+int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    pthread_mutex_lock(&lz->lock);
+    int rc = 0;
+    if (!lz->all_done && !lz->parsed && all_from_catalog(ck, err) < 0)
+        rc = fall_back(ck, err);
+    if (rc == 0 && lz->parsed)
+        for (size_t i = 0; i < ck->nentries; i++)
+            fill_parsed(ck, i);
+    lz->all_done = rc == 0;
+    pthread_mutex_unlock(&lz->lock);
+    return rc;
+}
+
+/* Under lz->lock: the entry with key (or the first >= key) from the catalog. */
+static int find_in_catalog(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    sqlite3_stmt *st = seek ? lz->seek : lz->exact;
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, lz->model);
+    sqlite3_bind_blob(st, 2, key, (int)strlen(key), SQLITE_STATIC);
+    int rc = 0, src = sqlite3_step(st);
+    if (src == SQLITE_ROW) {
+        uint64_t i = (uint64_t)sqlite3_column_int64(st, 0);
+        const void *k = sqlite3_column_blob(st, 1);
+        size_t kl = (size_t)sqlite3_column_bytes(st, 1);
+        rc = fill_entry(ck, i, k, kl, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2), err);
+        if (rc == 0)
+            *idx = (size_t)i;
+    } else if (src == SQLITE_DONE) {
+        rc = gone(ck, err);   /* "no such key", unless the model itself went */
+    } else {
+        rc = sqlfail(ck, src, "looking up a key", err);
+    }
+    sqlite3_reset(st);
+    return rc;
+}
+
+int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    *idx = SIZE_MAX;
+    pthread_mutex_lock(&lz->lock);
+    int rc = 0;
+    if (!lz->parsed && find_in_catalog(ck, key, seek, idx, err) < 0) {
+        *idx = SIZE_MAX;
+        rc = fall_back(ck, err);
+    }
+    if (rc == 0 && lz->parsed) {
+        const dcp_entry *pe = NULL;
+        if (seek)
+            rc = dcp_seek(lz->parsed, key, &pe, err);
+        else
+            pe = dcp_find(lz->parsed, key);
+        if (pe) {
+            *idx = (size_t)(pe - lz->parsed->entries);
+            fill_parsed(ck, *idx);
+        }
+    }
+    pthread_mutex_unlock(&lz->lock);
+    return rc;
+}
+
+/* Decode a chunk list into a new set; every box must lie inside the shape. */
+static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data,
+                                    size_t len)
+{
+    dcpi_rbuf r;
+    if (!dcpi_sum_ok(data, len, SEED_CHUNKS ^ (uint64_t)idx, &r))
+        return NULL;
+    size_t n = e->nchunks, nd = (size_t)e->ndim;
+    /* each chunk takes at least 6 bytes: bounds the allocation */
+    if (n > len / 6 + 1)
+        return NULL;
+    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
+    dcpi_chunkset *s = calloc(1, bytes);
+    if (!s)
+        return NULL;
+    s->idx = idx;
+    s->bytes = bytes;
+    s->chunks = (dcp_chunk *)(s + 1);
+    s->records = (dcpi_record_slot *)(s->chunks + n);
+    int64_t *dims = (int64_t *)(s->records + n);
+    s->strides = dims + 2 * n * nd;
+    for (size_t c = 0; c < n; c++) {
+        int64_t *off = dims + 2 * c * nd, *sz = off + nd;
+        if (get_dims(&r, off, (int)nd) < 0 || get_dims(&r, sz, (int)nd) < 0)
+            break;
+        for (size_t d = 0; d < nd; d++) {
+            uint64_t end;
+            if (!dcpi_add_u64((uint64_t)off[d], (uint64_t)sz[d], &end) || end > (uint64_t)e->shape[d])
+                r.bad = 1;
+        }
+        dcp_chunk *ch = &s->chunks[c];
+        ch->offsets = off;
+        ch->sizes = sz;
+        uint64_t hb = dcpi_get_u64(&r);
+        ch->has_blob = (int)(hb & 1);
+        get_blob(&r, &ch->blob, ck->nfiles);
+        if (hb > 1)
+            r.bad = 1;
+    }
+    if (r.bad || r.p != r.end) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* A set holding a copy of the parse's chunks of entry idx. */
+static dcpi_chunkset *copy_parsed(dcp_checkpoint *ck, size_t idx)
+{
+    const dcp_entry *e = &ck->entries[idx];
+    const dcp_chunk *src = ck->lazy->parsed->priv[idx].chunks;
+    size_t n = e->nchunks, nd = (size_t)e->ndim;
+    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
+    dcpi_chunkset *s = calloc(1, bytes);
+    if (!s)
+        return NULL;
+    s->idx = idx;
+    s->bytes = bytes;
+    s->chunks = (dcp_chunk *)(s + 1);
+    s->records = (dcpi_record_slot *)(s->chunks + n);
+    int64_t *dims = (int64_t *)(s->records + n);
+    s->strides = dims + 2 * n * nd;
+    for (size_t c = 0; c < n; c++) {
+        int64_t *off = dims + 2 * c * nd, *sz = off + nd;
+        if (nd) {
+            memcpy(off, src[c].offsets, nd * sizeof *off);
+            memcpy(sz, src[c].sizes, nd * sizeof *sz);
+        }
+        s->chunks[c] = src[c];
+        s->chunks[c].offsets = off;
+        s->chunks[c].sizes = sz;
+    }
+    return s;
+}
+
+/* Under lz->lock: the chunk list of entry idx from the catalog. */
+static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    const dcp_entry *e = &ck->entries[idx];
+    sqlite3_reset(lz->chunks);
+    sqlite3_bind_int64(lz->chunks, 1, lz->model);
+    sqlite3_bind_int64(lz->chunks, 2, (sqlite3_int64)idx);
+    int rc = 0, src = sqlite3_step(lz->chunks);
+    if (src == SQLITE_ROW) {
+        const void *data = sqlite3_column_blob(lz->chunks, 0);
+        *out = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0));
+        if (!*out)
+            rc = damaged(ck, e->key, err);
+        else
+            dcpi_records_load(ck, *out);
+    } else if (src == SQLITE_DONE) {
+        rc = gone(ck, err) < 0 ? -1 : damaged(ck, e->key, err);
+    } else {
+        rc = sqlfail(ck, src, "reading chunks", err);
+    }
+    sqlite3_reset(lz->chunks);
+    return rc;
+}
+
+int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    *out = NULL;
+    pthread_mutex_lock(&lz->lock);
+    int rc = 0;
+    if (!lz->parsed && chunks_from_catalog(ck, idx, out, err) < 0)
+        rc = fall_back(ck, err);
+    if (rc == 0 && lz->parsed && !(*out = copy_parsed(ck, idx)))
+        rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, ck->entries[idx].key);
+    pthread_mutex_unlock(&lz->lock);
+    return rc;
+}
+
+void dcpi_lazy_free(struct dcpi_lazy *lz)
+{
+    if (!lz)
+        return;
+    sqlite3_finalize(lz->all);
+    sqlite3_finalize(lz->exact);
+    sqlite3_finalize(lz->seek);
+    sqlite3_finalize(lz->chunks);
+    sqlite3_finalize(lz->alive);
+    dcpi_records_free(lz);
+    dcp_catalog_close(lz->cat);
+    dcp_close(lz->parsed);
+    dcpi_arena_free(&lz->arena);
+    pthread_mutex_destroy(&lz->lock);
+    free(lz);
+}
+
+/* ------------------------------------------------------------ the tables */
+
+static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
+{
+    return sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL) == SQLITE_OK ? 0 : -1;
+}
 
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
 {
     char key[33];
     dcp_catalog *cat;
     dcp_error err;
-    if (dcp_catalog_check_location(catalog, ck, &err) < 0 || metadata_key(ck, key) < 0 ||
-        dcp_catalog_open(catalog, &cat, &err) < 0)
+    char realbuf[PATH_MAX];
+    const char *real = realpath(ck->path, realbuf);
+    if (dcp_catalog_check_location(catalog, ck, &err) < 0 || dcp_catalog_open(catalog, &cat, &err) < 0)
         return -1;
+    struct dcpi_lazy *lz = calloc(1, sizeof *lz);
+    if (!lz) {
+        dcp_catalog_close(cat);
+        return -1;
+    }
+    lz->cat = cat;
+    pthread_mutex_init(&lz->lock, NULL);
+    dcpi_arena_init(&lz->arena);
+    ck->lazy = lz;   /* dcp_close frees it */
     sqlite3 *db = dcpi_catalog_db(cat);
     sqlite3_stmt *st;
-    int rc = -1, src;
-    if ((src = sqlite3_prepare_v2(db, "SELECT xxh3, data FROM models WHERE metadata_key=?", -1, &st, NULL)) == SQLITE_OK) {
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+    int rc = -1, src = SQLITE_OK;
+    uint64_t db_bytes = 0;
+    sqlite3_int64 pages = 0, psize = 0;
+    if (sqlite3_prepare_v2(db, "SELECT * FROM pragma_page_count(), pragma_page_size()", -1, &st, NULL) == SQLITE_OK) {
+        if (sqlite3_step(st) == SQLITE_ROW) {
+            pages = sqlite3_column_int64(st, 0);
+            psize = sqlite3_column_int64(st, 1);
+        }
+        sqlite3_finalize(st);
+    }
+    if (pages > 0 && psize > 0)
+        db_bytes = (uint64_t)pages * (uint64_t)psize;
+    /* By the .metadata's stamp (no read of it), else by its content key. */
+    metadata_stamp(ck);
+    for (int by_key = !ck->model_stamp[0] || !real; by_key < 2 && rc < 0; by_key++) {
+        if (by_key && metadata_key(ck, key) < 0)
+            break;
+        src = sqlite3_prepare_v2(db, by_key ? "SELECT id, xxh3, head, metadata_key FROM models WHERE metadata_key=?1"
+                                            : "SELECT id, xxh3, head, metadata_key FROM models WHERE path=?1 AND stamp=?2",
+                                 -1, &st, NULL);
+        if (src != SQLITE_OK)
+            break;
+        sqlite3_bind_text(st, 1, by_key ? key : real, -1, SQLITE_STATIC);
+        if (!by_key)
+            sqlite3_bind_text(st, 2, ck->model_stamp, -1, SQLITE_STATIC);
         if ((src = sqlite3_step(st)) == SQLITE_ROW) {
-            const unsigned char *data = sqlite3_column_blob(st, 1);
-            size_t len = (size_t)sqlite3_column_bytes(st, 1);
+            const unsigned char *data = sqlite3_column_blob(st, 2), *mkey = sqlite3_column_text(st, 3);
+            size_t len = (size_t)sqlite3_column_bytes(st, 2);
+            lz->model = sqlite3_column_int64(st, 0);
             /* SQLite checks its pages, not what is in them: the record's checksum does. */
-            if (data && XXH3_64bits(data, len) == (uint64_t)sqlite3_column_int64(st, 0))
-                rc = deserialise(ck, data, len);
+            if (data && mkey && strlen((const char *)mkey) == 32 &&
+                XXH3_64bits(data, len) == (uint64_t)sqlite3_column_int64(st, 1)) {
+                memcpy(ck->model_key, mkey, 33);
+                rc = get_head(ck, data, len, db_bytes, &lz->nchunks);
+            }
         }
         sqlite3_finalize(st);
     }
     if (src != SQLITE_OK && src != SQLITE_ROW && src != SQLITE_DONE)
         dcpi_catalog_fail(cat, src, &err, "reading a model");
-    dcp_catalog_close(cat);
+    if (rc == 0) {
+        char pragma[64];
+        snprintf(pragma, sizeof pragma, "PRAGMA cache_size=-%d", LAZY_CACHE_KIB);
+        sqlite3_exec(db, pragma, NULL, NULL, NULL);
+        if (prepare(db, "SELECT idx, key, head FROM model_entries WHERE model=? ORDER BY idx", &lz->all) < 0 ||
+            prepare(db, "SELECT idx, key, head FROM model_entries WHERE model=?1 AND key=?2", &lz->exact) < 0 ||
+            prepare(db, "SELECT idx, key, head FROM model_entries INDEXED BY model_entries_by_key"
+                        " WHERE model=?1 AND key>=?2 ORDER BY key LIMIT 1", &lz->seek) < 0 ||
+            prepare(db, "SELECT chunks FROM model_entries WHERE model=? AND idx=?", &lz->chunks) < 0 ||
+            prepare(db, "SELECT 1 FROM models WHERE id=?", &lz->alive) < 0 || dcpi_records_prepare(ck) < 0)
+            rc = -1;
+    }
     return rc;
 }
 
-void dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
+/* Every entry's header and chunks into model_entries (under a transaction). */
+static int store_entries(dcp_checkpoint *ck, sqlite3 *db, sqlite3_int64 model)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, "INSERT INTO model_entries VALUES(?,?,?,?,?)", -1, &st, NULL);
+    dcpi_wbuf h = {0}, c = {0};
+    for (size_t i = 0; rc == SQLITE_OK && i < ck->nentries; i++) {
+        const dcp_entry *e = &ck->entries[i];
+        put_entry(&h, e, i);
+        put_chunks(&c, e, ck->priv[i].chunks, i);
+        if (h.oom || c.oom) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, model);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)i);
+        sqlite3_bind_blob(st, 3, e->key, (int)strlen(e->key), SQLITE_STATIC);
+        sqlite3_bind_blob64(st, 4, h.p, h.n, SQLITE_STATIC);
+        sqlite3_bind_blob64(st, 5, c.p, c.n, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = sqlite3_errcode(db);
+    }
+    sqlite3_finalize(st);
+    free(h.p);
+    free(c.p);
+    return rc;
+}
+
+/* Run one statement binding text a1 (and a2 when not NULL). */
+static int exec2(sqlite3 *db, const char *sql, const char *a1, const char *a2)
+{
+    sqlite3_stmt *st;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc != SQLITE_OK)
+        return rc;
+    sqlite3_bind_text(st, 1, a1, -1, SQLITE_STATIC);
+    if (a2)
+        sqlite3_bind_text(st, 2, a2, -1, SQLITE_STATIC);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        ;
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
 {
     char key[33], real[PATH_MAX];
-    wbuf w = {0};
+    dcpi_wbuf w = {0};
     dcp_catalog *cat = NULL;
     dcp_error err;
-    if (dcp_catalog_check_location(catalog, ck, &err) < 0 || metadata_key(ck, key) < 0 || serialise(ck, &w) < 0 ||
-        !realpath(ck->path, real) || dcp_catalog_open(catalog, &cat, &err) < 0) {
+    uint64_t nchunks = 0;
+    for (size_t i = 0; i < ck->nentries; i++)
+        nchunks += ck->entries[i].nchunks;
+    metadata_stamp(ck);   /* before the key: a change in between makes the stamp stale, never the key */
+    if (dcp_catalog_check_location(catalog, ck, &err) < 0 || metadata_key(ck, key) < 0 ||
+        put_head(ck, &w, nchunks) < 0 || !realpath(ck->path, real) || dcp_catalog_open(catalog, &cat, &err) < 0) {
         dcp_catalog_close(cat);
         free(w.p);
-        return;
+        return -1;
     }
     sqlite3 *db = dcpi_catalog_db(cat);
     sqlite3_stmt *st;
-    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (rc == SQLITE_OK) {
-        /* One record per folder: an older one of the same path is stale. */
-        if ((rc = sqlite3_prepare_v2(db, "DELETE FROM models WHERE path=?", -1, &st, NULL)) == SQLITE_OK) {
-            sqlite3_bind_text(st, 1, real, -1, SQLITE_STATIC);
-            rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(db);
-            sqlite3_finalize(st);
-        }
+    int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), have = 0;
+    if (rc == SQLITE_OK && (rc = sqlite3_prepare_v2(db, "SELECT head FROM models WHERE metadata_key=?", -1, &st, NULL)) ==
+                               SQLITE_OK) {
+        /* The same model stored meanwhile by another process (or for a copy
+         * of this folder) stays: others may be serving from it. One with
+         * other shard sizes is stale. */
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        have = rc == SQLITE_ROW && (size_t)sqlite3_column_bytes(st, 0) == w.n &&
+               !memcmp(sqlite3_column_blob(st, 0), w.p, w.n);
+        rc = rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+        sqlite3_finalize(st);
+    }
+    if (rc == SQLITE_OK && !have) {
+        /* One model per folder: an older one of the same path is stale. */
+        const char *stale = "SELECT id FROM models WHERE path=?1 OR metadata_key=?2";
+        char sql[160];
+        snprintf(sql, sizeof sql, "DELETE FROM model_entries WHERE model IN (%s)", stale);
+        rc = exec2(db, sql, real, key);
+        snprintf(sql, sizeof sql, "DELETE FROM model_records WHERE model IN (%s)", stale);
+        if (rc == SQLITE_OK)
+            rc = exec2(db, sql, real, key);
+        if (rc == SQLITE_OK)
+            rc = exec2(db, "DELETE FROM models WHERE path=?1 OR metadata_key=?2", real, key);
         if (rc == SQLITE_OK &&
-            (rc = sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO models VALUES(?,?,?,?)", -1, &st, NULL)) == SQLITE_OK) {
+            (rc = sqlite3_prepare_v2(db, "INSERT INTO models(metadata_key, path, stamp, xxh3, head) VALUES(?,?,?,?,?)",
+                                     -1, &st, NULL)) == SQLITE_OK) {
             sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
             sqlite3_bind_text(st, 2, real, -1, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 3, (sqlite3_int64)XXH3_64bits(w.p, w.n));
-            sqlite3_bind_blob64(st, 4, w.p, w.n, SQLITE_STATIC);
+            if (ck->model_stamp[0])
+                sqlite3_bind_text(st, 3, ck->model_stamp, -1, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 4, (sqlite3_int64)XXH3_64bits(w.p, w.n));
+            sqlite3_bind_blob64(st, 5, w.p, w.n, SQLITE_STATIC);
             rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(db);
             sqlite3_finalize(st);
         }
-        sqlite3_exec(db, rc == SQLITE_OK ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+        if (rc == SQLITE_OK)
+            rc = store_entries(ck, db, sqlite3_last_insert_rowid(db));
     }
-    if (rc != SQLITE_OK)
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
         dcpi_catalog_fail(cat, rc, &err, "storing a model");
+    }
     dcp_catalog_close(cat);
     free(w.p);
+    return rc == SQLITE_OK ? 0 : -1;
 }

@@ -215,7 +215,7 @@ START_TEST(digests_record_verify_export_import)
     for (size_t c = 0; c < 2; c++) {
         uint64_t h, want;
         int found;
-        const dcp_blob *b = &ck->entries[0].chunks[c].blob;
+        const dcp_blob *b = &ck->priv[0].chunks[c].blob;
         ck_assert_int_eq(dcp_blob_digest(ck, b, &h, &err), 0);
         ck_assert_int_eq(dcp_catalog_digest(cat, ck, b, &want, &found, &err), 0);
         ck_assert_int_eq(found, 1);
@@ -225,7 +225,7 @@ START_TEST(digests_record_verify_export_import)
     ck_assert_uint_eq(checked, 3);
     ck_assert_uint_eq(problems, 0);
     ck_assert_int_eq(dcp_digests_export(cat, ck, sidecar, &err), 0);
-    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[1].blob, &err), 1);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err), 1);
 
     /* a flipped byte in the second chunk and one deep in the large blob */
     flip(ck, "a.distcp", 3000);
@@ -234,8 +234,8 @@ START_TEST(digests_record_verify_export_import)
     ck_assert_int_eq(dcp_verify_digests(cat, ck, last_problem, msg, NULL, NULL, &checked, &missing, &problems, &err), 0);
     ck_assert_uint_eq(problems, 2);
     ck_assert_msg(strstr(msg, "/b.distcp: big: bytes at offset 17 (length 5242880) changed"), "%s", msg);
-    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[0].blob, &err), 1);
-    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->entries[0].chunks[1].blob, &err), -1);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[0].blob, &err), 1);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err), -1);
     ck_assert_int_eq(err.code, EIO);
     ck_assert_msg(strstr(err.msg, "/a.distcp: w: bytes at offset 2048 (length 2048) do not match"), "%s", err.msg);
     dcp_catalog_close(cat);
@@ -336,14 +336,18 @@ END_TEST
 
 /* ------------------------------------------------------------ model cache */
 
+/* Two models of one checkpoint hold the same entries, chunks and info. */
 static void same_model(dcp_checkpoint *a, dcp_checkpoint *b)
 {
+    dcp_error err;
     ck_assert_uint_eq(dcp_num_entries(a), dcp_num_entries(b));
     ck_assert_uint_eq(dcp_num_files(a), dcp_num_files(b));
     for (size_t f = 0; f < dcp_num_files(a); f++)
         ck_assert_str_eq(dcp_file_name(a, (uint32_t)f), dcp_file_name(b, (uint32_t)f));
     for (size_t i = 0; i < dcp_num_entries(a); i++) {
         const dcp_entry *x = dcp_entry_at(a, i), *y = dcp_entry_at(b, i);
+        ck_assert_ptr_nonnull(x);
+        ck_assert_ptr_nonnull(y);
         ck_assert_str_eq(x->key, y->key);
         ck_assert_int_eq(x->kind, y->kind);
         ck_assert_int_eq(x->dtype, y->dtype);
@@ -351,12 +355,17 @@ static void same_model(dcp_checkpoint *a, dcp_checkpoint *b)
         ck_assert_uint_eq(x->nchunks, y->nchunks);
         ck_assert(!x->ndim || !memcmp(x->shape, y->shape, (size_t)x->ndim * 8));
         ck_assert(!memcmp(&x->blob, &y->blob, sizeof x->blob));
+        const dcp_chunk *cx, *cy;
+        ck_assert_msg(dcp_entry_chunks(a, x, &cx, &err) == 0, "%s", err.msg);
+        ck_assert_msg(dcp_entry_chunks(b, y, &cy, &err) == 0, "%s", err.msg);
         for (size_t c = 0; c < x->nchunks; c++) {
-            ck_assert(!memcmp(&x->chunks[c].blob, &y->chunks[c].blob, sizeof x->chunks[c].blob));
-            ck_assert_int_eq(x->chunks[c].has_blob, y->chunks[c].has_blob);
-            ck_assert(!x->ndim || !memcmp(x->chunks[c].offsets, y->chunks[c].offsets, (size_t)x->ndim * 8));
-            ck_assert(!x->ndim || !memcmp(x->chunks[c].sizes, y->chunks[c].sizes, (size_t)x->ndim * 8));
+            ck_assert(!memcmp(&cx[c].blob, &cy[c].blob, sizeof cx[c].blob));
+            ck_assert_int_eq(cx[c].has_blob, cy[c].has_blob);
+            ck_assert(!x->ndim || !memcmp(cx[c].offsets, cy[c].offsets, (size_t)x->ndim * 8));
+            ck_assert(!x->ndim || !memcmp(cx[c].sizes, cy[c].sizes, (size_t)x->ndim * 8));
         }
+        dcp_release_chunks(a, x);
+        dcp_release_chunks(b, y);
     }
     const dcp_info *p = dcp_get_info(a), *q = dcp_get_info(b);
     ck_assert_str_eq(p->serialization, q->serialization);
@@ -391,7 +400,7 @@ START_TEST(model_cache_round_trip)
     /* every stored record damaged in turn: never served, always parsed */
     sqlite3 *db;
     ck_assert_int_eq(sqlite3_open(catpath, &db), SQLITE_OK);
-    ck_assert_int_eq(sqlite3_exec(db, "UPDATE models SET data = CAST(zeroblob(length(data)) AS BLOB)", NULL, NULL, NULL),
+    ck_assert_int_eq(sqlite3_exec(db, "UPDATE models SET head = CAST(zeroblob(length(head)) AS BLOB)", NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

@@ -15,6 +15,15 @@
 
 #include "internal.h"
 
+/* The chunks of an entry of a parsed model (they stay until dcp_close). */
+static const dcp_chunk *chunks_of(dcp_checkpoint *ck, const dcp_entry *e)
+{
+    const dcp_chunk *c;
+    dcp_error err;
+    ck_assert_msg(dcp_entry_chunks(ck, e, &c, &err) == 0, "%s", err.msg);
+    return c;
+}
+
 static char srcdir[4096];   /* top_srcdir */
 
 static void path_of(char *out, size_t sz, const char *rel)
@@ -94,14 +103,15 @@ static char *synthetic(const char *name)
     return dir;
 }
 
-static const dcp_chunk *chunk_at(const dcp_entry *e, json_t *offsets)
+static const dcp_chunk *chunk_at(dcp_checkpoint *ck, const dcp_entry *e, json_t *offsets)
 {
+    const dcp_chunk *chunks = chunks_of(ck, e);
     for (size_t c = 0; c < e->nchunks; c++) {
         int same = 1;
         for (int d = 0; d < e->ndim; d++)
-            same &= e->chunks[c].offsets[d] == json_integer_value(json_array_get(offsets, (size_t)d));
+            same &= chunks[c].offsets[d] == json_integer_value(json_array_get(offsets, (size_t)d));
         if (same)
-            return &e->chunks[c];
+            return &chunks[c];
     }
     return NULL;
 }
@@ -139,7 +149,7 @@ static void check_entries(dcp_checkpoint *ck, json_t *entries, const char *name)
         ck_assert_msg(de->nchunks == json_array_size(chunks), "%s: %s has %zu chunks, expected %zu", name, key,
                       de->nchunks, json_array_size(chunks));
         json_array_foreach(chunks, j, c) {
-            const dcp_chunk *dc = chunk_at(de, json_object_get(c, "offsets"));
+            const dcp_chunk *dc = chunk_at(ck, de, json_object_get(c, "offsets"));
             ck_assert_msg(dc != NULL, "%s: %s: chunk %zu missing", name, key, j);
             json_t *sizes = json_object_get(c, "sizes");
             for (int d = 0; sizes && d < de->ndim; d++)
@@ -267,7 +277,7 @@ START_TEST(pytorch_2x_rank_local_merge)
     dcp_checkpoint *ck = open_ok(dir);
     ck_assert_uint_eq(dcp_find(ck, "shared")->nchunks, 1);     /* a replica on both ranks, kept once */
     ck_assert_uint_eq(dcp_find(ck, "sharded")->nchunks, 2);    /* one row block from each file */
-    ck_assert_str_eq(dcp_file_name(ck, dcp_find(ck, "shared")->chunks[0].blob.file), "__0_0.distcp");
+    ck_assert_str_eq(dcp_file_name(ck, chunks_of(ck, dcp_find(ck, "shared"))[0].blob.file), "__0_0.distcp");
     ck_assert_uint_eq(dcp_get_info(ck)->metadata_bytes, 2 * 1287);
     dcp_close(ck);
 }
@@ -323,9 +333,9 @@ START_TEST(python313_paths_and_big_offsets)
     ck_assert(info->has_planner_data);
     const dcp_entry *w = dcp_find(ck, "w");
     ck_assert_uint_eq(w->nchunks, 2);
-    ck_assert_uint_eq(w->chunks[1].blob.offset, 5000000000ULL);
-    ck_assert_uint_eq(w->chunks[1].blob.transforms, DCP_TRANSFORM_ZSTD);
-    ck_assert_str_eq(dcp_file_name(ck, w->chunks[1].blob.file), "__1_0.distcp");
+    ck_assert_uint_eq(chunks_of(ck, w)[1].blob.offset, 5000000000ULL);
+    ck_assert_uint_eq(chunks_of(ck, w)[1].blob.transforms, DCP_TRANSFORM_ZSTD);
+    ck_assert_str_eq(dcp_file_name(ck, chunks_of(ck, w)[1].blob.file), "__1_0.distcp");
     const dcp_entry *step = dcp_find(ck, "step");
     ck_assert(step->kind == DCP_KIND_BYTES && step->has_blob && step->blob.offset == 100 && step->blob.length == 30);
     ck_assert_uint_eq(step->blob.transforms, 0);
@@ -344,9 +354,9 @@ START_TEST(dict_and_long_properties_float_version_slots)
     ck_assert_str_eq(info->checkpoint_id, "/tmp/ck312");   /* parts ('/', 'tmp', 'ck312') */
     const dcp_entry *a = dcp_find(ck, "a"), *b = dcp_find(ck, "b");
     ck_assert_int_eq(a->dtype, DCP_INT64);           /* dict state */
-    ck_assert(a->chunks[0].has_blob);                      /* slots MetadataIndex (None, {...}) */
+    ck_assert(chunks_of(ck, a)[0].has_blob);                      /* slots MetadataIndex (None, {...}) */
     ck_assert_int_eq(b->dtype, DCP_BFLOAT16);        /* 6-tuple state, getattr enum */
-    ck_assert_str_eq(dcp_file_name(ck, b->chunks[0].blob.file), "sub/__0_1.distcp");
+    ck_assert_str_eq(dcp_file_name(ck, chunks_of(ck, b)[0].blob.file), "sub/__0_1.distcp");
     dcp_close(ck);
     remove_tree(dir);
 }
@@ -384,7 +394,7 @@ START_TEST(int_keys_in_decimal)
     const dcp_entry *one = dcp_find(ck, "1");
     ck_assert_ptr_nonnull(one);
     ck_assert(one->kind == DCP_KIND_BYTES && one->has_blob && one->blob.length == 10);
-    ck_assert(dcp_find(ck, "t")->chunks[0].has_blob);
+    ck_assert(chunks_of(ck, dcp_find(ck, "t"))[0].has_blob);
     dcp_close(ck);
     remove_tree(dir);
 }
@@ -458,8 +468,8 @@ START_TEST(pytorch_2x_truncated_and_flipped)
                 const dcp_entry *e = dcp_entry_at(ck, k);
                 for (size_t c = 0; c < e->nchunks; c++)
                     for (int d = 0; d < e->ndim; d++)   /* every box lies inside its tensor */
-                        ck_assert(e->chunks[c].offsets[d] >= 0 &&
-                                  e->chunks[c].offsets[d] + e->chunks[c].sizes[d] <= e->shape[d]);
+                        ck_assert(chunks_of(ck, e)[c].offsets[d] >= 0 &&
+                                  chunks_of(ck, e)[c].offsets[d] + chunks_of(ck, e)[c].sizes[d] <= e->shape[d]);
             }
             dcp_close(ck);
         } else {

@@ -18,6 +18,24 @@
 #include "planner_ck.h"
 #include "zipbuild.h"
 
+/* The chunks of an entry of a parsed model (they stay until dcp_close). */
+static const dcp_chunk *chunks_of(dcp_checkpoint *ck, const dcp_entry *e)
+{
+    const dcp_chunk *c;
+    dcp_error err;
+    ck_assert_msg(dcp_entry_chunks(ck, e, &c, &err) == 0, "%s", err.msg);
+    return c;
+}
+
+/* The locator on chunk i of a parsed model's entry, the strides kept in the
+ * checkpoint's arena (as dcp_chunk_record keeps them). */
+static int locate(dcp_checkpoint *ck, const dcp_entry *e, size_t i, dcp_record *rec, dcp_error *err)
+{
+    int64_t *stride = dcpi_arena_alloc(&ck->arena, DCPI_MAX_NDIM * sizeof *stride);
+    ck_assert_ptr_nonnull(stride);
+    return dcpi_locate_record(ck, e, &chunks_of(ck, e)[i], i, rec, stride, err);
+}
+
 static char fixtures[4096];
 
 /* ------------------------------------------------------------ fixtures */
@@ -48,7 +66,7 @@ START_TEST(fixture_records_match_manifest)
                 if (!st)
                     continue;
                 dcp_record rec;
-                ck_assert_msg(dcpi_locate_record(ck, de, j, &rec, &err) == 0, "%s", err.msg);
+                ck_assert_msg(locate(ck, de, j, &rec, &err) == 0, "%s", err.msg);
                 ck_assert_uint_eq(rec.data_offset, json_integer_value(json_object_get(st, "data_offset_in_file")));
                 ck_assert_str_eq(dcp_dtype_name(rec.dtype), json_string_value(json_object_get(st, "dtype")));
                 ck_assert_uint_eq(rec.data_length,
@@ -65,7 +83,7 @@ START_TEST(fixture_records_match_manifest)
                 json_array_foreach(json_object_get(c, "zip_records"), k, zr)
                     if (!strcmp(json_string_value(json_object_get(zr, "name")), "archive/data/0"))
                         ck_assert_uint_eq(rec.data_offset,
-                                          de->chunks[j].blob.offset +
+                                          chunks_of(ck, de)[j].blob.offset +
                                               (uint64_t)json_integer_value(json_object_get(zr, "data_offset")));
                 checked++;
             }
@@ -85,9 +103,9 @@ START_TEST(fixture_transposed_views)
     dcp_error err;
     ck_assert_msg(dcp_open(path, 0, &ck, &err) == 0, "%s", err.msg);
     dcp_record rec;
-    ck_assert(dcpi_locate_record(ck, dcp_find(ck, "views.transposed"), 0, &rec, &err) == 0);
+    ck_assert(locate(ck, dcp_find(ck, "views.transposed"), 0, &rec, &err) == 0);
     ck_assert(rec.stride[0] == 1 && rec.stride[1] == 10);
-    ck_assert(dcpi_locate_record(ck, dcp_find(ck, "views.slice_of_transposed"), 0, &rec, &err) == 0);
+    ck_assert(locate(ck, dcp_find(ck, "views.slice_of_transposed"), 0, &rec, &err) == 0);
     ck_assert(rec.stride[0] == 1 && rec.stride[1] == 12);
     dcp_close(ck);
 }
@@ -157,7 +175,7 @@ static void locate_fails(const pb_tensor *t, const char *byteorder, size_t len, 
     built b = build(t, byteorder, data, len, dt, ndim, shape, 0);
     dcp_record rec;
     dcp_error err;
-    ck_assert_int_eq(dcpi_locate_record(b.ck, b.e, 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(b.ck, b.e, 0, &rec, &err), -1);
     ck_assert_msg(strstr(err.msg, want) != NULL, "error '%s' lacks '%s'", err.msg, want);
     ck_assert_msg(strstr(err.msg, "/__0_0.distcp: " KEY ": ") != NULL, "error names no file and key: %s", err.msg);
     ck_assert_int_eq(err.code, EIO);
@@ -171,7 +189,7 @@ START_TEST(v2_plain_and_strided)
     built b = build(&t, "little", f12, 24, DCP_FLOAT32, 2, shape, 0);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_uint_eq(rec.data_offset, b.blob_offset + b.lay.data[2]);   /* data.pkl, byteorder, data/0 */
     ck_assert_uint_eq(rec.data_length, 24);
     ck_assert_int_eq(rec.dtype, DCP_FLOAT32);
@@ -191,7 +209,7 @@ START_TEST(v2_plain_and_strided)
                     .stride = {1, 3}};
     int64_t tshape[] = {3, 2};
     b = build(&t, NULL, f12, 48, DCP_FLOAT32, 2, tshape, 0);
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert(rec.stride[0] == 1 && rec.stride[1] == 3 && rec.storage_offset == 2);
     ck_assert_uint_eq(rec.data_offset, b.blob_offset + b.lay.data[1]);   /* no byteorder record */
     ck_assert_msg(dcp_read_entry(b.ck, b.e, &buf, &len, &err) == 0, "%s", err.msg);
@@ -212,7 +230,7 @@ START_TEST(v3_untyped_storage)
     built b = build(&t, "little", bytes, 12, DCP_FLOAT8_E4M3FN, 2, shape, 0);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_int_eq(rec.dtype, DCP_FLOAT8_E4M3FN);
     ck_assert_uint_eq(rec.data_length, 12);
     tck_free(b.ck);
@@ -221,7 +239,7 @@ START_TEST(v3_untyped_storage)
                     .size = {6}, .stride = {1}};
     int64_t s6[] = {6};
     b = build(&t, "little", bytes, 12, DCP_UINT16, 1, s6, 0);
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_int_eq(rec.dtype, DCP_UINT16);
     tck_free(b.ck);
     /* v3 bytes that are not a whole number of elements reach past the storage. */
@@ -243,7 +261,7 @@ START_TEST(wrappers_and_flags)
         built b = build(&t, "little", f12, 24, DCP_FLOAT32, 2, shape, 0);
         dcp_record rec;
         dcp_error err;
-        ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s: %s", wraps[w], err.msg);
+        ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s: %s", wraps[w], err.msg);
         ck_assert_uint_eq(rec.data_offset, b.blob_offset + b.lay.data[2]);
         tck_free(b.ck);
     }
@@ -256,7 +274,7 @@ START_TEST(wrappers_and_flags)
         built b = build(&t, cases[i].order, f12, 24, DCP_FLOAT32, 2, shape, 0);
         dcp_record rec;
         dcp_error err;
-        ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+        ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
         ck_assert_uint_eq(rec.flags, cases[i].flag);
         tck_free(b.ck);
     }
@@ -296,7 +314,7 @@ START_TEST(dtype_trust_and_sizes)
     built b = build(&t, "little", f12, 24, DCP_FLOAT32, 2, shape, 0);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_int_eq(rec.dtype, DCP_INT32);
     tck_free(b.ck);
     /* Another element size is an error. */
@@ -315,7 +333,7 @@ START_TEST(zero_dim_and_empty)
     built b = build(&t, "little", f12, 4, DCP_FLOAT32, 0, noshape, 0);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_ptr_nonnull(rec.stride);
     ck_assert_uint_eq(rec.data_length, 4);
     tck_free(b.ck);
@@ -323,7 +341,7 @@ START_TEST(zero_dim_and_empty)
     t = (pb_tensor){.storage = "FloatStorage", .numel = 0, .ndim = 2, .size = {0, 4}, .stride = {1000, 1}};
     int64_t shape[] = {0, 4};
     b = build(&t, "little", "", 0, DCP_FLOAT32, 2, shape, 0);
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_uint_eq(rec.data_length, 0);
     void *buf;
     uint64_t len;
@@ -376,7 +394,7 @@ START_TEST(hostile_views)
         built b = build(&t, "little", data, 24, DCP_FLOAT32, 2, shape, 0);
         dcp_record rec;
         dcp_error err;
-        ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);   /* key "1" is fine */
+        ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);   /* key "1" is fine */
         tck_free(b.ck);
     }
     char longkey[200];
@@ -400,7 +418,7 @@ static void pkl_fails(const void *pkl, size_t n, const char *want)
     tck_finish(ck);
     dcp_record rec;
     dcp_error err;
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[idx], 0, &rec, &err), -1);
     ck_assert_msg(!want || strstr(err.msg, want) != NULL, "error '%s' lacks '%s'", err.msg, want);
     ck_assert_msg(strstr(err.msg, KEY) != NULL, "error names no key: %s", err.msg);
     tck_free(ck);
@@ -469,7 +487,7 @@ START_TEST(hostile_data_pkl)
     tck_finish(ck);
     dcp_record rec;
     dcp_error err;
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[idx], 0, &rec, &err), -1);
     ck_assert_msg(strstr(err.msg, "no data.pkl"), "%s", err.msg);
     tck_free(ck);
     free(z.p);
@@ -500,7 +518,7 @@ START_TEST(data_pkl_mutations)
             tck_finish(ck);
             dcp_record rec;
             dcp_error err;
-            if (dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err) == 0) {
+            if (locate(ck, &ck->entries[idx], 0, &rec, &err) == 0) {
                 ok++;
                 uint64_t last = (uint64_t)rec.storage_offset + (uint64_t)rec.stride[0] + 2 * (uint64_t)rec.stride[1];
                 ck_assert(last * dcp_dtype_size(rec.dtype) < rec.data_length);
@@ -526,7 +544,7 @@ START_TEST(zstd_record_is_decoded)
     built b = build(&t, "little", f12, 24, DCP_FLOAT32, 2, shape, DCP_TRANSFORM_ZSTD);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(b.ck, b.e, 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert_uint_eq(rec.flags, DCP_RECORD_DECODED);
     ck_assert_uint_eq(rec.data_offset, b.lay.data[2]);   /* inside the decoded blob */
     void *buf;
@@ -548,7 +566,7 @@ START_TEST(missing_blob)
     ck_assert(dcpi_model_add_chunk(ck, idx, offs, sizes, &ci, &err) == 0);
     tck_finish(ck);
     dcp_record rec;
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[idx], 0, &rec, &err), -1);
     ck_assert_int_eq(err.code, ENOENT);
     ck_assert_msg(strstr(err.msg, KEY ": no storage entry for the chunk at offsets [2,3]"), "%s", err.msg);
     tck_free(ck);
@@ -620,7 +638,7 @@ START_TEST(safetensors_format_shard)
         const dcp_entry *e = dcp_find(ck, keys[i].key);
         dcp_record rec;
         dcp_error err;
-        ck_assert_msg(dcpi_locate_record(ck, e, 0, &rec, &err) == 0, "%s", err.msg);
+        ck_assert_msg(locate(ck, e, 0, &rec, &err) == 0, "%s", err.msg);
         ck_assert_uint_eq(rec.data_offset, data_start + begin[i]);
         ck_assert_uint_eq(rec.data_length, keys[i].length);
         ck_assert_int_eq(rec.dtype, keys[i].dt);
@@ -652,7 +670,7 @@ static void st_fails(const char *json, const stk *k, const char *want)
     dcp_checkpoint *ck = st_shard(json, k, 1, &off);
     dcp_record rec;
     dcp_error err;
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[0], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[0], 0, &rec, &err), -1);
     ck_assert_msg(strstr(err.msg, want) != NULL, "error '%s' lacks '%s'", err.msg, want);
     ck_assert_msg(strstr(err.msg, "/__0_0.distcp: ") && strstr(err.msg, k->key), "error names no file/key: %s",
                   err.msg);
@@ -685,7 +703,7 @@ START_TEST(safetensors_format_errors)
     tck_finish(ck);
     dcp_record rec;
     dcp_error err;
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[idx], 0, &rec, &err), -1);
     ck_assert_msg(strstr(err.msg, "neither a torch.save archive nor a safetensors buffer"), "%s", err.msg);
     tck_free(ck);
 }
@@ -753,9 +771,9 @@ START_TEST(raw_chunks)
     tck_finish(ck);
     dcp_record rec;
     dcp_error err;
-    ck_assert_msg(dcpi_locate_record(ck, &ck->entries[idx], 0, &rec, &err) == 0, "%s", err.msg);
+    ck_assert_msg(locate(ck, &ck->entries[idx], 0, &rec, &err) == 0, "%s", err.msg);
     ck_assert(rec.stride[0] == 4 && rec.stride[1] == 1 && rec.data_offset == 0 && rec.data_length == 48);
-    ck_assert_int_eq(dcpi_locate_record(ck, &ck->entries[bad], 0, &rec, &err), -1);
+    ck_assert_int_eq(locate(ck, &ck->entries[bad], 0, &rec, &err), -1);
     ck_assert_msg(strstr(err.msg, "44 bytes stored, the chunk needs 48"), "%s", err.msg);
     tck_free(ck);
 }
@@ -840,7 +858,7 @@ START_TEST(hf_layout_sharded_subfolder)
     tck_finish(ck);
     const dcp_entry *w = dcp_find(ck, "w");
     ck_assert_ptr_nonnull(w);
-    ck_assert_str_eq(dcp_file_name(ck, w->chunks[0].blob.file), "sharded/shard-00001-model-00001-of-00001.safetensors");
+    ck_assert_str_eq(dcp_file_name(ck, chunks_of(ck, w)[0].blob.file), "sharded/shard-00001-model-00001-of-00001.safetensors");
     ck_assert_str_eq(dcp_get_info(ck)->generation, "Hugging Face safetensors");
     void *buf;
     uint64_t len;
