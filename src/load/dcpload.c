@@ -301,6 +301,10 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
     }
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e) {
+            snprintf(err->msg, sizeof err->msg, "%s: the checkpoint changed while it was read", dcp_path(ck));
+            return -1;
+        }
         if (e->kind != DCP_KIND_TENSOR || !key_matches(o->keys, e->key) || e->ndim > 64)
             continue;
         dcp_load_region *r = &j->reg[n];

@@ -910,6 +910,10 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
         rc = dcpi_err(err, ENOMEM, "%s: out of memory", srcp);
     for (size_t i = 0; i < n && rc == 0; i++) {
         const dcp_entry *e = dcp_entry_at(s.ck, i);
+        if (!e) {   /* the first call reads every header: later ones cannot fail */
+            rc = dcpi_err(err, ESTALE, "%s: the checkpoint changed while it was read", srcp);
+            break;
+        }
         if (!key_selected(opt->keys, e->key))
             continue;
         if (to == DCP_FORMAT_SAFETENSORS && (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))) {

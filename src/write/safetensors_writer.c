@@ -142,6 +142,11 @@ int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_ent
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e) {   /* the first call reads every header: later ones cannot fail */
+            free(items);
+            dcp_st_view_free(l);
+            return dcpi_err(err, ESTALE, "%s: the checkpoint changed while it was read", dcp_path(ck));
+        }
         if (select && !select(sctx, e))
             continue;
         if (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype)) {
