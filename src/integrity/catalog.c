@@ -313,9 +313,9 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
     for (size_t i = 0; i < n; i++)
         if (r[i].rerr) {
             int e = r[i].rerr;
-            dcpi_err(err, e == EIO ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
+            dcpi_err(err, e == DCPI_PAST_END ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
                      ck->path, ck->files[r[i].file], dcp_entry_at(ck, r[i].entry)->key, r[i].offset, r[i].length,
-                     e == EIO ? "it ends past the end of the file" : strerror(e));
+                     e == DCPI_PAST_END ? "it ends past the end of the file" : strerror(e));
             free(r);
             return -1;
         }
@@ -576,7 +576,7 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
         if (b->rerr)
             snprintf(msg, sizeof msg, "%s/%s: %s: cannot re-hash the bytes at offset %" PRIu64 " (length %" PRIu64 "): %s",
                      ck->path, file, key, b->offset, b->length,
-                     b->rerr == EIO ? "they end past the end of the file" : strerror(b->rerr));
+                     b->rerr == DCPI_PAST_END ? "they end past the end of the file" : strerror(b->rerr));
         else if (b->xxh3 != b->recorded)
             snprintf(msg, sizeof msg, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") changed: recorded xxh3 %016" PRIx64 ", now %016" PRIx64,
                      ck->path, file, key, b->offset, b->length, b->recorded, b->xxh3);

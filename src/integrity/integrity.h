@@ -19,6 +19,7 @@
 #endif
 #endif
 
+#define DCPI_PAST_END (-1)   /* a blobref's rerr: not an errno, so a read error (EIO) is told apart */
 #define DCPI_CATALOG_BUSY_MS 30000   /* how long a catalog call waits for another process */
 
 /* The catalog's connection, and what to do with a failed SQLite call: a
@@ -90,7 +91,8 @@ typedef struct dcpi_blobref {
     uint64_t offset, length;
     size_t entry;          /* the first entry whose blob this is (for messages) */
     int want;              /* hash it */
-    int rerr;              /* errno when it could not be read (0: xxh3 is valid) */
+    int rerr;              /* errno when it could not be read, DCPI_PAST_END when it ends past
+                            * the end of its file (0: xxh3 is valid) */
     uint64_t xxh3;
     uint64_t recorded;     /* verify: the recorded digest */
 } dcpi_blobref;
