@@ -51,7 +51,9 @@ static const char upgrade_2[] =
     MODEL_TABLES
     "UPDATE catalog_meta SET value='" CATALOG_FORMAT "' WHERE key='format';";
 
-/* Upgrade a format-2 catalog, unless another process did meanwhile. */
+/* Upgrade a format-2 catalog, unless another process did meanwhile. A
+ * failure (busy past the timeout, a read-only file) leaves the file as it
+ * is: it is ours, and holds recorded digests. */
 static int upgrade(sqlite3 *db)
 {
     sqlite3_stmt *st;
@@ -66,9 +68,9 @@ static int upgrade(sqlite3 *db)
         rc = sqlite3_exec(db, upgrade_2, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK)
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    return rc == SQLITE_OK ? 0 : -1;
+    if (rc != SQLITE_OK && !sqlite3_get_autocommit(db))
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);   /* (only then: sqlite3_errmsg keeps the cause) */
+    return rc == SQLITE_OK ? 0 : -2;
 }
 
 static int sqlerr(dcp_catalog *cat, dcp_error *err, const char *what)
@@ -140,19 +142,23 @@ static int healthy(sqlite3 *db)
     return ours;
 }
 
+/* 0: open; -1: not a catalog of ours (quarantined and started afresh by
+ * the caller); -2: ours or unknown, but it cannot be used now (busy,
+ * read-only, an I/O error): an error, and the file is left alone. */
 static int try_open(dcp_catalog *cat)
 {
     if (sqlite3_open_v2(cat->path, &cat->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         NULL) != SQLITE_OK)
-        return -1;
+        return -2;
     sqlite3_busy_timeout(cat->db, DCPI_CATALOG_BUSY_MS);
     int h = healthy(cat->db);
     if (h <= 0)
         return h == 0 ? -1 : -2;
     /* WAL lets readers proceed while another process writes; NORMAL sync is
      * enough for a cache that is rebuilt whenever in doubt. */
-    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK)
-        return -1;
+    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK &&
+        sqlite3_db_readonly(cat->db, "main") != 1)
+        return -2;   /* (a read-only catalog is read in the mode it has) */
     if (h == 2)
         return upgrade(cat->db);
     /* Only a writer creates the schema; a reader of an existing catalog does not take the write lock. */
@@ -163,7 +169,7 @@ static int try_open(dcp_catalog *cat)
         sqlite3_finalize(st);
     }
     if (!have && sqlite3_exec(cat->db, schema, NULL, NULL, NULL) != SQLITE_OK)
-        return -1;
+        return -2;
     return 0;
 }
 
@@ -220,7 +226,7 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
         rc = try_open(cat);
     }
     if (rc < 0) {
-        sqlerr(cat, err, "cannot open the catalog");
+        sqlerr(cat, err, "cannot open the catalog (left as it is)");
         dcp_catalog_close(cat);
         return -1;
     }

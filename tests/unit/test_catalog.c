@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -429,6 +430,65 @@ START_TEST(catalog_foreign_and_garbage_files_rebuilt)
 }
 END_TEST
 
+/* A format-2 catalog that cannot be upgraded now (here: read-only to the
+ * user; likewise when another process keeps it busy) is an error, not a
+ * foreign file: it stays where it is, with its digests. */
+START_TEST(catalog_format2_kept_when_upgrade_fails)
+{
+    make_tmpdir();
+    char path[4200], aside[4300];
+    snprintf(path, sizeof path, "%s/catalog.sqlite", tmpdir);
+    snprintf(aside, sizeof aside, "%s.corrupt", path);
+    dcp_checkpoint *ck = blob_ck();
+    dcp_catalog *cat;
+    dcp_error err;
+    uint64_t n;
+    ck_assert_int_eq(dcp_catalog_open(path, &cat, &err), 0);
+    ck_assert_msg(dcp_catalog_record(cat, ck, NULL, NULL, &n, &err) == 0, "%s", err.msg);
+    dcp_catalog_close(cat);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; UPDATE catalog_meta SET value='dcpfs-catalog-2'"
+                                      " WHERE key='format'", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    /* read-only to whoever opens it (root ignores modes: open it as nobody);
+     * the folder stays writable, so a quarantine could move the file */
+    ck_assert_int_eq(chmod(tmpdir, 0777), 0);
+    ck_assert_int_eq(chmod(path, 0444), 0);
+    int status = 0;
+    if (getuid() == 0) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            if (setgid(65534) < 0 || setuid(65534) < 0)
+                _exit(3);
+            int rc = dcp_catalog_open(path, &cat, &err);
+            dcp_catalog_close(cat);
+            _exit(rc == 0 ? 0 : strstr(err.msg, "left as it is") ? 1 : 2);
+        }
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status));
+        status = WEXITSTATUS(status);
+    } else {
+        int rc = dcp_catalog_open(path, &cat, &err);
+        dcp_catalog_close(cat);
+        status = rc == 0 ? 0 : strstr(err.msg, "left as it is") ? 1 : 2;
+    }
+    ck_assert_msg(status == 0 || status == 1, "open status %d", status);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(access(aside, F_OK), -1);
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM digests", -1, &st, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+    ck_assert_int_eq(sqlite3_column_int(st, 0), 3);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    tck_free(ck);
+    rm_tmpdir();
+}
+END_TEST
+
 /* ------------------------------------------------------------ model cache */
 
 /* Two models of one checkpoint hold the same entries, chunks and info. */
@@ -522,6 +582,7 @@ int main(void)
     tcase_add_test(tc, verify_read_error_mid_blob);
     tcase_add_test(tc, sidecar_hostile);
     tcase_add_test(tc, catalog_foreign_and_garbage_files_rebuilt);
+    tcase_add_test(tc, catalog_format2_kept_when_upgrade_fails);
     tcase_add_test(tc, model_cache_round_trip);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
