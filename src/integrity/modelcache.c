@@ -448,7 +448,7 @@ int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err)
     pthread_mutex_lock(&lz->lock);
     int rc = 0;
     if (!lz->all_done && !lz->parsed && all_from_catalog(ck, err) < 0)
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     if (rc == 0 && lz->parsed)
         for (size_t i = 0; i < ck->nentries; i++)
             fill_parsed(ck, i);
@@ -490,7 +490,7 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
     int rc = 0;
     if (!lz->parsed && find_in_catalog(ck, key, seek, idx, err) < 0) {
         *idx = SIZE_MAX;
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     }
     if (rc == 0 && lz->parsed) {
         const dcp_entry *pe = NULL;
@@ -507,21 +507,24 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
     return rc;
 }
 
-/* Decode a chunk list into a new set; every box must lie inside the shape. */
-static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data,
-                                    size_t len)
+/* Decode a chunk list into a new set (*out); every box must lie inside the
+ * shape. -1: the row is damaged (a checksum or a bound failed); -2: out of
+ * memory, which says nothing about the row. */
+static int decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data, size_t len,
+                         dcpi_chunkset **out)
 {
     dcpi_rbuf r;
+    *out = NULL;
     if (!dcpi_sum_ok(data, len, SEED_CHUNKS ^ (uint64_t)idx, &r))
-        return NULL;
+        return -1;
     size_t n = e->nchunks, nd = (size_t)e->ndim;
     /* each chunk takes at least 6 bytes: bounds the allocation */
     if (n > len / 6 + 1)
-        return NULL;
+        return -1;
     size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
     dcpi_chunkset *s = calloc(1, bytes);
     if (!s)
-        return NULL;
+        return -2;
     s->idx = idx;
     s->bytes = bytes;
     s->chunks = (dcp_chunk *)(s + 1);
@@ -548,9 +551,10 @@ static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size
     }
     if (r.bad || r.p != r.end) {
         free(s);
-        return NULL;
+        return -1;
     }
-    return s;
+    *out = s;
+    return 0;
 }
 
 /* A set holding a copy of the parse's chunks of entry idx. */
@@ -582,7 +586,9 @@ static dcpi_chunkset *copy_parsed(dcp_checkpoint *ck, size_t idx)
     return s;
 }
 
-/* Under lz->lock: the chunk list of entry idx from the catalog. */
+/* Under lz->lock: the chunk list of entry idx from the catalog. Out of
+ * memory is an error like any other (err->code ENOMEM): neither the row nor
+ * the model is at fault, and parsing the metadata instead would need more. */
 static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
@@ -593,8 +599,10 @@ static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **o
     int rc = 0, src = sqlite3_step(lz->chunks);
     if (src == SQLITE_ROW) {
         const void *data = sqlite3_column_blob(lz->chunks, 0);
-        *out = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0));
-        if (!*out)
+        int dc = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0), out);
+        if (dc == -2)
+            rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
+        else if (dc < 0)
             rc = damaged(ck, e->key, err);
         else
             dcpi_records_load(ck, *out);
@@ -614,7 +622,7 @@ int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_er
     pthread_mutex_lock(&lz->lock);
     int rc = 0;
     if (!lz->parsed && chunks_from_catalog(ck, idx, out, err) < 0)
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     if (rc == 0 && lz->parsed && !(*out = copy_parsed(ck, idx)))
         rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, ck->entries[idx].key);
     pthread_mutex_unlock(&lz->lock);

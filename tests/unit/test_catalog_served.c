@@ -6,6 +6,7 @@
  * under an open checkpoint falls back to parsing; a changed checkpoint is
  * catalogued afresh, one model per folder. */
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "integrity/integrity.h"
 
 static const char *fixtures[] = {"01_single_plain", "02_rowwise_4ranks", "03_colwise_4ranks", "04_block_4ranks",
                                  "05_mixed_2ranks", "08_single_file_per_rank", "09_megatron_torch_dist"};
@@ -464,6 +466,55 @@ START_TEST(records_stored_and_used_while_shards_unchanged)
 }
 END_TEST
 
+#ifndef __SANITIZE_ADDRESS__
+/* The next calloc fails once armed: this definition takes the place of the
+ * C library's in this program (the sanitizers bring their own). */
+extern void *__libc_calloc(size_t n, size_t size);
+static volatile int calloc_fails;
+
+void *calloc(size_t n, size_t size)
+{
+    if (calloc_fails) {
+        calloc_fails = 0;
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_calloc(n, size);
+}
+
+/* Memory running out while a chunk list is read is an error of that call:
+ * the model is not damaged (it stays in the catalog), nothing is parsed
+ * instead, and the next call succeeds. */
+START_TEST(chunk_list_out_of_memory_is_no_damage)
+{
+    make_tmpdir();
+    char path[4200];
+    fixture_path("05_mixed_2ranks", path, sizeof path);
+    dcp_checkpoint *p = open_parsed(path), *s = open_served(path);
+    const dcp_entry *e = NULL;
+    for (size_t i = 0; i < dcp_num_entries(s) && !e; i++)
+        if (dcp_entry_at(s, i)->kind == DCP_KIND_TENSOR && dcp_entry_at(s, i)->nchunks)
+            e = dcp_entry_at(s, i);
+    ck_assert_ptr_nonnull(e);
+    const dcp_chunk *c;
+    dcp_error err;
+    calloc_fails = 1;
+    int rc = dcp_entry_chunks(s, e, &c, &err);
+    calloc_fails = 0;
+    ck_assert_int_eq(rc, -1);
+    ck_assert_int_eq(err.code, ENOMEM);
+    ck_assert_msg(strstr(err.msg, "out of memory") && !strstr(err.msg, "damaged"), "%s", err.msg);
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 1);
+    ck_assert_ptr_null(s->lazy->parsed);
+    same_reads(p, s);
+    ck_assert_ptr_null(s->lazy->parsed);
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+#endif
+
 /* Format 2 catalogs (one model blob per checkpoint) are upgraded in place:
  * the models go, recorded digests stay. */
 START_TEST(format_2_catalog_upgraded)
@@ -506,6 +557,9 @@ int main(void)
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
     tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
+#ifndef __SANITIZE_ADDRESS__
+    tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);
+#endif
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
