@@ -687,7 +687,10 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
         db_bytes = (uint64_t)pages * (uint64_t)psize;
     /* By the .metadata's stamp (no read of it), else by its content key. */
     metadata_stamp(ck);
-    for (int by_key = !ck->model_stamp[0] || !real; by_key < 2 && rc < 0; by_key++) {
+    /* A row found by stamp is the row the content key would find (the same
+     * file): when it does not serve, the caller parses; no second lookup. */
+    int stamp_hit = 0;
+    for (int by_key = !ck->model_stamp[0] || !real; by_key < 2 && rc < 0 && !stamp_hit; by_key++) {
         if (by_key && metadata_key(ck, key) < 0)
             break;
         src = sqlite3_prepare_v2(db, by_key ? "SELECT id, xxh3, head, metadata_key FROM models WHERE metadata_key=?1"
@@ -699,6 +702,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
         if (!by_key)
             sqlite3_bind_text(st, 2, ck->model_stamp, -1, SQLITE_STATIC);
         if ((src = sqlite3_step(st)) == SQLITE_ROW) {
+            stamp_hit = !by_key;
             const unsigned char *data = sqlite3_column_blob(st, 2), *mkey = sqlite3_column_text(st, 3);
             size_t len = (size_t)sqlite3_column_bytes(st, 2);
             lz->model = sqlite3_column_int64(st, 0);
