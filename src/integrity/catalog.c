@@ -271,6 +271,14 @@ int dcpi_path_inside(const char *catpath, dcp_checkpoint *ck)
     return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
 }
 
+/* Entry i's key for a message. dcpi_collect_blobs has read every entry, so
+ * dcp_entry_at cannot fail here; the check costs nothing. */
+static const char *key_of(dcp_checkpoint *ck, size_t i)
+{
+    const dcp_entry *e = dcp_entry_at(ck, i);
+    return e ? e->key : "(unknown entry)";
+}
+
 /* The row number of ck's identity; created when create is set, else 0 when
  * nothing was ever recorded for it. */
 static int ck_row(dcp_catalog *cat, dcp_checkpoint *ck, int create, sqlite3_int64 *row, dcp_error *err)
@@ -320,7 +328,7 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
         if (r[i].rerr) {
             int e = r[i].rerr;
             dcpi_err(err, e == DCPI_PAST_END ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
-                     ck->path, ck->files[r[i].file], dcp_entry_at(ck, r[i].entry)->key, r[i].offset, r[i].length,
+                     ck->path, ck->files[r[i].file], key_of(ck, r[i].entry), r[i].offset, r[i].length,
                      e == DCPI_PAST_END ? "it ends past the end of the file" : strerror(e));
             free(r);
             return -1;
@@ -573,7 +581,7 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
     char msg[1400];
     for (size_t i = 0; i < n; i++) {
         const dcpi_blobref *b = &r[i];
-        const char *key = dcp_entry_at(ck, b->entry)->key, *file = ck->files[b->file];
+        const char *key = key_of(ck, b->entry), *file = ck->files[b->file];
         if (!b->want) {
             (*missing)++;
             continue;
