@@ -162,6 +162,10 @@ const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
  * one (0 when stored, or already there). */
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
+/* The .metadata's content key and stat stamp, from the bytes and the fstat
+ * a parse used (so what is stored is filed under what was parsed). */
+struct stat;
+void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb);
 /* A served model's entries, read on demand (each fills ck->entries[idx]):
  * every one (dcp_entry_at), the one with key (exact) or the first with a key
  * >= key (seek). *idx = SIZE_MAX when there is none. */

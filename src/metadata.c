@@ -30,6 +30,7 @@ typedef struct interp {
     dcpi_arena scratch;        /* the composite keys of boxes */
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
     int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
+    int identity;              /* the global .metadata: its key and stamp come from this read */
 } interp;
 
 static const char *class_name(const pk_node *obj)
@@ -491,6 +492,8 @@ static int load_file(interp *in, const char *relname)
     }
     close(fd);
     ck->info.metadata_bytes += size;
+    if (in->identity)
+        dcpi_model_identity(ck, buf, size, &sb);
 
     pk_doc *doc;
     const pk_node *root;
@@ -523,6 +526,7 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
 {
     interp in;
     interp_init(&in, ck, err);
+    in.identity = !strcmp(relname, ".metadata");
     int rc = load_file(&in, relname);
     interp_free(&in);
     if (rc == 0)

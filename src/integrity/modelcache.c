@@ -52,6 +52,55 @@
 
 /* ------------------------------------------------------------ metadata key */
 
+/* The content key: XXH3-128 of the .metadata's size and mtime, then of its
+ * bytes (fed by the caller). */
+static void key_start(XXH3_state_t *st, const struct stat *sb)
+{
+    uint64_t v[3] = {(uint64_t)sb->st_size, (uint64_t)sb->st_mtim.tv_sec, (uint64_t)sb->st_mtim.tv_nsec};
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, v, sizeof v);
+}
+
+static void key_finish(XXH3_state_t *st, char key[33])
+{
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+}
+
+/* The stat stamp, which serves a reopen without reading the file: device,
+ * inode, size, mtime and ctime. Users cannot set ctime, and any write to the
+ * file or replacement of it changes ctime or the inode. "-" (none: the
+ * content key decides) when the file changed in the last two seconds, since
+ * a change within the same clock tick would not show. */
+static void stamp_from(dcp_checkpoint *ck, const struct stat *sb)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec - sb->st_mtim.tv_sec < 2 ||
+        now.tv_sec - sb->st_ctim.tv_sec < 2) {
+        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+        return;
+    }
+    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
+             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (unsigned long long)sb->st_size,
+             (long long)sb->st_mtim.tv_sec, sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
+}
+
+static int stamp_usable(const dcp_checkpoint *ck) { return ck->model_stamp[0] && ck->model_stamp[0] != '-'; }
+
+void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return;   /* the key is computed from the file when it is needed */
+    key_start(st, sb);
+    XXH3_128bits_update(st, buf, len);
+    key_finish(st, ck->model_key);
+    XXH3_freeState(st);
+    stamp_from(ck, sb);
+}
+
+/* The content key, read from the file unless a parse (or an earlier
+ * lookup) gave it. */
 static int metadata_key(dcp_checkpoint *ck, char key[33])
 {
     if (ck->model_key[0]) {
@@ -70,14 +119,11 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     char *buf = malloc(1u << 20);   /* stays in cache while it is hashed */
     ssize_t r = -1;
     if (st && buf) {
-        XXH3_128bits_reset(st);
-        uint64_t v[3] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec};
-        XXH3_128bits_update(st, v, sizeof v);
+        key_start(st, &sb);
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         while ((r = read(fd, buf, 1u << 20)) > 0)
             XXH3_128bits_update(st, buf, (size_t)r);
-        XXH128_hash_t h = XXH3_128bits_digest(st);
-        snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+        key_finish(st, key);
     }
     free(buf);
     XXH3_freeState(st);
@@ -88,23 +134,16 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     return 0;
 }
 
-/* The .metadata's stat, which serves a reopen without reading the file:
- * device, inode, size, mtime and ctime. Users cannot set ctime, and any
- * write to the file or replacement of it changes ctime or the inode. Left
- * empty (the content key decides) when the file changed in the last two
- * seconds, since a change within the same clock tick would not show. */
+/* The stamp of the .metadata, unless known. */
 static void metadata_stamp(dcp_checkpoint *ck)
 {
     struct stat sb;
-    struct timespec now;
     if (ck->model_stamp[0])
         return;
-    if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0 || clock_gettime(CLOCK_REALTIME, &now) < 0 ||
-        now.tv_sec - sb.st_mtim.tv_sec < 2 || now.tv_sec - sb.st_ctim.tv_sec < 2)
-        return;
-    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
-             (unsigned long long)sb.st_dev, (unsigned long long)sb.st_ino, (unsigned long long)sb.st_size,
-             (long long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec, (long long)sb.st_ctim.tv_sec, sb.st_ctim.tv_nsec);
+    if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0)
+        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+    else
+        stamp_from(ck, &sb);
 }
 
 /* ------------------------------------------------------------ serialising */
@@ -690,7 +729,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
     /* A row found by stamp is the row the content key would find (the same
      * file): when it does not serve, the caller parses; no second lookup. */
     int stamp_hit = 0;
-    for (int by_key = !ck->model_stamp[0] || !real; by_key < 2 && rc < 0 && !stamp_hit; by_key++) {
+    for (int by_key = !stamp_usable(ck) || !real; by_key < 2 && rc < 0 && !stamp_hit; by_key++) {
         if (by_key && metadata_key(ck, key) < 0)
             break;
         src = sqlite3_prepare_v2(db, by_key ? "SELECT id, xxh3, head, metadata_key FROM models WHERE metadata_key=?1"
@@ -786,7 +825,7 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
     uint64_t nchunks = 0;
     for (size_t i = 0; i < ck->nentries; i++)
         nchunks += ck->entries[i].nchunks;
-    metadata_stamp(ck);   /* before the key: a change in between makes the stamp stale, never the key */
+    metadata_stamp(ck);   /* (a parse set both from its read) before the key: a change in between makes the stamp stale, never the key */
     if (dcp_catalog_check_location(catalog, ck, &err) < 0 || metadata_key(ck, key) < 0 ||
         put_head(ck, &w, nchunks) < 0 || !realpath(ck->path, real) || dcp_catalog_open(catalog, &cat, &err) < 0) {
         dcp_catalog_close(cat);
@@ -824,7 +863,7 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
                                      -1, &st, NULL)) == SQLITE_OK) {
             sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
             sqlite3_bind_text(st, 2, real, -1, SQLITE_STATIC);
-            if (ck->model_stamp[0])
+            if (stamp_usable(ck))
                 sqlite3_bind_text(st, 3, ck->model_stamp, -1, SQLITE_STATIC);
             sqlite3_bind_int64(st, 4, (sqlite3_int64)XXH3_64bits(w.p, w.n));
             sqlite3_bind_blob64(st, 5, w.p, w.n, SQLITE_STATIC);

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -394,6 +396,78 @@ START_TEST(changed_checkpoint_catalogued_afresh)
 }
 END_TEST
 
+/* When a read of the file with inode swap_ino reaches its end, that file's
+ * content is replaced (in place) by swap_from's: this definition of read
+ * takes the place of the C library's in this program. */
+static ino_t swap_ino;
+static char swap_from[4300];
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+    ssize_t r = (ssize_t)syscall(SYS_read, fd, buf, n);
+    struct stat sb;
+    if (r == 0 && swap_ino && fstat(fd, &sb) == 0 && sb.st_ino == swap_ino) {
+        swap_ino = 0;
+        char data[65536];
+        int in = open(swap_from, O_RDONLY), out;
+        ssize_t len = in < 0 ? -1 : (ssize_t)syscall(SYS_read, in, data, sizeof data);
+        if (in >= 0)
+            close(in);
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        out = open(self, O_WRONLY | O_TRUNC);
+        if (len > 0 && out >= 0 && write(out, data, (size_t)len) != len)
+            len = -1;
+        if (out >= 0)
+            close(out);
+    }
+    return r;
+}
+
+/* The .metadata is rewritten between the first open's content-key read and
+ * its parse: the model stored is filed under what was parsed, so a copy of
+ * the folder as it was (same .metadata bytes and mtime) is not served the
+ * new model. */
+START_TEST(metadata_rewritten_during_first_open)
+{
+    make_tmpdir();
+    char src[4200], other[4200], ck[4300], copy[4300], meta[4400];
+    fixture_path("02_rowwise_4ranks", src, sizeof src);
+    fixture_path("03_colwise_4ranks", other, sizeof other);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    snprintf(copy, sizeof copy, "%s/copy", tmpdir);
+    snprintf(meta, sizeof meta, "%s/.metadata", ck);
+    snprintf(swap_from, sizeof swap_from, "%s/.metadata", other);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("cp -rp '%s' '%s'", src, copy);
+    run("chmod -R u+w '%s' '%s'", ck, copy);
+    struct stat sb;
+    ck_assert_int_eq(stat(meta, &sb), 0);
+    swap_ino = sb.st_ino;
+    dcp_checkpoint *c = open_catalog(ck);   /* key read (then the swap), parse */
+    ck_assert_int_eq(swap_ino, 0);          /* the swap happened */
+    dcp_close(c);
+    /* the copy still holds the old .metadata: whatever serves it gives its own parse */
+    dcp_checkpoint *p = open_parsed(copy), *s = open_catalog(copy);
+    s->chunk_budget = 0;
+    same_reads(p, s);
+    for (size_t i = 0; i < dcp_num_entries(p); i++)
+        same_entry(p, dcp_entry_at(p, i), s, dcp_entry_at(s, i));
+    dcp_close(s);
+    dcp_close(p);
+    /* and the rewritten folder is served its new model (headers and chunks:
+     * its shards are not the ones this .metadata was written with) */
+    p = open_parsed(ck);
+    s = open_served(ck);
+    ck_assert_uint_eq(dcp_num_entries(p), dcp_num_entries(s));
+    for (size_t i = 0; i < dcp_num_entries(p); i++)
+        same_entry(p, dcp_entry_at(p, i), s, dcp_entry_at(s, i));
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
 /* How many of the tensor chunks of s have a record before any is located
  * (those read back from the catalog), and how many chunks with a blob. */
 static void preloaded(dcp_checkpoint *s, const char *file, size_t *have, size_t *all)
@@ -557,6 +631,7 @@ int main(void)
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
     tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
+    tcase_add_test(tc, metadata_rewritten_during_first_open);
 #ifndef __SANITIZE_ADDRESS__
     tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);
 #endif
