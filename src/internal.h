@@ -175,10 +175,10 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
 int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
 void dcpi_lazy_free(struct dcpi_lazy *lz);
 /* Records of a served model (integrity/recordcache.c): keep those a set
- * located (under ck->lock, when the set is dropped); store what is kept
- * (outside ck->lock; all: at close, else only a full batch). */
+ * located (when the set is dropped, outside ck->lock: a full batch is
+ * stored by a background thread); store all that is kept (dcp_close). */
 void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
-void dcpi_records_flush(dcp_checkpoint *ck, int all);
+void dcpi_records_flush(dcp_checkpoint *ck);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

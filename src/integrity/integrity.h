@@ -68,9 +68,12 @@ struct dcpi_lazy {
     /* recordcache.c */
     sqlite3_stmt *records;     /* an entry's cached records */
     struct dcpi_file_stamp *stamps;   /* nfiles, each taken once (under lock) */
-    pthread_mutex_t pending_lock;     /* a leaf lock: taken under ck->lock */
+    pthread_mutex_t pending_lock;     /* a leaf lock */
+    pthread_cond_t pending_cond;      /* a batch is ready, or the flusher is to stop */
     struct dcpi_pending *pending;     /* records to store, newest first */
     size_t npending;
+    pthread_t flusher;                /* stores full batches on a connection of its own */
+    int flusher_state;                /* 0: not started, 1: running, 2: stopping */
 };
 
 /* recordcache.c (keeping and storing: internal.h): a set read from the

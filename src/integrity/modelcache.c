@@ -432,7 +432,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
         dcp_close(p);
         return dcpi_err(err, ESTALE, "%s: the checkpoint changed since it was opened: reopen it", ck->path);
     }
-    lz->parsed = p;
+    __atomic_store_n(&lz->parsed, p, __ATOMIC_RELEASE);   /* read without lz->lock by dcpi_records_keep */
     return 0;
 }
 

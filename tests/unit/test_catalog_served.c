@@ -589,6 +589,29 @@ START_TEST(chunk_list_out_of_memory_is_no_damage)
 END_TEST
 #endif
 
+/* Records kept as chunk sets are dropped are stored in batches in the
+ * background (never by the thread that reads), while the checkpoint is
+ * open; the rest at dcp_close. */
+START_TEST(records_stored_in_the_background)
+{
+    make_tmpdir();
+    char ck[4300];
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    const char *top = getenv("top_builddir");
+    run("%s/dcp synth '%s' --keys 200 --shape 8,4 --ranks 2 >/dev/null", top ? top : ".", ck);
+    dcp_checkpoint *p = open_parsed(ck), *s = open_served(ck);   /* nothing kept: every set dropped at once */
+    same_reads(p, s);
+    long stored = 0;
+    for (int i = 0; i < 1000 && (stored = count("SELECT count(*) FROM model_records")) < 128; i++)
+        usleep(10000);   /* the background thread's second batch */
+    ck_assert_int_ge(stored, 128);
+    dcp_close(s);
+    ck_assert_int_eq(count("SELECT count(*) FROM model_records"), 200);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
 /* Format 2 catalogs (one model blob per checkpoint) are upgraded in place:
  * the models go, recorded digests stay. */
 START_TEST(format_2_catalog_upgraded)
@@ -631,6 +654,7 @@ int main(void)
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
     tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
+    tcase_add_test(tc, records_stored_in_the_background);
     tcase_add_test(tc, metadata_rewritten_during_first_open);
 #ifndef __SANITIZE_ADDRESS__
     tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);
