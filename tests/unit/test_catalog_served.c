@@ -589,6 +589,61 @@ START_TEST(chunk_list_out_of_memory_is_no_damage)
 END_TEST
 #endif
 
+/* A damaged chunk list row (its checksum fails): the open checkpoint serves
+ * the same bytes from a parse, and the model is dropped from the catalog. */
+START_TEST(damaged_chunk_row_falls_back_and_drops_the_model)
+{
+    make_tmpdir();
+    char path[4200];
+    fixture_path("05_mixed_2ranks", path, sizeof path);
+    dcp_close(open_served(path));
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 1);
+    ck_assert_int_eq(sql("UPDATE model_entries SET chunks = CAST(zeroblob(length(chunks)) AS BLOB)"), SQLITE_OK);
+    dcp_checkpoint *p = open_parsed(path), *s = open_catalog(path);
+    ck_assert_int_eq(dcp_from_catalog(s), 1);   /* the model row itself is sound */
+    s->chunk_budget = 0;
+    same_reads(p, s);
+    ck_assert_ptr_nonnull(s->lazy->parsed);
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 0);
+    ck_assert_int_eq(count("SELECT count(*) FROM model_entries"), 0);
+    dcp_close(s);
+    /* the next open parses and stores afresh */
+    s = open_served(path);
+    same_reads(p, s);
+    ck_assert_ptr_null(s->lazy->parsed);
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
+/* The folder's .metadata replaced by other content and its model dropped
+ * (as another open storing the new one does) under an open checkpoint: the
+ * next lookup fails with ESTALE, naming the folder, rather than serving
+ * the new model's entries as the old one's. */
+START_TEST(changed_under_an_open_checkpoint_is_estale)
+{
+    make_tmpdir();
+    char src[4200], other[4200], ck[4300];
+    fixture_path("02_rowwise_4ranks", src, sizeof src);
+    fixture_path("03_colwise_4ranks", other, sizeof other);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("chmod -R u+w '%s' %s", ck, "");
+    dcp_checkpoint *s = open_served(ck);
+    run("cp '%s/.metadata' '%s/.metadata'", other, ck);
+    ck_assert_int_eq(sql("DELETE FROM model_entries; DELETE FROM models"), SQLITE_OK);
+    const dcp_entry *e = NULL;
+    dcp_error err;
+    ck_assert_int_eq(dcp_seek(s, "", &e, &err), -1);
+    ck_assert_int_eq(err.code, ESTALE);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, "changed since it was opened"), "%s", err.msg);
+    ck_assert_ptr_null(dcp_entry_at(s, 0));
+    dcp_close(s);
+    rm_tmpdir();
+}
+END_TEST
+
 /* Records kept as chunk sets are dropped are stored in batches in the
  * background (never by the thread that reads), while the checkpoint is
  * open; the rest at dcp_close. */
@@ -655,6 +710,8 @@ int main(void)
     tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
     tcase_add_test(tc, records_stored_in_the_background);
+    tcase_add_test(tc, damaged_chunk_row_falls_back_and_drops_the_model);
+    tcase_add_test(tc, changed_under_an_open_checkpoint_is_estale);
     tcase_add_test(tc, metadata_rewritten_during_first_open);
 #ifndef __SANITIZE_ADDRESS__
     tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);
