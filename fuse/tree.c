@@ -510,6 +510,15 @@ int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max)
     return rc;
 }
 
+void dfs_dir_list_if_small(struct dfs *fs, struct dfs_node *dir)
+{
+    if (atomic_load(&dir->listed) || atomic_load(&dir->large) || pthread_mutex_trylock(&fs->list_lock) != 0)
+        return;
+    if (!atomic_load(&dir->listed) && list_dir(fs, dir, DFS_LIST_ON_LOOKUP, NULL) == 1)
+        atomic_store(&dir->large, 1);
+    pthread_mutex_unlock(&fs->list_lock);
+}
+
 struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc)
 {
     *rc = 0;
