@@ -232,6 +232,7 @@ struct kid {
     int as_dir;              /* the node to be is that directory (else leaf's file) */
     /* the node to be, prepared outside fs->lock */
     const char *name;        /* its encoded name (and suffix) */
+    size_t name_at;          /* list_dir: where name is in the names being gathered (they move) */
     char *npy_hdr;
     uint32_t npy_hdr_len;
     int64_t size;
@@ -451,14 +452,14 @@ static int list_dir(struct dfs *fs, struct dfs_node *dir, size_t max,
                 log_hidden(ck, pre, x, as_dir);
             } else {
                 memcpy(names + nused, name, len);
-                x->name = (const char *)(uintptr_t)nused;   /* an offset until names stops moving */
+                x->name_at = nused;   /* names may move until every one is in */
                 nused += len;
                 ns++;
             }
         }
     }
     for (size_t i = 0; rc == 0 && i < ns; i++)
-        spec[i].name = names + (uintptr_t)spec[i].name;
+        spec[i].name = names + spec[i].name_at;
     struct dfs_node **kids = NULL;
     size_t nkids = 0, kcap = ns + 1, nsub = 0;
     if (rc == 0 && !(kids = malloc(kcap * sizeof *kids)))
