@@ -294,8 +294,10 @@ static void *flusher(void *arg)
         pthread_mutex_unlock(&lz->pending_lock);
         if (!opened) {
             opened = 1;
-            if (sqlite3_open_v2(dcp_catalog_path(lz->cat), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, NULL) ==
-                SQLITE_OK)
+            /* the file the main connection has open (an absolute path, whatever the cwd is now) */
+            const char *file = sqlite3_db_filename(dcpi_catalog_db(lz->cat), "main");
+            if (file && *file &&
+                sqlite3_open_v2(file, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, NULL) == SQLITE_OK)
                 sqlite3_busy_timeout(db, WRITE_WAIT_MS);
             else {
                 sqlite3_close(db);
