@@ -119,6 +119,8 @@ struct dfs_node {
     size_t nkids, kcap;
     size_t nsubdirs;
     _Atomic int listed;        /* DFS_N_DIR: kids hold every child (else only lookups made nodes) */
+    _Atomic int large;         /* DFS_N_DIR: a lookup's listing gave up (more than DFS_LIST_ON_LOOKUP
+                                * children): not tried again on later lookups */
 
     /* DFS_N_ENTRY */
     const dcp_entry *entry;
@@ -201,6 +203,9 @@ int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck);
  * -errno). */
 #define DFS_LIST_ON_LOOKUP 16   /* a directory looked up is listed when this small (exact st_nlink) */
 int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max);
+/* On a lookup: list dir if it is small, unless it was found large before or
+ * another listing is under way (a lookup never waits for one). */
+void dfs_dir_list_if_small(struct dfs *fs, struct dfs_node *dir);
 struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc);
 struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st);
 void dfs_free_all(struct dfs *fs);

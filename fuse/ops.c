@@ -210,9 +210,10 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         return;
     }
     /* A small key-tree directory is listed now, so that its st_nlink is
-     * exact; a large one stays "unknown" (1) until it is listed. */
-    if (n->type == DFS_N_DIR && !atomic_load(&n->listed))
-        dfs_dir_list(fs, n, DFS_LIST_ON_LOOKUP);
+     * exact; a large one stays "unknown" (1) until it is listed, and so
+     * does one met while another listing runs (a lookup never waits). */
+    if (n->type == DFS_N_DIR)
+        dfs_dir_list_if_small(fs, n);
     fill_entry(fs, dir, n, &e);
     fuse_reply_entry(req, &e);
 }

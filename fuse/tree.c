@@ -232,6 +232,7 @@ struct kid {
     int as_dir;              /* the node to be is that directory (else leaf's file) */
     /* the node to be, prepared outside fs->lock */
     const char *name;        /* its encoded name (and suffix) */
+    size_t name_at;          /* list_dir: where name is in the names being gathered (they move) */
     char *npy_hdr;
     uint32_t npy_hdr_len;
     int64_t size;
@@ -451,14 +452,14 @@ static int list_dir(struct dfs *fs, struct dfs_node *dir, size_t max,
                 log_hidden(ck, pre, x, as_dir);
             } else {
                 memcpy(names + nused, name, len);
-                x->name = (const char *)(uintptr_t)nused;   /* an offset until names stops moving */
+                x->name_at = nused;   /* names may move until every one is in */
                 nused += len;
                 ns++;
             }
         }
     }
     for (size_t i = 0; rc == 0 && i < ns; i++)
-        spec[i].name = names + (uintptr_t)spec[i].name;
+        spec[i].name = names + spec[i].name_at;
     struct dfs_node **kids = NULL;
     size_t nkids = 0, kcap = ns + 1, nsub = 0;
     if (rc == 0 && !(kids = malloc(kcap * sizeof *kids)))
@@ -508,6 +509,15 @@ int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max)
     int rc = atomic_load(&dir->listed) ? 0 : list_dir(fs, dir, max, NULL);
     pthread_mutex_unlock(&fs->list_lock);
     return rc;
+}
+
+void dfs_dir_list_if_small(struct dfs *fs, struct dfs_node *dir)
+{
+    if (atomic_load(&dir->listed) || atomic_load(&dir->large) || pthread_mutex_trylock(&fs->list_lock) != 0)
+        return;
+    if (!atomic_load(&dir->listed) && list_dir(fs, dir, DFS_LIST_ON_LOOKUP, NULL) == 1)
+        atomic_store(&dir->large, 1);
+    pthread_mutex_unlock(&fs->list_lock);
 }
 
 struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc)
@@ -696,6 +706,7 @@ static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
         dfs_log(LOG_ERR, "%s", err.msg);
         return -EIO;
     }
+    dfs_log(LOG_INFO, "%s: %s", ck->path, dcp_from_catalog(ck->ck) ? "model served from the catalog" : "model parsed");
 #ifdef __GLIBC__
     /* A first open parsed .metadata (a million chunks: ~1 GB at its peak)
      * and freed it: give that memory back to the system now. */

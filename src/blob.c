@@ -33,7 +33,8 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
     size_t istep = b->length < IN_STEP ? (size_t)b->length : IN_STEP;
     unsigned char *ibuf = malloc(istep ? istep : 1), *dst = NULL;
     ZSTD_DStream *ds = ZSTD_createDStream();
-    const char *why = NULL;
+    const char *why = NULL;   /* a corrupt stream (EIO), unless code says otherwise */
+    int code = EIO;
     if (!ibuf || !ds) {
         free(ibuf);
         ZSTD_freeDStream(ds);
@@ -61,6 +62,7 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
                     cap = limit;
                 if (!(dst = malloc((size_t)cap))) {
                     why = "out of memory";
+                    code = ENOMEM;
                     break;
                 }
                 o.dst = dst;
@@ -75,12 +77,14 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
         if (o.pos == o.size) {
             if (o.size >= limit) {
                 why = "decodes beyond the size limit";
+                code = EFBIG;
                 break;
             }
             uint64_t ncap = (uint64_t)o.size * 2 > limit ? limit : (uint64_t)o.size * 2;
             unsigned char *nd = realloc(dst, (size_t)ncap);
             if (!nd) {
                 why = "out of memory";
+                code = ENOMEM;
                 break;
             }
             dst = nd;
@@ -106,10 +110,10 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
         free(dst);
         if (failed)
             return -1;
-        if (!strcmp(why, "out of memory"))
+        if (code == ENOMEM)
             return dcpi_err(err, ENOMEM, "%s/%s: %s: out of memory decoding the zstd blob at offset %llu",
                             ck->path, file, key, (unsigned long long)b->offset);
-        if (!strcmp(why, "decodes beyond the size limit"))
+        if (code == EFBIG)
             return dcpi_err(err, EFBIG, "%s/%s: %s: the zstd blob at offset %llu decodes to more than %llu bytes",
                             ck->path, file, key, (unsigned long long)b->offset, (unsigned long long)limit);
         return dcpi_err(err, EIO, "%s/%s: %s: corrupt zstd blob at offset %llu: %s", ck->path, file, key,

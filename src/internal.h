@@ -162,6 +162,10 @@ const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
  * one (0 when stored, or already there). */
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
+/* The .metadata's content key and stat stamp, from the bytes and the fstat
+ * a parse used (so what is stored is filed under what was parsed). */
+struct stat;
+void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb);
 /* A served model's entries, read on demand (each fills ck->entries[idx]):
  * every one (dcp_entry_at), the one with key (exact) or the first with a key
  * >= key (seek). *idx = SIZE_MAX when there is none. */
@@ -171,10 +175,10 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
 int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
 void dcpi_lazy_free(struct dcpi_lazy *lz);
 /* Records of a served model (integrity/recordcache.c): keep those a set
- * located (under ck->lock, when the set is dropped); store what is kept
- * (outside ck->lock; all: at close, else only a full batch). */
+ * located (when the set is dropped, outside ck->lock: a full batch is
+ * stored by a background thread); store all that is kept (dcp_close). */
 void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
-void dcpi_records_flush(dcp_checkpoint *ck, int all);
+void dcpi_records_flush(dcp_checkpoint *ck);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

@@ -30,6 +30,7 @@ typedef struct interp {
     dcpi_arena scratch;        /* the composite keys of boxes */
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
     int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
+    int identity;              /* the global .metadata: its key and stamp come from this read */
 } interp;
 
 static const char *class_name(const pk_node *obj)
@@ -201,9 +202,8 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
             return -1;
         if (dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v)) {
             /* The same box again (rank-local files each list a replicated
-             * tensor): a replica, keep the first. */
-            if ((v >> 32) != idx)
-                return dcpi_err(in->err, EINVAL, "%s: %s: inconsistent chunk index", in->what, key);
+             * tensor): a replica, keep the first. (The composite starts with
+             * the key, so the box is one of this entry's.) */
             const dcp_chunk *prev = &in->ck->priv[idx].chunks[v & 0xffffffffu];
             if (nd && memcmp(prev->sizes, sz, (size_t)nd * sizeof *sz)) {
                 char a[256], b[256], c[256];
@@ -410,15 +410,22 @@ static bool pre_113(const pk_node *sdm)
     return false;
 }
 
+static int pre_113_error(interp *in)
+{
+    return dcpi_err(in->err, ENOTSUP,
+                    "%s: the pre-1.13 checkpoint schema (ShardedTensorStorageMetadata, storage keys) is not supported",
+                    in->what);
+}
+
 static int interpret(interp *in, const pk_node *root)
 {
     const pk_node *st = state_of(root);
     const pk_node *sdm = pk_as_dict(pk_dict_get(st, "state_dict_metadata"));
     const pk_node *sd = pk_as_dict(pk_dict_get(st, "storage_data"));
-    if (pre_113(sdm))
-        return dcpi_err(in->err, ENOTSUP,
-                        "%s: the pre-1.13 checkpoint schema (ShardedTensorStorageMetadata, storage keys) is not supported",
-                        in->what);
+    /* The pre-1.13 schema has no storage_data: the pass over every entry
+     * that recognises it is made only then (or for a class of its own below). */
+    if (!sd && pre_113(sdm))
+        return pre_113_error(in);
     if (!sdm || !sd) {
         const char *name = class_name(root);
         return dcpi_err(in->err, EINVAL, "%s: a pickle, but not DCP metadata (%s%s%s has no state_dict_metadata/storage_data)",
@@ -438,6 +445,8 @@ static int interpret(interp *in, const pk_node *root)
         } else if (cls && !strcmp(cls, "BytesStorageMetadata")) {
             if (add_bytes(in, key, klen) < 0)
                 return -1;
+        } else if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata"))) {
+            return pre_113_error(in);
         } else {
             return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
                             (int)klen, key, cls ? cls : "(not an object)");
@@ -491,6 +500,8 @@ static int load_file(interp *in, const char *relname)
     }
     close(fd);
     ck->info.metadata_bytes += size;
+    if (in->identity)
+        dcpi_model_identity(ck, buf, size, &sb);
 
     pk_doc *doc;
     const pk_node *root;
@@ -523,6 +534,7 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
 {
     interp in;
     interp_init(&in, ck, err);
+    in.identity = !strcmp(relname, ".metadata");
     int rc = load_file(&in, relname);
     interp_free(&in);
     if (rc == 0)

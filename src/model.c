@@ -337,7 +337,7 @@ void dcp_close(dcp_checkpoint *ck)
         for (size_t i = 0; i < ck->nentries; i++)
             if (ck->priv[i].set)
                 dcpi_records_keep(ck, ck->priv[i].set);
-        dcpi_records_flush(ck, 1);
+        dcpi_records_flush(ck);
     }
     if (ck->priv)
         for (size_t i = 0; i < ck->nentries; i++) {
@@ -488,16 +488,31 @@ static void lru_unlink(dcp_checkpoint *ck, dcpi_chunkset *s)
     s->prev = s->next = NULL;
 }
 
-/* Under ck->lock: drop the least recently used unpinned sets beyond the budget. */
-static void evict(dcp_checkpoint *ck)
+/* Under ck->lock: unlink the least recently used unpinned sets beyond the
+ * budget; they are returned (linked by next) for drop_sets, outside the lock. */
+static dcpi_chunkset *evict(dcp_checkpoint *ck)
 {
+    dcpi_chunkset *dropped = NULL;
     while (ck->chunk_bytes > ck->chunk_budget && ck->lru_tail) {
         dcpi_chunkset *s = ck->lru_tail;
         lru_unlink(ck, s);
         ck->priv[s->idx].set = NULL;
         ck->chunk_bytes -= s->bytes;
-        dcpi_records_keep(ck, s);   /* the records it located go to the catalog */
+        s->next = dropped;
+        dropped = s;
+    }
+    return dropped;
+}
+
+/* Without ck->lock (every plan and read takes it): the records the evicted
+ * sets located are kept for the catalog, and the sets freed. */
+static void drop_sets(dcp_checkpoint *ck, dcpi_chunkset *s)
+{
+    while (s) {
+        dcpi_chunkset *next = s->next;
+        dcpi_records_keep(ck, s);
         free(s);
+        s = next;
     }
 }
 
@@ -527,6 +542,7 @@ int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **o
     dcpi_chunkset *fresh;   /* read without ck->lock: readers of other entries go on */
     if (dcpi_lazy_chunks(ck, idx, &fresh, err) < 0)
         return -1;
+    dcpi_chunkset *dropped = NULL;
     pthread_mutex_lock(&ck->lock);
     if ((s = p->set)) {   /* another thread read it meanwhile */
         if (!s->pins++)
@@ -536,9 +552,10 @@ int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **o
         s = p->set = fresh;
         s->pins = 1;
         ck->chunk_bytes += s->bytes;
-        evict(ck);
+        dropped = evict(ck);
     }
     pthread_mutex_unlock(&ck->lock);
+    drop_sets(ck, dropped);
     *out = s->chunks;
     return 0;
 }
@@ -548,6 +565,7 @@ void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
     size_t idx = entry_index(ck, e);
     if (!ck->lazy || idx == SIZE_MAX)
         return;
+    dcpi_chunkset *dropped = NULL;
     pthread_mutex_lock(&ck->lock);
     dcpi_chunkset *s = ck->priv[idx].set;
     if (s && s->pins && !--s->pins) {
@@ -557,11 +575,10 @@ void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
         ck->lru_head = s;
         if (!ck->lru_tail)
             ck->lru_tail = s;
-        evict(ck);
+        dropped = evict(ck);
     }
     pthread_mutex_unlock(&ck->lock);
-    if (ck->lazy)
-        dcpi_records_flush(ck, 0);   /* a batch of kept records, if there is one */
+    drop_sets(ck, dropped);   /* (kept records are stored in the background, never here) */
 }
 
 int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,

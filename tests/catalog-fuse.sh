@@ -26,11 +26,18 @@ for k in keys:
     st = os.stat(p)
     if os.getxattr(p, "user.dcp.key").decode() != k:
         sys.exit(f"FAIL: {p}: user.dcp.key is not {k}")
+    data = open(p, "rb").read()
     if npy and e["kind"] == "tensor":
-        continue   # NAME.npy: a header, then the bytes
-    if "nbytes" in e and st.st_size != e["nbytes"]:
+        # NAME.npy: a header (magic, version, a 2- or 4-byte length), then the bytes
+        if data[:6] != b"\x93NUMPY":
+            sys.exit(f"FAIL: {p}: not an npy file")
+        hlen = int.from_bytes(data[8:10], "little") + 10 if data[6] == 1 else int.from_bytes(data[8:12], "little") + 12
+        data = data[hlen:]
+    elif "nbytes" in e and st.st_size != e["nbytes"]:
         sys.exit(f"FAIL: {p}: size {st.st_size} != {e['nbytes']}")
-    if "sha256" in e and hashlib.sha256(open(p, "rb").read()).hexdigest() != e["sha256"]:
+    if "nbytes" in e and len(data) != e["nbytes"]:
+        sys.exit(f"FAIL: {p}: {len(data)} bytes of data != {e['nbytes']}")
+    if "sha256" in e and hashlib.sha256(data).hexdigest() != e["sha256"]:
         sys.exit(f"FAIL: {p}: bytes differ from the manifest")
 for d in dirs:
     if not os.path.isdir(os.path.join(mnt, d)):
@@ -44,8 +51,11 @@ for case in 01_single_plain 05_mixed_2ranks 09_megatron_torch_dist; do
     mount_dcpfs "$ck" "$mnt"          # parses, stores, and serves from the catalog
     python3 "$SCRATCH/by_path.py" "$mnt" "$manifest" "$FUSE_CHECK" || fail "$case: first mount"
     unmount_dcpfs "$mnt"
+    grep -q ": model parsed" "$mnt.log" || fail "$case: the first mount did not parse: $(cat "$mnt.log")"
     mount_dcpfs "$ck" "$mnt"          # served from the catalog at once
     python3 "$SCRATCH/by_path.py" "$mnt" "$manifest" "$FUSE_CHECK" || fail "$case: second mount"
+    grep -q ": model served from the catalog" "$mnt.log" ||
+        fail "$case: the second mount was not served from the catalog: $(cat "$mnt.log")"
     python3 "$FUSE_CHECK" tree "$mnt" "$manifest" --ckpt="$ck" >/dev/null || fail "$case: listing after lookups"
     unmount_dcpfs "$mnt"
 done

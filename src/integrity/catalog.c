@@ -51,7 +51,9 @@ static const char upgrade_2[] =
     MODEL_TABLES
     "UPDATE catalog_meta SET value='" CATALOG_FORMAT "' WHERE key='format';";
 
-/* Upgrade a format-2 catalog, unless another process did meanwhile. */
+/* Upgrade a format-2 catalog, unless another process did meanwhile. A
+ * failure (busy past the timeout, a read-only file) leaves the file as it
+ * is: it is ours, and holds recorded digests. */
 static int upgrade(sqlite3 *db)
 {
     sqlite3_stmt *st;
@@ -66,9 +68,9 @@ static int upgrade(sqlite3 *db)
         rc = sqlite3_exec(db, upgrade_2, NULL, NULL, NULL);
     if (rc == SQLITE_OK)
         rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK)
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    return rc == SQLITE_OK ? 0 : -1;
+    if (rc != SQLITE_OK && !sqlite3_get_autocommit(db))
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);   /* (only then: sqlite3_errmsg keeps the cause) */
+    return rc == SQLITE_OK ? 0 : -2;
 }
 
 static int sqlerr(dcp_catalog *cat, dcp_error *err, const char *what)
@@ -140,19 +142,23 @@ static int healthy(sqlite3 *db)
     return ours;
 }
 
+/* 0: open; -1: not a catalog of ours (quarantined and started afresh by
+ * the caller); -2: ours or unknown, but it cannot be used now (busy,
+ * read-only, an I/O error): an error, and the file is left alone. */
 static int try_open(dcp_catalog *cat)
 {
     if (sqlite3_open_v2(cat->path, &cat->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                         NULL) != SQLITE_OK)
-        return -1;
+        return -2;
     sqlite3_busy_timeout(cat->db, DCPI_CATALOG_BUSY_MS);
     int h = healthy(cat->db);
     if (h <= 0)
         return h == 0 ? -1 : -2;
     /* WAL lets readers proceed while another process writes; NORMAL sync is
      * enough for a cache that is rebuilt whenever in doubt. */
-    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK)
-        return -1;
+    if (sqlite3_exec(cat->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK &&
+        sqlite3_db_readonly(cat->db, "main") != 1)
+        return -2;   /* (a read-only catalog is read in the mode it has) */
     if (h == 2)
         return upgrade(cat->db);
     /* Only a writer creates the schema; a reader of an existing catalog does not take the write lock. */
@@ -163,7 +169,7 @@ static int try_open(dcp_catalog *cat)
         sqlite3_finalize(st);
     }
     if (!have && sqlite3_exec(cat->db, schema, NULL, NULL, NULL) != SQLITE_OK)
-        return -1;
+        return -2;
     return 0;
 }
 
@@ -220,7 +226,7 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
         rc = try_open(cat);
     }
     if (rc < 0) {
-        sqlerr(cat, err, "cannot open the catalog");
+        sqlerr(cat, err, "cannot open the catalog (left as it is)");
         dcp_catalog_close(cat);
         return -1;
     }
@@ -263,6 +269,14 @@ int dcpi_path_inside(const char *catpath, dcp_checkpoint *ck)
         return 0;
     size_t n = strlen(folder);
     return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
+}
+
+/* Entry i's key for a message. dcpi_collect_blobs has read every entry, so
+ * dcp_entry_at cannot fail here; the check costs nothing. */
+static const char *key_of(dcp_checkpoint *ck, size_t i)
+{
+    const dcp_entry *e = dcp_entry_at(ck, i);
+    return e ? e->key : "(unknown entry)";
 }
 
 /* The row number of ck's identity; created when create is set, else 0 when
@@ -313,9 +327,9 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
     for (size_t i = 0; i < n; i++)
         if (r[i].rerr) {
             int e = r[i].rerr;
-            dcpi_err(err, e == EIO ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
-                     ck->path, ck->files[r[i].file], dcp_entry_at(ck, r[i].entry)->key, r[i].offset, r[i].length,
-                     e == EIO ? "it ends past the end of the file" : strerror(e));
+            dcpi_err(err, e == DCPI_PAST_END ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
+                     ck->path, ck->files[r[i].file], key_of(ck, r[i].entry), r[i].offset, r[i].length,
+                     e == DCPI_PAST_END ? "it ends past the end of the file" : strerror(e));
             free(r);
             return -1;
         }
@@ -567,7 +581,7 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
     char msg[1400];
     for (size_t i = 0; i < n; i++) {
         const dcpi_blobref *b = &r[i];
-        const char *key = dcp_entry_at(ck, b->entry)->key, *file = ck->files[b->file];
+        const char *key = key_of(ck, b->entry), *file = ck->files[b->file];
         if (!b->want) {
             (*missing)++;
             continue;
@@ -576,7 +590,7 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
         if (b->rerr)
             snprintf(msg, sizeof msg, "%s/%s: %s: cannot re-hash the bytes at offset %" PRIu64 " (length %" PRIu64 "): %s",
                      ck->path, file, key, b->offset, b->length,
-                     b->rerr == EIO ? "they end past the end of the file" : strerror(b->rerr));
+                     b->rerr == DCPI_PAST_END ? "they end past the end of the file" : strerror(b->rerr));
         else if (b->xxh3 != b->recorded)
             snprintf(msg, sizeof msg, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") changed: recorded xxh3 %016" PRIx64 ", now %016" PRIx64,
                      ck->path, file, key, b->offset, b->length, b->recorded, b->xxh3);

@@ -56,6 +56,7 @@ typedef struct ring {
     unsigned char *buf[RING];
     size_t ready[RING];          /* piece + 1 read into each buffer (0: none) */
     int status[RING];            /* errno of that read (0: read whole) */
+    unsigned char busy[RING];    /* a read into the buffer is under way: it is not claimed again */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     size_t claimed;              /* pieces taken for reading so far, in order */
@@ -97,7 +98,7 @@ static int make_plan(dcp_checkpoint *ck, dcpi_blobref *r, size_t n, plan *pl, pl
             if (e) {
                 b->rerr = e;
             } else if (b->offset > size || b->length > size - b->offset) {
-                b->rerr = EIO;   /* the blob ends past the file */
+                b->rerr = DCPI_PAST_END;
             } else if (b->length <= WINDOW) {
                 if (!have || b->offset < ws || b->offset + b->length > we) {
                     size_t len = size - b->offset < WINDOW ? (size_t)(size - b->offset) : WINDOW;
@@ -130,7 +131,7 @@ static int pread_all(int fd, unsigned char *buf, size_t len, uint64_t off)
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            return r < 0 ? errno : EIO;
+            return r < 0 ? errno : DCPI_PAST_END;   /* the file shrank since the plan */
         buf += r;
         len -= (size_t)r;
         off += (uint64_t)r;
@@ -154,18 +155,23 @@ static int read_piece(ring *g, int who, size_t i, unsigned char *buf)
     return pread_all(g->fd[who], buf, p->len, p->off);
 }
 
-/* Under g->lock: claim the next piece and read it, if a buffer is free. */
+/* Under g->lock: claim the next piece and read it, if a buffer is free. A
+ * buffer is not free while a read into it is under way, even when its piece
+ * was released meanwhile (the pieces of a blob that failed are skipped while
+ * the other thread may still be reading one of them). */
 static int read_next(ring *g, int who)
 {
     size_t i = g->claimed;
-    if (i >= g->pl->n || i - g->released >= RING)
+    if (i >= g->pl->n || i - g->released >= RING || g->busy[i % RING])
         return 0;
     g->claimed++;
+    g->busy[i % RING] = 1;
     pthread_mutex_unlock(&g->lock);
     int st = read_piece(g, who, i, g->buf[i % RING]);
     pthread_mutex_lock(&g->lock);
     g->status[i % RING] = st;
     g->ready[i % RING] = i + 1;
+    g->busy[i % RING] = 0;
     pthread_cond_broadcast(&g->cond);
     return 1;
 }

@@ -19,6 +19,7 @@
 #endif
 #endif
 
+#define DCPI_PAST_END (-1)   /* a blobref's rerr: not an errno, so a read error (EIO) is told apart */
 #define DCPI_CATALOG_BUSY_MS 30000   /* how long a catalog call waits for another process */
 
 /* The catalog's connection, and what to do with a failed SQLite call: a
@@ -67,9 +68,12 @@ struct dcpi_lazy {
     /* recordcache.c */
     sqlite3_stmt *records;     /* an entry's cached records */
     struct dcpi_file_stamp *stamps;   /* nfiles, each taken once (under lock) */
-    pthread_mutex_t pending_lock;     /* a leaf lock: taken under ck->lock */
+    pthread_mutex_t pending_lock;     /* a leaf lock */
+    pthread_cond_t pending_cond;      /* a batch is ready, or the flusher is to stop */
     struct dcpi_pending *pending;     /* records to store, newest first */
     size_t npending;
+    pthread_t flusher;                /* stores full batches on a connection of its own */
+    int flusher_state;                /* 0: not started, 1: running, 2: stopping */
 };
 
 /* recordcache.c (keeping and storing: internal.h): a set read from the
@@ -90,7 +94,8 @@ typedef struct dcpi_blobref {
     uint64_t offset, length;
     size_t entry;          /* the first entry whose blob this is (for messages) */
     int want;              /* hash it */
-    int rerr;              /* errno when it could not be read (0: xxh3 is valid) */
+    int rerr;              /* errno when it could not be read, DCPI_PAST_END when it ends past
+                            * the end of its file (0: xxh3 is valid) */
     uint64_t xxh3;
     uint64_t recorded;     /* verify: the recorded digest */
 } dcpi_blobref;

@@ -52,6 +52,55 @@
 
 /* ------------------------------------------------------------ metadata key */
 
+/* The content key: XXH3-128 of the .metadata's size and mtime, then of its
+ * bytes (fed by the caller). */
+static void key_start(XXH3_state_t *st, const struct stat *sb)
+{
+    uint64_t v[3] = {(uint64_t)sb->st_size, (uint64_t)sb->st_mtim.tv_sec, (uint64_t)sb->st_mtim.tv_nsec};
+    XXH3_128bits_reset(st);
+    XXH3_128bits_update(st, v, sizeof v);
+}
+
+static void key_finish(XXH3_state_t *st, char key[33])
+{
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+}
+
+/* The stat stamp, which serves a reopen without reading the file: device,
+ * inode, size, mtime and ctime. Users cannot set ctime, and any write to the
+ * file or replacement of it changes ctime or the inode. "-" (none: the
+ * content key decides) when the file changed in the last two seconds, since
+ * a change within the same clock tick would not show. */
+static void stamp_from(dcp_checkpoint *ck, const struct stat *sb)
+{
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec - sb->st_mtim.tv_sec < 2 ||
+        now.tv_sec - sb->st_ctim.tv_sec < 2) {
+        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+        return;
+    }
+    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
+             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (unsigned long long)sb->st_size,
+             (long long)sb->st_mtim.tv_sec, sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
+}
+
+static int stamp_usable(const dcp_checkpoint *ck) { return ck->model_stamp[0] && ck->model_stamp[0] != '-'; }
+
+void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return;   /* the key is computed from the file when it is needed */
+    key_start(st, sb);
+    XXH3_128bits_update(st, buf, len);
+    key_finish(st, ck->model_key);
+    XXH3_freeState(st);
+    stamp_from(ck, sb);
+}
+
+/* The content key, read from the file unless a parse (or an earlier
+ * lookup) gave it. */
 static int metadata_key(dcp_checkpoint *ck, char key[33])
 {
     if (ck->model_key[0]) {
@@ -70,14 +119,11 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     char *buf = malloc(1u << 20);   /* stays in cache while it is hashed */
     ssize_t r = -1;
     if (st && buf) {
-        XXH3_128bits_reset(st);
-        uint64_t v[3] = {(uint64_t)sb.st_size, (uint64_t)sb.st_mtim.tv_sec, (uint64_t)sb.st_mtim.tv_nsec};
-        XXH3_128bits_update(st, v, sizeof v);
+        key_start(st, &sb);
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         while ((r = read(fd, buf, 1u << 20)) > 0)
             XXH3_128bits_update(st, buf, (size_t)r);
-        XXH128_hash_t h = XXH3_128bits_digest(st);
-        snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+        key_finish(st, key);
     }
     free(buf);
     XXH3_freeState(st);
@@ -88,23 +134,16 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     return 0;
 }
 
-/* The .metadata's stat, which serves a reopen without reading the file:
- * device, inode, size, mtime and ctime. Users cannot set ctime, and any
- * write to the file or replacement of it changes ctime or the inode. Left
- * empty (the content key decides) when the file changed in the last two
- * seconds, since a change within the same clock tick would not show. */
+/* The stamp of the .metadata, unless known. */
 static void metadata_stamp(dcp_checkpoint *ck)
 {
     struct stat sb;
-    struct timespec now;
     if (ck->model_stamp[0])
         return;
-    if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0 || clock_gettime(CLOCK_REALTIME, &now) < 0 ||
-        now.tv_sec - sb.st_mtim.tv_sec < 2 || now.tv_sec - sb.st_ctim.tv_sec < 2)
-        return;
-    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
-             (unsigned long long)sb.st_dev, (unsigned long long)sb.st_ino, (unsigned long long)sb.st_size,
-             (long long)sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec, (long long)sb.st_ctim.tv_sec, sb.st_ctim.tv_nsec);
+    if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0)
+        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+    else
+        stamp_from(ck, &sb);
 }
 
 /* ------------------------------------------------------------ serialising */
@@ -393,7 +432,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
         dcp_close(p);
         return dcpi_err(err, ESTALE, "%s: the checkpoint changed since it was opened: reopen it", ck->path);
     }
-    lz->parsed = p;
+    __atomic_store_n(&lz->parsed, p, __ATOMIC_RELEASE);   /* read without lz->lock by dcpi_records_keep */
     return 0;
 }
 
@@ -448,7 +487,7 @@ int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err)
     pthread_mutex_lock(&lz->lock);
     int rc = 0;
     if (!lz->all_done && !lz->parsed && all_from_catalog(ck, err) < 0)
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     if (rc == 0 && lz->parsed)
         for (size_t i = 0; i < ck->nentries; i++)
             fill_parsed(ck, i);
@@ -490,7 +529,7 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
     int rc = 0;
     if (!lz->parsed && find_in_catalog(ck, key, seek, idx, err) < 0) {
         *idx = SIZE_MAX;
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     }
     if (rc == 0 && lz->parsed) {
         const dcp_entry *pe = NULL;
@@ -507,21 +546,24 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
     return rc;
 }
 
-/* Decode a chunk list into a new set; every box must lie inside the shape. */
-static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data,
-                                    size_t len)
+/* Decode a chunk list into a new set (*out); every box must lie inside the
+ * shape. -1: the row is damaged (a checksum or a bound failed); -2: out of
+ * memory, which says nothing about the row. */
+static int decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, const void *data, size_t len,
+                         dcpi_chunkset **out)
 {
     dcpi_rbuf r;
+    *out = NULL;
     if (!dcpi_sum_ok(data, len, SEED_CHUNKS ^ (uint64_t)idx, &r))
-        return NULL;
+        return -1;
     size_t n = e->nchunks, nd = (size_t)e->ndim;
     /* each chunk takes at least 6 bytes: bounds the allocation */
     if (n > len / 6 + 1)
-        return NULL;
+        return -1;
     size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
     dcpi_chunkset *s = calloc(1, bytes);
     if (!s)
-        return NULL;
+        return -2;
     s->idx = idx;
     s->bytes = bytes;
     s->chunks = (dcp_chunk *)(s + 1);
@@ -548,9 +590,10 @@ static dcpi_chunkset *decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size
     }
     if (r.bad || r.p != r.end) {
         free(s);
-        return NULL;
+        return -1;
     }
-    return s;
+    *out = s;
+    return 0;
 }
 
 /* A set holding a copy of the parse's chunks of entry idx. */
@@ -582,7 +625,9 @@ static dcpi_chunkset *copy_parsed(dcp_checkpoint *ck, size_t idx)
     return s;
 }
 
-/* Under lz->lock: the chunk list of entry idx from the catalog. */
+/* Under lz->lock: the chunk list of entry idx from the catalog. Out of
+ * memory is an error like any other (err->code ENOMEM): neither the row nor
+ * the model is at fault, and parsing the metadata instead would need more. */
 static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
@@ -593,8 +638,10 @@ static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **o
     int rc = 0, src = sqlite3_step(lz->chunks);
     if (src == SQLITE_ROW) {
         const void *data = sqlite3_column_blob(lz->chunks, 0);
-        *out = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0));
-        if (!*out)
+        int dc = decode_chunks(ck, e, idx, data, (size_t)sqlite3_column_bytes(lz->chunks, 0), out);
+        if (dc == -2)
+            rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
+        else if (dc < 0)
             rc = damaged(ck, e->key, err);
         else
             dcpi_records_load(ck, *out);
@@ -614,7 +661,7 @@ int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_er
     pthread_mutex_lock(&lz->lock);
     int rc = 0;
     if (!lz->parsed && chunks_from_catalog(ck, idx, out, err) < 0)
-        rc = fall_back(ck, err);
+        rc = err->code == ENOMEM ? -1 : fall_back(ck, err);
     if (rc == 0 && lz->parsed && !(*out = copy_parsed(ck, idx)))
         rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, ck->entries[idx].key);
     pthread_mutex_unlock(&lz->lock);
@@ -679,7 +726,10 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
         db_bytes = (uint64_t)pages * (uint64_t)psize;
     /* By the .metadata's stamp (no read of it), else by its content key. */
     metadata_stamp(ck);
-    for (int by_key = !ck->model_stamp[0] || !real; by_key < 2 && rc < 0; by_key++) {
+    /* A row found by stamp is the row the content key would find (the same
+     * file): when it does not serve, the caller parses; no second lookup. */
+    int stamp_hit = 0;
+    for (int by_key = !stamp_usable(ck) || !real; by_key < 2 && rc < 0 && !stamp_hit; by_key++) {
         if (by_key && metadata_key(ck, key) < 0)
             break;
         src = sqlite3_prepare_v2(db, by_key ? "SELECT id, xxh3, head, metadata_key FROM models WHERE metadata_key=?1"
@@ -691,6 +741,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
         if (!by_key)
             sqlite3_bind_text(st, 2, ck->model_stamp, -1, SQLITE_STATIC);
         if ((src = sqlite3_step(st)) == SQLITE_ROW) {
+            stamp_hit = !by_key;
             const unsigned char *data = sqlite3_column_blob(st, 2), *mkey = sqlite3_column_text(st, 3);
             size_t len = (size_t)sqlite3_column_bytes(st, 2);
             lz->model = sqlite3_column_int64(st, 0);
@@ -774,7 +825,7 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
     uint64_t nchunks = 0;
     for (size_t i = 0; i < ck->nentries; i++)
         nchunks += ck->entries[i].nchunks;
-    metadata_stamp(ck);   /* before the key: a change in between makes the stamp stale, never the key */
+    metadata_stamp(ck);   /* (a parse set both from its read) before the key: a change in between makes the stamp stale, never the key */
     if (dcp_catalog_check_location(catalog, ck, &err) < 0 || metadata_key(ck, key) < 0 ||
         put_head(ck, &w, nchunks) < 0 || !realpath(ck->path, real) || dcp_catalog_open(catalog, &cat, &err) < 0) {
         dcp_catalog_close(cat);
@@ -812,7 +863,7 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
                                      -1, &st, NULL)) == SQLITE_OK) {
             sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
             sqlite3_bind_text(st, 2, real, -1, SQLITE_STATIC);
-            if (ck->model_stamp[0])
+            if (stamp_usable(ck))
                 sqlite3_bind_text(st, 3, ck->model_stamp, -1, SQLITE_STATIC);
             sqlite3_bind_int64(st, 4, (sqlite3_int64)XXH3_64bits(w.p, w.n));
             sqlite3_bind_blob64(st, 5, w.p, w.n, SQLITE_STATIC);

@@ -14,12 +14,15 @@
  * read from the catalog they are hostile input: bounds-checked here, and
  * every record is checked against its chunk again when a read is planned.
  * Writing is best effort and never waits: records located since a chunk
- * set was read are kept when the set is dropped, and stored in batches (or
- * at dcp_close) in one short transaction; a busy or read-only catalog only
+ * set was read are kept when the set is dropped (outside ck->lock), and
+ * stored in batches by a background thread on a connection of its own (so
+ * neither ck->lock nor lz->lock is held while SQLite writes, and no read
+ * waits for it), the rest at dcp_close; a busy or read-only catalog only
  * costs locating them again later.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -45,6 +48,7 @@ int dcpi_records_prepare(dcp_checkpoint *ck)
 {
     struct dcpi_lazy *lz = ck->lazy;
     pthread_mutex_init(&lz->pending_lock, NULL);
+    pthread_cond_init(&lz->pending_cond, NULL);
     lz->stamps = calloc(ck->nfiles ? ck->nfiles : 1, sizeof *lz->stamps);
     if (!lz->stamps)
         return -1;
@@ -52,16 +56,36 @@ int dcpi_records_prepare(dcp_checkpoint *ck)
                               SQLITE_PREPARE_PERSISTENT, &lz->records, NULL) == SQLITE_OK ? 0 : -1;
 }
 
+static void free_list(struct dcpi_pending *p)
+{
+    for (struct dcpi_pending *n; p; p = n) {
+        n = p->next;
+        free(p);
+    }
+}
+
+/* The background flusher ends (the batches it took are stored). */
+static void stop_flusher(struct dcpi_lazy *lz)
+{
+    pthread_mutex_lock(&lz->pending_lock);
+    int running = lz->flusher_state == 1;
+    if (running)
+        lz->flusher_state = 2;
+    pthread_cond_broadcast(&lz->pending_cond);
+    pthread_mutex_unlock(&lz->pending_lock);
+    if (running)
+        pthread_join(lz->flusher, NULL);
+}
+
 void dcpi_records_free(struct dcpi_lazy *lz)
 {
     if (!lz->stamps)
         return;   /* never prepared */
-    for (struct dcpi_pending *p = lz->pending, *n; p; p = n) {
-        n = p->next;
-        free(p);
-    }
+    stop_flusher(lz);
+    free_list(lz->pending);
     sqlite3_finalize(lz->records);
     free(lz->stamps);
+    pthread_cond_destroy(&lz->pending_cond);
     pthread_mutex_destroy(&lz->pending_lock);
 }
 
@@ -150,10 +174,18 @@ void dcpi_records_load(dcp_checkpoint *ck, dcpi_chunkset *s)
     sqlite3_reset(lz->records);
 }
 
+static int by_file(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void *flusher(void *arg);
+
 void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s)
 {
     struct dcpi_lazy *lz = ck->lazy;
-    if (!s->dirty || lz->parsed || !lz->stamps)
+    if (!s->dirty || __atomic_load_n(&lz->parsed, __ATOMIC_ACQUIRE) || !lz->stamps)
         return;   /* nothing new; or the catalog failed and is not written */
     const dcp_entry *e = &ck->entries[s->idx];
     size_t nd = (size_t)e->ndim;
@@ -163,16 +195,15 @@ void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s)
     size_t nused = 0;
     if (!used)
         return;
-    for (size_t c = 0; c < e->nchunks; c++) {
-        if (!s->chunks[c].has_blob)
-            continue;
-        uint32_t f = s->chunks[c].blob.file;
-        size_t k = 0;
-        while (k < nused && used[k] != f)
-            k++;
-        if (k == nused)
-            used[nused++] = f;
-    }
+    for (size_t c = 0; c < e->nchunks; c++)
+        if (s->chunks[c].has_blob)
+            used[nused++] = s->chunks[c].blob.file;
+    qsort(used, nused, sizeof *used, by_file);
+    size_t u = 0;
+    for (size_t k = 0; k < nused; k++)
+        if (!u || used[u - 1] != used[k])
+            used[u++] = used[k];
+    nused = u;
     dcpi_put_u64(&w, nused);
     for (size_t k = 0; k < nused; k++) {
         const struct dcpi_file_stamp *st = &lz->stamps[used[k]];
@@ -211,30 +242,23 @@ void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s)
         p->next = lz->pending;
         lz->pending = p;
         lz->npending++;
+        if (lz->npending >= BATCH) {
+            /* an in-memory catalog has no second connection: all at dcp_close */
+            if (lz->flusher_state == 0 && strcmp(dcp_catalog_path(lz->cat), ":memory:") &&
+                pthread_create(&lz->flusher, NULL, flusher, lz) == 0)
+                lz->flusher_state = 1;
+            pthread_cond_signal(&lz->pending_cond);
+        }
         pthread_mutex_unlock(&lz->pending_lock);
     }
     free(w.p);
 }
 
-void dcpi_records_flush(dcp_checkpoint *ck, int all)
+/* Store a list of kept records in one transaction on db (best effort: a
+ * busy catalog is not waited for). */
+static void store(sqlite3 *db, sqlite3_int64 model, struct dcpi_pending *list)
 {
-    struct dcpi_lazy *lz = ck->lazy;
-    if (!lz || !lz->stamps)
-        return;   /* not served, or an open that failed early */
-    pthread_mutex_lock(&lz->pending_lock);
-    struct dcpi_pending *list = NULL;
-    if (lz->npending && (all || lz->npending >= BATCH)) {
-        list = lz->pending;
-        lz->pending = NULL;
-        lz->npending = 0;
-    }
-    pthread_mutex_unlock(&lz->pending_lock);
-    if (!list)
-        return;
-    pthread_mutex_lock(&lz->lock);
-    sqlite3 *db = dcpi_catalog_db(lz->cat);
     sqlite3_stmt *st = NULL;
-    sqlite3_busy_timeout(db, WRITE_WAIT_MS);
     int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     /* not for a model dropped meanwhile (its id is never reused) */
     if (rc == SQLITE_OK)
@@ -242,17 +266,72 @@ void dcpi_records_flush(dcp_checkpoint *ck, int all)
                                     " WHERE EXISTS (SELECT 1 FROM models WHERE id=?1)", -1, &st, NULL);
     for (struct dcpi_pending *p = list; rc == SQLITE_OK && p; p = p->next) {
         sqlite3_reset(st);
-        sqlite3_bind_int64(st, 1, lz->model);
+        sqlite3_bind_int64(st, 1, model);
         sqlite3_bind_int64(st, 2, (sqlite3_int64)p->idx);
         sqlite3_bind_blob64(st, 3, p->data, p->len, SQLITE_STATIC);
         rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(db);
     }
     sqlite3_finalize(st);
-    sqlite3_exec(db, rc == SQLITE_OK ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    if (!sqlite3_get_autocommit(db))
+        sqlite3_exec(db, rc == SQLITE_OK ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* The background thread: each full batch, stored on its own connection. */
+static void *flusher(void *arg)
+{
+    struct dcpi_lazy *lz = arg;
+    sqlite3 *db = NULL;
+    int opened = 0;
+    pthread_mutex_lock(&lz->pending_lock);
+    for (;;) {
+        while (lz->flusher_state == 1 && lz->npending < BATCH)
+            pthread_cond_wait(&lz->pending_cond, &lz->pending_lock);
+        if (lz->flusher_state != 1)
+            break;   /* dcp_close stores the rest */
+        struct dcpi_pending *list = lz->pending;
+        lz->pending = NULL;
+        lz->npending = 0;
+        pthread_mutex_unlock(&lz->pending_lock);
+        if (!opened) {
+            opened = 1;
+            /* the file the main connection has open (an absolute path, whatever the cwd is now) */
+            const char *file = sqlite3_db_filename(dcpi_catalog_db(lz->cat), "main");
+            if (file && *file &&
+                sqlite3_open_v2(file, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, NULL) == SQLITE_OK)
+                sqlite3_busy_timeout(db, WRITE_WAIT_MS);
+            else {
+                sqlite3_close(db);
+                db = NULL;
+            }
+        }
+        if (db)
+            store(db, lz->model, list);
+        free_list(list);
+        pthread_mutex_lock(&lz->pending_lock);
+    }
+    pthread_mutex_unlock(&lz->pending_lock);
+    sqlite3_close(db);
+    return NULL;
+}
+
+void dcpi_records_flush(dcp_checkpoint *ck)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    if (!lz || !lz->stamps)
+        return;   /* not served, or an open that failed early */
+    stop_flusher(lz);
+    pthread_mutex_lock(&lz->pending_lock);
+    struct dcpi_pending *list = lz->pending;
+    lz->pending = NULL;
+    lz->npending = 0;
+    pthread_mutex_unlock(&lz->pending_lock);
+    if (!list)
+        return;
+    pthread_mutex_lock(&lz->lock);
+    sqlite3 *db = dcpi_catalog_db(lz->cat);
+    sqlite3_busy_timeout(db, WRITE_WAIT_MS);
+    store(db, lz->model, list);
     sqlite3_busy_timeout(db, DCPI_CATALOG_BUSY_MS);
     pthread_mutex_unlock(&lz->lock);
-    for (struct dcpi_pending *p = list, *n; p; p = n) {
-        n = p->next;
-        free(p);
-    }
+    free_list(list);
 }

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dcp_integrity.h"
@@ -194,6 +197,99 @@ static void flip(dcp_checkpoint *ck, const char *file, off_t off)
     close(fd);
 }
 
+/* Reads of one file (by inode) can be made to fail or to stall: this
+ * definition of pread takes the place of the C library's in this program,
+ * the library's objects included. */
+static struct {
+    ino_t ino;                 /* 0: no file chosen */
+    off_t fail_at;             /* a read at this offset fails with EIO */
+    off_t helper_stall_at;     /* a read at this offset by a helper thread waits stall_us first */
+    off_t main_stall_at;       /* one by the main thread waits 2 * stall_us after reading */
+    useconds_t stall_us;
+    int main_started;          /* the main thread's first read waits stall_us / 3 */
+} inject;
+
+static ssize_t real_pread(int fd, void *buf, size_t n, off_t off)
+{
+    return (ssize_t)syscall(SYS_pread64, fd, buf, n, off);
+}
+
+ssize_t pread(int fd, void *buf, size_t n, off_t off)
+{
+    struct stat sb;
+    if (!inject.ino || fstat(fd, &sb) < 0 || sb.st_ino != inject.ino)
+        return real_pread(fd, buf, n, off);
+    int helper = syscall(SYS_gettid) != getpid();
+    if (!helper && !inject.main_started) {
+        inject.main_started = 1;
+        usleep(inject.stall_us / 3);   /* the reader thread gets ahead */
+    }
+    if (off == inject.fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    if (off == inject.helper_stall_at && helper)
+        usleep(inject.stall_us);
+    ssize_t r = real_pread(fd, buf, n, off);
+    if (off == inject.main_stall_at && !helper)
+        usleep(2 * inject.stall_us);
+    return r;
+}
+
+/* A read error inside a large blob: that blob is reported, the next ones
+ * (read while the reader thread may still be filling a buffer of the one
+ * that failed) hash right, and verify ends. The check timeout stands in
+ * for `timeout`: before buffers were kept from being claimed twice, this
+ * hung or reported the blobs after it as changed. */
+START_TEST(verify_read_error_mid_blob)
+{
+    const size_t window = 256u << 10, pieces = 20, big = pieces * window;
+    dcp_checkpoint *ck = tck_new();
+    unsigned char *data = malloc(3 * big);
+    ck_assert_ptr_nonnull(data);
+    for (size_t i = 0; i < 3 * big; i++)
+        data[i] = (unsigned char)((i * 0x9E3779B97F4A7C15ull) >> 56);   /* no two pieces alike */
+    tck_file(ck, "c.distcp", data, 3 * big);
+    free(data);
+    const int64_t shape[1] = {(int64_t)big}, off0[1] = {0};
+    const char *keys[3] = {"first", "second", "third"};
+    for (int k = 0; k < 3; k++) {
+        size_t t = tck_tensor(ck, keys[k], DCP_UINT8, 1, shape);
+        tck_chunk(ck, t, off0, shape, 0, (uint64_t)k * big, big);
+    }
+    tck_finish(ck);
+    dcp_catalog *cat;
+    dcp_error err;
+    uint64_t n, checked, missing, problems;
+    ck_assert_int_eq(dcp_catalog_open(":memory:", &cat, &err), 0);
+    ck_assert_msg(dcp_catalog_record(cat, ck, NULL, NULL, &n, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(n, 3);
+    struct stat sb;
+    ck_assert_int_eq(fstatat(ck->dirfd, "c.distcp", &sb, 0), 0);
+    for (int round = 0; round < 2; round++) {
+        /* the first blob's second piece fails; its fifth is still being
+         * read by the reader thread when the hasher moves on to the second
+         * blob, whose first piece falls in the same buffer */
+        inject.fail_at = (off_t)window;
+        inject.helper_stall_at = (off_t)(4 * window);
+        inject.main_stall_at = (off_t)big;
+        inject.stall_us = 300000;
+        inject.main_started = 0;
+        inject.ino = sb.st_ino;
+        char msg[1024] = "";
+        int rc = dcp_verify_digests(cat, ck, last_problem, msg, NULL, NULL, &checked, &missing, &problems, &err);
+        inject.ino = 0;
+        ck_assert_msg(rc == 0, "%s", err.msg);
+        ck_assert_uint_eq(checked, 3);
+        ck_assert_msg(problems == 1, "round %d: %llu problems, the last: %s", round, (unsigned long long)problems, msg);
+        ck_assert_msg(strstr(msg, "/c.distcp: first: cannot re-hash the bytes at offset 0 (length 5242880): Input/output error"),
+                      "%s", msg);
+    }
+    dcp_catalog_close(cat);
+    tck_free(ck);
+}
+END_TEST
+
 START_TEST(digests_record_verify_export_import)
 {
     make_tmpdir();
@@ -334,6 +430,65 @@ START_TEST(catalog_foreign_and_garbage_files_rebuilt)
 }
 END_TEST
 
+/* A format-2 catalog that cannot be upgraded now (here: read-only to the
+ * user; likewise when another process keeps it busy) is an error, not a
+ * foreign file: it stays where it is, with its digests. */
+START_TEST(catalog_format2_kept_when_upgrade_fails)
+{
+    make_tmpdir();
+    char path[4200], aside[4300];
+    snprintf(path, sizeof path, "%s/catalog.sqlite", tmpdir);
+    snprintf(aside, sizeof aside, "%s.corrupt", path);
+    dcp_checkpoint *ck = blob_ck();
+    dcp_catalog *cat;
+    dcp_error err;
+    uint64_t n;
+    ck_assert_int_eq(dcp_catalog_open(path, &cat, &err), 0);
+    ck_assert_msg(dcp_catalog_record(cat, ck, NULL, NULL, &n, &err) == 0, "%s", err.msg);
+    dcp_catalog_close(cat);
+    sqlite3 *db;
+    ck_assert_int_eq(sqlite3_open(path, &db), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; UPDATE catalog_meta SET value='dcpfs-catalog-2'"
+                                      " WHERE key='format'", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    /* read-only to whoever opens it (root ignores modes: open it as nobody);
+     * the folder stays writable, so a quarantine could move the file */
+    ck_assert_int_eq(chmod(tmpdir, 0777), 0);
+    ck_assert_int_eq(chmod(path, 0444), 0);
+    int status = 0;
+    if (getuid() == 0) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            if (setgid(65534) < 0 || setuid(65534) < 0)
+                _exit(3);
+            int rc = dcp_catalog_open(path, &cat, &err);
+            dcp_catalog_close(cat);
+            _exit(rc == 0 ? 0 : strstr(err.msg, "left as it is") ? 1 : 2);
+        }
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        ck_assert(WIFEXITED(status));
+        status = WEXITSTATUS(status);
+    } else {
+        int rc = dcp_catalog_open(path, &cat, &err);
+        dcp_catalog_close(cat);
+        status = rc == 0 ? 0 : strstr(err.msg, "left as it is") ? 1 : 2;
+    }
+    ck_assert_msg(status == 0 || status == 1, "open status %d", status);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(access(aside, F_OK), -1);
+    ck_assert_int_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st;
+    ck_assert_int_eq(sqlite3_prepare_v2(db, "SELECT count(*) FROM digests", -1, &st, NULL), SQLITE_OK);
+    ck_assert_int_eq(sqlite3_step(st), SQLITE_ROW);
+    ck_assert_int_eq(sqlite3_column_int(st, 0), 3);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    tck_free(ck);
+    rm_tmpdir();
+}
+END_TEST
+
 /* ------------------------------------------------------------ model cache */
 
 /* Two models of one checkpoint hold the same entries, chunks and info. */
@@ -424,8 +579,10 @@ int main(void)
     tcase_add_test(tc, coverage_matches_reference);
     tcase_add_test(tc, coverage_large_grid);
     tcase_add_test(tc, digests_record_verify_export_import);
+    tcase_add_test(tc, verify_read_error_mid_blob);
     tcase_add_test(tc, sidecar_hostile);
     tcase_add_test(tc, catalog_foreign_and_garbage_files_rebuilt);
+    tcase_add_test(tc, catalog_format2_kept_when_upgrade_fails);
     tcase_add_test(tc, model_cache_round_trip);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

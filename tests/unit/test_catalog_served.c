@@ -6,15 +6,19 @@
  * under an open checkpoint falls back to parsing; a changed checkpoint is
  * catalogued afresh, one model per folder. */
 #include <check.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "integrity/integrity.h"
 
 static const char *fixtures[] = {"01_single_plain", "02_rowwise_4ranks", "03_colwise_4ranks", "04_block_4ranks",
                                  "05_mixed_2ranks", "08_single_file_per_rank", "09_megatron_torch_dist"};
@@ -392,6 +396,78 @@ START_TEST(changed_checkpoint_catalogued_afresh)
 }
 END_TEST
 
+/* When a read of the file with inode swap_ino reaches its end, that file's
+ * content is replaced (in place) by swap_from's: this definition of read
+ * takes the place of the C library's in this program. */
+static ino_t swap_ino;
+static char swap_from[4300];
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+    ssize_t r = (ssize_t)syscall(SYS_read, fd, buf, n);
+    struct stat sb;
+    if (r == 0 && swap_ino && fstat(fd, &sb) == 0 && sb.st_ino == swap_ino) {
+        swap_ino = 0;
+        char data[65536];
+        int in = open(swap_from, O_RDONLY), out;
+        ssize_t len = in < 0 ? -1 : (ssize_t)syscall(SYS_read, in, data, sizeof data);
+        if (in >= 0)
+            close(in);
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        out = open(self, O_WRONLY | O_TRUNC);
+        if (len > 0 && out >= 0 && write(out, data, (size_t)len) != len)
+            len = -1;
+        if (out >= 0)
+            close(out);
+    }
+    return r;
+}
+
+/* The .metadata is rewritten between the first open's content-key read and
+ * its parse: the model stored is filed under what was parsed, so a copy of
+ * the folder as it was (same .metadata bytes and mtime) is not served the
+ * new model. */
+START_TEST(metadata_rewritten_during_first_open)
+{
+    make_tmpdir();
+    char src[4200], other[4200], ck[4300], copy[4300], meta[4400];
+    fixture_path("02_rowwise_4ranks", src, sizeof src);
+    fixture_path("03_colwise_4ranks", other, sizeof other);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    snprintf(copy, sizeof copy, "%s/copy", tmpdir);
+    snprintf(meta, sizeof meta, "%s/.metadata", ck);
+    snprintf(swap_from, sizeof swap_from, "%s/.metadata", other);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("cp -rp '%s' '%s'", src, copy);
+    run("chmod -R u+w '%s' '%s'", ck, copy);
+    struct stat sb;
+    ck_assert_int_eq(stat(meta, &sb), 0);
+    swap_ino = sb.st_ino;
+    dcp_checkpoint *c = open_catalog(ck);   /* key read (then the swap), parse */
+    ck_assert_int_eq(swap_ino, 0);          /* the swap happened */
+    dcp_close(c);
+    /* the copy still holds the old .metadata: whatever serves it gives its own parse */
+    dcp_checkpoint *p = open_parsed(copy), *s = open_catalog(copy);
+    s->chunk_budget = 0;
+    same_reads(p, s);
+    for (size_t i = 0; i < dcp_num_entries(p); i++)
+        same_entry(p, dcp_entry_at(p, i), s, dcp_entry_at(s, i));
+    dcp_close(s);
+    dcp_close(p);
+    /* and the rewritten folder is served its new model (headers and chunks:
+     * its shards are not the ones this .metadata was written with) */
+    p = open_parsed(ck);
+    s = open_served(ck);
+    ck_assert_uint_eq(dcp_num_entries(p), dcp_num_entries(s));
+    for (size_t i = 0; i < dcp_num_entries(p); i++)
+        same_entry(p, dcp_entry_at(p, i), s, dcp_entry_at(s, i));
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
 /* How many of the tensor chunks of s have a record before any is located
  * (those read back from the catalog), and how many chunks with a blob. */
 static void preloaded(dcp_checkpoint *s, const char *file, size_t *have, size_t *all)
@@ -464,6 +540,133 @@ START_TEST(records_stored_and_used_while_shards_unchanged)
 }
 END_TEST
 
+#ifndef __SANITIZE_ADDRESS__
+/* The next calloc fails once armed: this definition takes the place of the
+ * C library's in this program (the sanitizers bring their own). */
+extern void *__libc_calloc(size_t n, size_t size);
+static volatile int calloc_fails;
+
+void *calloc(size_t n, size_t size)
+{
+    if (calloc_fails) {
+        calloc_fails = 0;
+        errno = ENOMEM;
+        return NULL;
+    }
+    return __libc_calloc(n, size);
+}
+
+/* Memory running out while a chunk list is read is an error of that call:
+ * the model is not damaged (it stays in the catalog), nothing is parsed
+ * instead, and the next call succeeds. */
+START_TEST(chunk_list_out_of_memory_is_no_damage)
+{
+    make_tmpdir();
+    char path[4200];
+    fixture_path("05_mixed_2ranks", path, sizeof path);
+    dcp_checkpoint *p = open_parsed(path), *s = open_served(path);
+    const dcp_entry *e = NULL;
+    for (size_t i = 0; i < dcp_num_entries(s) && !e; i++)
+        if (dcp_entry_at(s, i)->kind == DCP_KIND_TENSOR && dcp_entry_at(s, i)->nchunks)
+            e = dcp_entry_at(s, i);
+    ck_assert_ptr_nonnull(e);
+    const dcp_chunk *c;
+    dcp_error err;
+    calloc_fails = 1;
+    int rc = dcp_entry_chunks(s, e, &c, &err);
+    calloc_fails = 0;
+    ck_assert_int_eq(rc, -1);
+    ck_assert_int_eq(err.code, ENOMEM);
+    ck_assert_msg(strstr(err.msg, "out of memory") && !strstr(err.msg, "damaged"), "%s", err.msg);
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 1);
+    ck_assert_ptr_null(s->lazy->parsed);
+    same_reads(p, s);
+    ck_assert_ptr_null(s->lazy->parsed);
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+#endif
+
+/* A damaged chunk list row (its checksum fails): the open checkpoint serves
+ * the same bytes from a parse, and the model is dropped from the catalog. */
+START_TEST(damaged_chunk_row_falls_back_and_drops_the_model)
+{
+    make_tmpdir();
+    char path[4200];
+    fixture_path("05_mixed_2ranks", path, sizeof path);
+    dcp_close(open_served(path));
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 1);
+    ck_assert_int_eq(sql("UPDATE model_entries SET chunks = CAST(zeroblob(length(chunks)) AS BLOB)"), SQLITE_OK);
+    dcp_checkpoint *p = open_parsed(path), *s = open_catalog(path);
+    ck_assert_int_eq(dcp_from_catalog(s), 1);   /* the model row itself is sound */
+    s->chunk_budget = 0;
+    same_reads(p, s);
+    ck_assert_ptr_nonnull(s->lazy->parsed);
+    ck_assert_int_eq(count("SELECT count(*) FROM models"), 0);
+    ck_assert_int_eq(count("SELECT count(*) FROM model_entries"), 0);
+    dcp_close(s);
+    /* the next open parses and stores afresh */
+    s = open_served(path);
+    same_reads(p, s);
+    ck_assert_ptr_null(s->lazy->parsed);
+    dcp_close(s);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
+/* The folder's .metadata replaced by other content and its model dropped
+ * (as another open storing the new one does) under an open checkpoint: the
+ * next lookup fails with ESTALE, naming the folder, rather than serving
+ * the new model's entries as the old one's. */
+START_TEST(changed_under_an_open_checkpoint_is_estale)
+{
+    make_tmpdir();
+    char src[4200], other[4200], ck[4300];
+    fixture_path("02_rowwise_4ranks", src, sizeof src);
+    fixture_path("03_colwise_4ranks", other, sizeof other);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("chmod -R u+w '%s' %s", ck, "");
+    dcp_checkpoint *s = open_served(ck);
+    run("cp '%s/.metadata' '%s/.metadata'", other, ck);
+    ck_assert_int_eq(sql("DELETE FROM model_entries; DELETE FROM models"), SQLITE_OK);
+    const dcp_entry *e = NULL;
+    dcp_error err;
+    ck_assert_int_eq(dcp_seek(s, "", &e, &err), -1);
+    ck_assert_int_eq(err.code, ESTALE);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, "changed since it was opened"), "%s", err.msg);
+    ck_assert_ptr_null(dcp_entry_at(s, 0));
+    dcp_close(s);
+    rm_tmpdir();
+}
+END_TEST
+
+/* Records kept as chunk sets are dropped are stored in batches in the
+ * background (never by the thread that reads), while the checkpoint is
+ * open; the rest at dcp_close. */
+START_TEST(records_stored_in_the_background)
+{
+    make_tmpdir();
+    char ck[4300];
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    const char *top = getenv("top_builddir");
+    run("%s/dcp synth '%s' --keys 200 --shape 8,4 --ranks 2 >/dev/null", top ? top : ".", ck);
+    dcp_checkpoint *p = open_parsed(ck), *s = open_served(ck);   /* nothing kept: every set dropped at once */
+    same_reads(p, s);
+    long stored = 0;
+    for (int i = 0; i < 1000 && (stored = count("SELECT count(*) FROM model_records")) < 128; i++)
+        usleep(10000);   /* the background thread's second batch */
+    ck_assert_int_ge(stored, 128);
+    dcp_close(s);
+    ck_assert_int_eq(count("SELECT count(*) FROM model_records"), 200);
+    dcp_close(p);
+    rm_tmpdir();
+}
+END_TEST
+
 /* Format 2 catalogs (one model blob per checkpoint) are upgraded in place:
  * the models go, recorded digests stay. */
 START_TEST(format_2_catalog_upgraded)
@@ -506,6 +709,13 @@ int main(void)
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
     tcase_add_test(tc, records_stored_and_used_while_shards_unchanged);
     tcase_add_test(tc, format_2_catalog_upgraded);
+    tcase_add_test(tc, records_stored_in_the_background);
+    tcase_add_test(tc, damaged_chunk_row_falls_back_and_drops_the_model);
+    tcase_add_test(tc, changed_under_an_open_checkpoint_is_estale);
+    tcase_add_test(tc, metadata_rewritten_during_first_open);
+#ifndef __SANITIZE_ADDRESS__
+    tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);
+#endif
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
