@@ -21,11 +21,6 @@
 
 #define FS(req) ((struct dfs *)fuse_req_userdata(req))
 
-struct dfs_fh {
-    struct dfs_node *node;
-    int fd;                     /* passthrough files */
-};
-
 struct dfs_dh {
     struct dfs_node *node;
     struct dfs_node **kids;     /* snapshot at opendir: offsets stay stable */
@@ -269,49 +264,44 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fuse_reply_err(req, EROFS);
         return;
     }
-    struct dfs_fh *h = calloc(1, sizeof *h);
-    if (!h) {
-        fuse_reply_err(req, ENOMEM);
-        return;
-    }
-    h->node = n;
-    h->fd = -1;
+    /* No per-open allocation (a release the kernel never sends after an
+     * unmount would leak it): fi->fh is a passthrough file's fd + 1, else 0. */
+    int fd = -1;
     if (n->type == DFS_N_PASSTHRU) {
         char *p = malloc(strlen(n->ck->path) + strlen(n->name) + 2);
+        int e = ENOMEM;
         if (p) {
             sprintf(p, "%s/%s", n->ck->path, n->name);
-            h->fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            e = errno;
             free(p);
         }
-        if (h->fd < 0) {
-            int e = p ? errno : ENOMEM;
-            free(h);
+        if (fd < 0) {
             fuse_reply_err(req, e);
             return;
         }
     }
-    fi->fh = (uint64_t)(uintptr_t)h;
+    fi->fh = (uint64_t)(fd + 1);
     fi->keep_cache = 1;
     fi->noflush = 1;
-    if (fuse_reply_open(req, fi) == -ENOENT) {   /* interrupted: the kernel will not release it */
-        if (h->fd >= 0)
-            close(h->fd);
-        free(h);
-    }
+    if (fuse_reply_open(req, fi) == -ENOENT && fd >= 0)   /* interrupted: the kernel will not release it */
+        close(fd);
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-    (void)ino;
     struct dfs *fs = FS(req);
-    struct dfs_fh *h = (struct dfs_fh *)(uintptr_t)fi->fh;
-    struct dfs_node *n = h->node;
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
     switch (n->type) {
     case DFS_N_ENTRY:
         dfs_read_entry(req, fs, n, size, off);
         break;
     case DFS_N_PASSTHRU:
-        dfs_read_fd(req, fs, h->fd, (uint64_t)n->pst->st_size, size, off);
+        dfs_read_fd(req, fs, (int)fi->fh - 1, (uint64_t)n->pst->st_size, size, off);
         break;
     case DFS_N_VIRTUAL:
         dfs_read_virtual(req, fs, n, size, off);
@@ -324,12 +314,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     (void)ino;
-    struct dfs_fh *h = (struct dfs_fh *)(uintptr_t)fi->fh;
-    if (h) {
-        if (h->fd >= 0)
-            close(h->fd);
-        free(h);
-    }
+    if (fi->fh)
+        close((int)fi->fh - 1);
     fuse_reply_err(req, 0);
 }
 
