@@ -691,10 +691,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
             x.failed = 1;
     /* resources are agreed before the first transfer: a rank that cannot run
      * must not leave the others waiting */
-    if (ldi_agree(comm, x.failed ? -1 : 0, err) < 0) {
-        rc = -1;
-        goto out;
-    }
+    if ((rc = ldi_agree(comm, x.failed ? -1 : 0, err)) < 0)
+        goto out;   /* agreed: the caller's agreement keeps this message */
     size_t k = 0;
     for (size_t i = 0; i < g->nunits; i++)
         if (g->units[i].reader == x.me)
