@@ -69,6 +69,7 @@ typedef struct dcp_load_stats {
                                    (DCP_LOAD_SHM) */
     uint64_t reads;             /* storage reads issued by this rank */
     uint64_t messages;          /* point-to-point sends and broadcast roots of this rank */
+    uint64_t broadcasts;        /* of messages: broadcast roots */
     double seconds_exchange;    /* validating and exchanging requests */
     double seconds_plan;        /* building the global plan and sub-communicators */
     double seconds_read;        /* the I/O thread's time in storage reads */

@@ -498,11 +498,11 @@ int main(int argc, char **argv)
         outf(&txt,
              "{\"rank\":%d,\"bytes_read\":%" PRIu64 ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
              ",\"seconds\":%.6f,\"bytes_unique\":%" PRIu64 ",\"bytes_loaded\":%" PRIu64 ",\"bytes_shm\":%" PRIu64
-             ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
+             ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"broadcasts\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
              ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
              ",\"cpu_seconds\":%.6f}\n",
              me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
-             st.bytes_shm, st.reads, st.messages, st.seconds_exchange, st.seconds_plan, st.seconds_read,
+             st.bytes_shm, st.reads, st.messages, st.broadcasts, st.seconds_exchange, st.seconds_plan, st.seconds_read,
              st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu);
     } else {
         if (me == 0)

@@ -99,16 +99,6 @@ void ldi_dest_close(ldi_dest *d)
     free(d);
 }
 
-void ldi_dest_bind(ldi_dest *d)
-{
-#ifdef HAVE_CUDA
-    if (d->cuda)
-        cudaSetDevice(d->device);
-#else
-    (void)d;
-#endif
-}
-
 void *ldi_staging_alloc(ldi_dest *d, size_t n)
 {
 #ifdef HAVE_CUDA

@@ -223,8 +223,6 @@ typedef struct ldi_dest ldi_dest;
  * and one event per staging slot (nslots). Local. */
 int ldi_dest_open(int need_cuda, int device, int nslots, ldi_dest **out, dcp_error *err);
 void ldi_dest_close(ldi_dest *d);
-/* Bind the calling thread (the I/O thread) to the device. */
-void ldi_dest_bind(ldi_dest *d);
 /* Staging buffers: pinned host memory when CUDA copies read them. */
 void *ldi_staging_alloc(ldi_dest *d, size_t n);
 void ldi_staging_free(ldi_dest *d, void *p);
