@@ -11,8 +11,9 @@
  * out of its staging buffer in node shared memory).
  *
  * Errors are collective: an unknown key, a region outside its tensor, a dtype
- * mismatch, a failed read or an unusable CUDA destination on any rank makes
- * the call return -1 on every rank with the same message ("rank R: ...").
+ * mismatch, a failed read, an unusable CUDA destination, other options or
+ * another checkpoint on any rank makes the call return -1 on every rank with
+ * the same message ("rank R: ...").
  *
  * Link with -ldcpload -ldcp and MPI (MPICH). The library starts one I/O
  * thread per call that never calls MPI: initialise MPI with at least
@@ -110,7 +111,10 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 
 /* Fill this rank's regions. Collective over comm; every rank passes the same
  * checkpoint (opened on its own) and its own regions (any number, also 0).
- * opts and stats may be NULL; opts must be the same on every rank. */
+ * opts and stats may be NULL; opts must be the same on every rank (checked,
+ * as is the checkpoint: a rank passing others fails the call everywhere).
+ * MPI errors are fatal: the call runs on a duplicate of comm with
+ * MPI_ERRORS_ARE_FATAL, whatever comm's handler is. */
 int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
              const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
 
