@@ -59,7 +59,9 @@ typedef struct dcp_load_region {
  * and placement overlap, so seconds_read, seconds_deliver and seconds_place
  * are busy times inside seconds_transfer, not a partition of it. */
 typedef struct dcp_load_stats {
-    uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size) */
+    uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size; with
+                                   DCP_LOAD_INDEPENDENT whole plain records, and the decoded bytes
+                                   each op needs of a zstd record) */
     uint64_t bytes_sent;        /* payload delivered to other ranks: by message, broadcast (once per
                                    receiving rank) or through node shared memory */
     uint64_t bytes_received;
