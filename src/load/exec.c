@@ -90,6 +90,8 @@ struct exec {
     MPI_Status *stat;          /* maxreq statuses, never read (MPICH's MPI_Testall declares it
                                   written, so MPI_STATUSES_IGNORE fails -Werror=stringop-overflow) */
     size_t maxreq;
+    int *span_len;             /* room for the most spans of a delivery this rank sends */
+    MPI_Aint *span_disp;
     int failed;
     dcp_error *err;
 };
@@ -469,11 +471,12 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
             continue;
         }
         if (d->kind == LDI_P2P) {
-            ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, p->reqs, &p->nreq);
+            ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, x->span_len, x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes;
         } else {
             const ldi_group *gr = &x->g->groups[d->group];
-            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, p->reqs, &p->nreq);
+            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, x->span_len,
+                             x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes * (gr->n - 1);
             x->st->broadcasts++;
         }
@@ -571,10 +574,10 @@ static int as_receiver(struct exec *x, size_t ui)
     p->nfrags = n;
     double t0 = ldi_now();
     if (d->kind == LDI_P2P) {
-        ldi_irecv(buf, d->bytes, u->reader, x->comm, p->reqs, &p->nreq);
+        MPI_Irecv(buf, (int)d->bytes, MPI_BYTE, u->reader, 0, x->comm, &p->reqs[p->nreq++]);
     } else {
         const ldi_group *gr = &x->g->groups[d->group];
-        ldi_ibcast(buf, d->bytes, group_root(x->g, gr, u->reader), gr->comm, p->reqs, &p->nreq);
+        MPI_Ibcast(buf, (int)d->bytes, MPI_BYTE, group_root(x->g, gr, u->reader), gr->comm, &p->reqs[p->nreq++]);
     }
     x->deliver_seconds += ldi_now() - t0;
     x->st->bytes_received += d->bytes;
@@ -669,21 +672,28 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     x.busy = calloc((size_t)x.wr + x.wv + 1, 1);
     /* transfers in flight, at most, and the requests one unit may need */
     x.pcap = 4 * (size_t)o->nstaging + 8;
+    /* one request per delivery (a receiver has one), two for a shm hand-off */
     x.maxreq = 1;
+    size_t maxspans = 1;
     for (size_t i = 0; i < g->nunits; i++) {
         const ldi_unit *u = &g->units[i];
         size_t nr = 0;
-        for (size_t k = 0; k < u->ndlv; k++)
-            nr += g->dlvs[u->dlv0 + k].kind == LDI_SHM ? 2 : ldi_msg_count(g->dlvs[u->dlv0 + k].bytes);
+        for (size_t k = 0; k < u->ndlv; k++) {
+            const ldi_dlv *d = &g->dlvs[u->dlv0 + k];
+            nr += d->kind == LDI_SHM ? 2 : 1;
+            if (u->reader == x.me && d->ncov > maxspans)
+                maxspans = d->ncov;
+        }
         if (u->reader == x.me && nr > x.maxreq)
             x.maxreq = nr;
-        else if (u->reader != x.me && u->ndlv && ldi_msg_count(u->len) > x.maxreq)
-            x.maxreq = ldi_msg_count(u->len);
     }
+    x.span_len = malloc(maxspans * sizeof *x.span_len);
+    x.span_disp = malloc(maxspans * sizeof *x.span_disp);
     x.pend = calloc(x.pcap, sizeof *x.pend);
     x.reqpool = calloc(x.pcap * x.maxreq, sizeof *x.reqpool);
     x.stat = calloc(x.maxreq, sizeof *x.stat);
-    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat) {
+    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat || !x.span_len ||
+        !x.span_disp) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory");
         x.failed = 1;
     }
@@ -783,5 +793,7 @@ out:
     free(x.pend);
     free(x.reqpool);
     free(x.stat);
+    free(x.span_len);
+    free(x.span_disp);
     return rc;
 }

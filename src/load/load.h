@@ -26,7 +26,7 @@
 
 #define LDI_MAX_NDIM 64
 #define LDI_MAX_SUBCOMMS 64                  /* distinct broadcast groups; more go p2p */
-#define LDI_MSG_MAX ((uint64_t)1 << 30)      /* the largest single MPI message (count is int) */
+#define LDI_MSG_MAX ((uint64_t)1 << 30)      /* the largest staging size: a unit is one MPI message */
 #define LDI_STAGING_DEFAULT ((size_t)16 << 20)
 #define LDI_NSTAGING_DEFAULT 4u
 
@@ -52,7 +52,6 @@ const char *ldi_name(const dcp_checkpoint *ck);
 /* One region request of one rank, the same on every rank after the exchange. */
 typedef struct ldi_req {
     int rank;
-    uint32_t index;          /* region index on its rank */
     const dcp_entry *e;
     dcp_dtype dtype;         /* the plan's dtype (stored) */
     int ndim;
@@ -280,17 +279,13 @@ int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_s
 
 /* ---------------------------------------------------------------- MPI helpers */
 
-/* Nonblocking transfers of any size: split into messages of at most
- * LDI_MSG_MAX bytes. reqs must have room for ldi_msg_count(n) requests. */
-size_t ldi_msg_count(uint64_t n);
-int ldi_isend(const void *buf, uint64_t n, int peer, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-int ldi_irecv(void *buf, uint64_t n, int peer, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-int ldi_ibcast(void *buf, uint64_t n, int root, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-/* Send the spans of buf as one message (an hindexed datatype). */
-int ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
-                    MPI_Request *reqs, size_t *nreq);
-int ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
-                     MPI_Request *reqs, size_t *nreq);
+/* Send (broadcast) the spans of buf as one message: contiguous, or an
+ * hindexed datatype built in len and disp (room for ns values each). Every
+ * span is at most LDI_MSG_MAX bytes (a unit's size). */
+void ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
+                     int *len, MPI_Aint *disp, MPI_Request *req);
+void ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
+                      int *len, MPI_Aint *disp, MPI_Request *req);
 /* MPI_Waitall, but giving the CPU away between polls: MPICH's waits spin,
  * and with more ranks and I/O threads than cores (or other jobs on them) a
  * spinning rank takes the time the ranks it waits for need to read or copy. */

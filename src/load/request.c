@@ -232,7 +232,6 @@ static int decode_all(dcp_checkpoint *ck, const unsigned char *all, const int *c
                 }
                 ldi_req *q = &out->v[qi];
                 q->rank = rk;
-                q->index = i;
                 q->ndim = nd;
                 q->off = out->dims + di;
                 q->len = out->dims + di + nd;
