@@ -49,12 +49,28 @@ static int open_any(const char *path, unsigned flags, dcp_checkpoint **ck, dcp_e
     return dcp_open(path, flags, ck, err);
 }
 
+/* A private duplicate of comm on which MPI errors are fatal: our messages
+ * never match the caller's, and a failed MPI call aborts the job instead of
+ * leaving its peers waiting (see dcp_load(3): no agreement over the same
+ * communicator could repair a half-done collective). The duplication itself
+ * runs under comm's own handler. */
+static MPI_Comm private_comm(MPI_Comm comm)
+{
+    MPI_Comm c;
+    ldi_comm_dup(comm, &c);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_ARE_FATAL);
+    return c;
+}
+
 int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
                   dcp_error *err)
 {
+    MPI_Comm c = private_comm(comm);
     dcp_checkpoint *ck = NULL;
     int rc = path ? open_any(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
-    if (ldi_agree(comm, rc, err) < 0) {
+    rc = ldi_agree(c, rc, err);
+    MPI_Comm_free(&c);
+    if (rc < 0) {
         dcp_close(ck);
         *out = NULL;
         return -1;
@@ -67,9 +83,12 @@ int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
 {
     char msg[256];
     ldi_nodes nd;
-    if (ldi_nodes_get(comm, &nd, err) < 0)
+    MPI_Comm c = private_comm(comm);
+    int rc = ldi_nodes_get(c, &nd, err);
+    MPI_Comm_free(&c);
+    if (rc < 0)
         return -1;
-    int rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
+    rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
     ldi_nodes_free(&nd);
     return rc < 0 ? ldi_err(err, ENODEV, "dcp_load: %s", msg) : 0;
 }
@@ -104,12 +123,7 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     dcp_load_options o;
     set_defaults(opts, &o);
 
-    /* a private communicator: our messages never match the caller's. MPI
-     * errors are fatal on it (see dcp_load(3)): a failed MPI call leaves
-     * its peers in an unknown state, which no agreement could repair. */
-    MPI_Comm c;
-    ldi_comm_dup(comm, &c);
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm c = private_comm(comm);
     int me, n;
     MPI_Comm_rank(c, &me);
     MPI_Comm_size(c, &n);

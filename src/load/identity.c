@@ -27,22 +27,21 @@ int ldi_identity(dcp_checkpoint *ck, uint64_t *out, dcp_error *err)
     uint64_t h = 1469598103934665603ull;   /* FNV-1a */
     uint64_t v[2] = {dcp_num_files(ck), dcp_num_entries(ck)};
     h = fnv(h, v, sizeof v);
+    char path[4352];
+    struct stat sb;
     for (uint32_t f = 0; f < dcp_num_files(ck); f++) {
+        /* stat, not dcp_file_fd: no file is opened (or evicted from the
+         * reader's descriptor cache) for this */
         const char *name = dcp_file_name(ck, f);
-        int fd;
-        struct stat sb;
-        if (dcp_file_fd(ck, f, &fd, err) < 0)
-            return -1;
-        if (fstat(fd, &sb) < 0)
-            return ldi_err(err, errno, "%s/%s: %s", dcp_path(ck), name ? name : "?", strerror(errno));
+        snprintf(path, sizeof path, "%s/%s", dcp_path(ck), name ? name : "");
+        if (stat(path, &sb) < 0)
+            return ldi_err(err, errno, "%s: %s", path, strerror(errno));
         uint64_t size = (uint64_t)sb.st_size;
         h = fnv(h, name ? name : "", name ? strlen(name) + 1 : 1);
         h = fnv(h, &size, sizeof size);
     }
-    char meta[4352];
-    struct stat sb;
-    snprintf(meta, sizeof meta, "%s/.metadata", dcp_path(ck));
-    uint64_t msize = stat(meta, &sb) == 0 && S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
+    snprintf(path, sizeof path, "%s/.metadata", dcp_path(ck));
+    uint64_t msize = stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
     *out = fnv(h, &msize, sizeof msize);
     return 0;
 }

@@ -297,7 +297,5 @@ int ldi_allgather(const void *in, int count, MPI_Datatype t, void *out, MPI_Comm
 int ldi_allgatherv(const void *in, int count, void *out, const int *counts, const int *displs, MPI_Comm comm);
 int ldi_bcast(void *buf, int count, int root, MPI_Comm comm);
 int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out);
-/* MPI error code to text. */
-const char *ldi_mpi_errstr(int rc, char *buf, size_t cap);
 
 #endif

@@ -8,17 +8,6 @@
 
 #include "load.h"
 
-const char *ldi_mpi_errstr(int rc, char *buf, size_t cap)
-{
-    int len = 0;
-    char s[MPI_MAX_ERROR_STRING];
-    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS)
-        snprintf(buf, cap, "MPI error %d", rc);
-    else
-        snprintf(buf, cap, "%s", s);
-    return buf;
-}
-
 int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat)
 {
     int done = 0;
