@@ -11,8 +11,9 @@
  * out of its staging buffer in node shared memory).
  *
  * Errors are collective: an unknown key, a region outside its tensor, a dtype
- * mismatch, a failed read or an unusable CUDA destination on any rank makes
- * the call return -1 on every rank with the same message ("rank R: ...").
+ * mismatch, a failed read, an unusable CUDA destination, other options or
+ * another checkpoint on any rank makes the call return -1 on every rank with
+ * the same message ("rank R: ...").
  *
  * Link with -ldcpload -ldcp and MPI (MPICH). The library starts one I/O
  * thread per call that never calls MPI: initialise MPI with at least
@@ -58,7 +59,9 @@ typedef struct dcp_load_region {
  * and placement overlap, so seconds_read, seconds_deliver and seconds_place
  * are busy times inside seconds_transfer, not a partition of it. */
 typedef struct dcp_load_stats {
-    uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size) */
+    uint64_t bytes_read;        /* data bytes this rank fetched from storage (decoded size; with
+                                   DCP_LOAD_INDEPENDENT whole plain records, and the decoded bytes
+                                   each op needs of a zstd record) */
     uint64_t bytes_sent;        /* payload delivered to other ranks: by message, broadcast (once per
                                    receiving rank) or through node shared memory */
     uint64_t bytes_received;
@@ -69,6 +72,7 @@ typedef struct dcp_load_stats {
                                    (DCP_LOAD_SHM) */
     uint64_t reads;             /* storage reads issued by this rank */
     uint64_t messages;          /* point-to-point sends and broadcast roots of this rank */
+    uint64_t broadcasts;        /* of messages: broadcast roots */
     double seconds_exchange;    /* validating and exchanging requests */
     double seconds_plan;        /* building the global plan and sub-communicators */
     double seconds_read;        /* the I/O thread's time in storage reads */
@@ -109,7 +113,10 @@ int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoin
 
 /* Fill this rank's regions. Collective over comm; every rank passes the same
  * checkpoint (opened on its own) and its own regions (any number, also 0).
- * opts and stats may be NULL; opts must be the same on every rank. */
+ * opts and stats may be NULL; opts must be the same on every rank (checked,
+ * as is the checkpoint: a rank passing others fails the call everywhere).
+ * MPI errors are fatal: the call runs on a duplicate of comm with
+ * MPI_ERRORS_ARE_FATAL, whatever comm's handler is. */
 int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
              const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
 

@@ -1,5 +1,6 @@
 # Collective errors: one rank asking for an unknown key, a missing
-# checkpoint, a CUDA destination without a usable GPU. Every rank must fail
+# checkpoint, a read failing mid-transfer, a CUDA destination without a
+# usable GPU. Every rank must fail
 # with the same message, within the timeout (never hang).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
@@ -31,6 +32,21 @@ DCPLOAD_TEST_BAD_KEY_RANK=0 every_rank_fails 1 "dcpload.test.no_such_key: no suc
 DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 3 "no such key" "$CK" --strategy independent
 
 every_rank_fails 3 "$SCRATCH/none" "$SCRATCH/none" --json
+
+# a read failing mid-transfer (a copy with one shard cut short: it opens,
+# the read of its tail fails) while peers wait for its bytes: every rank
+# fails with the reader's message naming the file, by every delivery path
+cp -r "$CK" "$SCRATCH/cut"
+truncate -s 1000 "$SCRATCH/cut/__1_0.distcp"
+for n in 3 4; do
+    for extra in "" --shm --no-bcast "--bcast-local --staging 64K"; do
+        # shellcheck disable=SC2086
+        every_rank_fails "$n" "$SCRATCH/cut/__1_0.distcp: model.embed_tokens.weight: short read at offset" \
+            "$SCRATCH/cut" --layout replicate $extra
+        grep -Eq "^dcpload: rank [0-9]+: $SCRATCH/cut/__1_0.distcp: " "$SCRATCH/msgs" ||
+            fail "read error not named once with its rank: $(cat "$SCRATCH/msgs")"
+    done
+done
 
 # without a GPU (or a CUDA build) a CUDA destination fails clearly everywhere
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then

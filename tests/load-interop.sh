@@ -25,4 +25,19 @@ for variant in torch_save safetensors zstd; do
     done
     python3 "$top_srcdir/tests/load_check.py" "$DCP" "$SCRATCH/$variant/ckpt" "$SCRATCH/$variant/truth.json" \
         "$runs" || fail "$variant"
+    # the independent mode on one rank, everything: the same bytes; of zstd
+    # records it counts the decoded bytes it needs, what the collective load
+    # read (plain records are read whole, so it reads more there)
+    mpirun 1 "$DCPLOAD" "$SCRATCH/$variant/ckpt" --layout replicate --json --strategy independent \
+        >"$SCRATCH/$variant-indep.json" 2>"$runs/err" || fail "$variant: independent: $(cat "$runs/err")"
+    python3 - "$runs/replicate-1.json" "$SCRATCH/$variant-indep.json" "$variant" <<'PY' || fail "$variant: independent differs"
+import json, sys
+coll, indep = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+hashes = lambda rs: sorted((r["key"], r["xxh3"]) for r in rs if "xxh3" in r)
+read = lambda rs: [r["bytes_read"] for r in rs if "bytes_read" in r]
+if hashes(coll) != hashes(indep):
+    sys.exit("independent: other bytes")
+if sys.argv[3] == "zstd" and read(coll) != read(indep):
+    sys.exit(f"independent read {read(indep)} bytes, collective {read(coll)}")
+PY
 done

@@ -107,19 +107,40 @@ static void load_and_compare(dcp_checkpoint *ck, const struct reg *regs, size_t 
     free(size);
 }
 
-/* dcp_load must fail on every rank with the same message containing want. */
-static void expect_collective_error(dcp_checkpoint *ck, const dcp_load_region *lr, size_t n, const char *want,
-                                    const char *what)
+/* dcp_load with opts must fail on every rank with the same message: exactly
+ * want when exact, else containing it. */
+static void expect_error_opts(dcp_checkpoint *ck, const dcp_load_region *lr, size_t n, const dcp_load_options *o,
+                              const char *want, int exact, const char *what)
 {
     dcp_error err;
     memset(&err, 0, sizeof err);
-    int rc = dcp_load(MPI_COMM_WORLD, ck, lr, n, NULL, NULL, &err);
+    int rc = dcp_load(MPI_COMM_WORLD, ck, lr, n, o, NULL, &err);
     CHECK(rc == -1, "%s: dcp_load succeeded", what);
-    CHECK(strstr(err.msg, want) != NULL, "%s: message '%s' lacks '%s'", what, err.msg, want);
+    if (exact)
+        CHECK(!strcmp(err.msg, want), "%s: message '%s', expected '%s'", what, err.msg, want);
+    else
+        CHECK(strstr(err.msg, want) != NULL, "%s: message '%s' lacks '%s'", what, err.msg, want);
     char first[DCP_ERRMSG_MAX];
     memcpy(first, err.msg, sizeof first);
     MPI_Bcast(first, sizeof first, MPI_CHAR, 0, MPI_COMM_WORLD);
     CHECK(!strcmp(first, err.msg), "%s: rank 0 says '%s', this rank '%s'", what, first, err.msg);
+}
+
+static void expect_collective_error(dcp_checkpoint *ck, const dcp_load_region *lr, size_t n, const char *want,
+                                    const char *what)
+{
+    expect_error_opts(ck, lr, n, NULL, want, 0, what);
+}
+
+/* "rank R: " when there are several ranks */
+static const char *prefix(int rank)
+{
+    static char buf[32];
+    if (nranks > 1)
+        snprintf(buf, sizeof buf, "rank %d: ", rank);
+    else
+        buf[0] = '\0';
+    return buf;
 }
 
 int main(int argc, char **argv)
@@ -181,12 +202,28 @@ int main(int argc, char **argv)
     bad = ok;
     bad.key = "no.such.key";
     expect_collective_error(ck, me == 0 ? &bad : &ok, 1, "no.such.key: no such key", "unknown key");
-    char want[64];
-    snprintf(want, sizeof want, "rank %d: ", culprit);
+    char want[sizeof path + 256];
     bad = ok;
     bad.dest = NULL;
-    if (nranks > 1)
-        expect_collective_error(ck, me == culprit ? &bad : &ok, 1, want, "no destination");
+    snprintf(want, sizeof want, "%s%s: model.tiny: the region has no destination buffer", prefix(culprit), path);
+    expect_error_opts(ck, me == culprit ? &bad : &ok, 1, NULL, want, 1, "no destination");
+
+    /* options and checkpoint must be the same on every rank: one rank that
+     * differs fails every rank with one message naming it (no hang) */
+    if (nranks > 1) {
+        dcp_load_options mine = {0}, other = {.staging_bytes = 8192};
+        snprintf(want, sizeof want,
+                 "dcp_load: rank %d passes other options than rank 0 (flags 0x0, 4 staging buffers of 8192 bytes;"
+                 " rank 0: flags 0x0, 4 of 16777216)", culprit);
+        expect_error_opts(ck, &ok, 1, me == culprit ? &other : &mine, want, 1, "other staging size");
+        dcp_load_options flags[] = {{.flags = DCP_LOAD_INDEPENDENT}, {.flags = DCP_LOAD_SHM},
+                                    {.flags = DCP_LOAD_NO_BCAST}, {.nstaging = 2}};
+        for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+            snprintf(want, sizeof want, "dcp_load: rank %d passes other options than rank 0", culprit);
+            expect_error_opts(ck, &ok, 1, me == culprit ? &flags[i] : &mine, want, 0, "other flags");
+        }
+    }
+    load_and_compare(ck, regs, nregs, NULL, "after the option errors");
     load_and_compare(ck, regs, nregs, NULL, "after the errors");
     dcp_close(ck);
 
@@ -207,6 +244,29 @@ int main(int argc, char **argv)
     load_and_compare(ck, regs5, sizeof regs5 / sizeof regs5[0], &small, "bytes items, 4 KiB staging");
     load_and_compare(ck, regs5, sizeof regs5 / sizeof regs5[0], &p2p, "bytes items, p2p");
     dcp_close(ck);
+
+    /* one rank opened another checkpoint with the same keys (load-api.sh
+     * makes a copy of 02 with one data file a byte longer): every rank
+     * fails, naming it */
+    const char *other = getenv("LOAD_API_OTHER_CKPT");
+    if (nranks > 1 && other) {
+        int culprit = nranks - 1;
+        if (me == culprit)
+            snprintf(path, sizeof path, "%s", other);
+        else
+            snprintf(path, sizeof path, "%s/02_rowwise_4ranks/ckpt", argv[1]);
+        if (dcp_load_open(MPI_COMM_WORLD, path, 0, &ck, &err) < 0) {
+            fprintf(stderr, "rank %d: %s\n", me, err.msg);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+        static float sink2[8];
+        int64_t z[2] = {0, 0}, o1[2] = {1, 1};
+        dcp_load_region tiny = {"model.tiny", DCP_FLOAT32, 2, z, o1, sink2, DCP_LOAD_HOST};
+        char want[128];
+        snprintf(want, sizeof want, "dcp_load: rank %d passes another checkpoint than rank 0", culprit);
+        expect_error_opts(ck, &tiny, 1, NULL, want, 1, "another checkpoint");
+        dcp_close(ck);
+    }
 
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

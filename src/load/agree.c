@@ -10,12 +10,11 @@
 int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
 {
     int me, n;
-    if (MPI_Comm_rank(comm, &me) != MPI_SUCCESS || MPI_Comm_size(comm, &n) != MPI_SUCCESS)
-        return ldi_err(err, EIO, "MPI: invalid communicator");
-    /* the lowest failing rank speaks for all */
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    /* the lowest failing rank speaks for all (MPI errors are fatal: see api.c) */
     int mine = rc < 0 ? me : n, first = n;
-    if (ldi_allreduce_int(&mine, &first, MPI_MIN, comm) != MPI_SUCCESS)   /* early ranks yield to late ones */
-        return ldi_err(err, EIO, "MPI_Allreduce failed while agreeing on errors");
+    ldi_allreduce_int(&mine, &first, MPI_MIN, comm);   /* early ranks yield to late ones */
     if (first == n)
         return 0;
     struct {
@@ -25,19 +24,18 @@ int ldi_agree(MPI_Comm comm, int rc, dcp_error *err)
     memset(&m, 0, sizeof m);
     if (me == first) {
         m.code = err && err->code ? err->code : EIO;
-        size_t k = n > 1 ? (size_t)snprintf(m.msg, sizeof m.msg, "rank %d: ", me) : 0;
+        size_t k = n > 1 && rc != LDI_AGREED ? (size_t)snprintf(m.msg, sizeof m.msg, "rank %d: ", me) : 0;
         const char *why = err ? err->msg : "failed";
         size_t len = strnlen(why, sizeof err->msg);
         if (len > sizeof m.msg - 1 - k)
             len = sizeof m.msg - 1 - k;   /* the prefix may cut the tail */
         memcpy(m.msg + k, why, len);
     }
-    if (ldi_bcast(&m, (int)sizeof m, first, comm) != MPI_SUCCESS)
-        return ldi_err(err, EIO, "MPI_Bcast failed while agreeing on errors");
+    ldi_bcast(&m, (int)sizeof m, first, comm);
     m.msg[sizeof m.msg - 1] = '\0';
     if (err) {
         err->code = m.code;
         memcpy(err->msg, m.msg, sizeof err->msg);
     }
-    return -1;
+    return LDI_AGREED;
 }

@@ -49,12 +49,28 @@ static int open_any(const char *path, unsigned flags, dcp_checkpoint **ck, dcp_e
     return dcp_open(path, flags, ck, err);
 }
 
+/* A private duplicate of comm on which MPI errors are fatal: our messages
+ * never match the caller's, and a failed MPI call aborts the job instead of
+ * leaving its peers waiting (see dcp_load(3): no agreement over the same
+ * communicator could repair a half-done collective). The duplication itself
+ * runs under comm's own handler. */
+static MPI_Comm private_comm(MPI_Comm comm)
+{
+    MPI_Comm c;
+    ldi_comm_dup(comm, &c);
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_ARE_FATAL);
+    return c;
+}
+
 int dcp_load_open(MPI_Comm comm, const char *path, unsigned flags, dcp_checkpoint **out,
                   dcp_error *err)
 {
+    MPI_Comm c = private_comm(comm);
     dcp_checkpoint *ck = NULL;
     int rc = path ? open_any(path, flags, &ck, err) : ldi_err(err, EINVAL, "dcp_load_open: no path");
-    if (ldi_agree(comm, rc, err) < 0) {
+    rc = ldi_agree(c, rc, err);
+    MPI_Comm_free(&c);
+    if (rc < 0) {
         dcp_close(ck);
         *out = NULL;
         return -1;
@@ -67,9 +83,12 @@ int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
 {
     char msg[256];
     ldi_nodes nd;
-    if (ldi_nodes_get(comm, &nd, err) < 0)
+    MPI_Comm c = private_comm(comm);
+    int rc = ldi_nodes_get(c, &nd, err);
+    MPI_Comm_free(&c);
+    if (rc < 0)
         return -1;
-    int rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
+    rc = ldi_cuda_pick(nd.local, device, msg, sizeof msg);
     ldi_nodes_free(&nd);
     return rc < 0 ? ldi_err(err, ENODEV, "dcp_load: %s", msg) : 0;
 }
@@ -104,41 +123,43 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     dcp_load_options o;
     set_defaults(opts, &o);
 
-    /* a private communicator: our messages never match the caller's */
-    MPI_Comm c;
-    if (ldi_comm_dup(comm, &c) != MPI_SUCCESS)
-        return ldi_err(err, EIO, "dcp_load: MPI_Comm_dup failed");
+    MPI_Comm c = private_comm(comm);
     int me, n;
     MPI_Comm_rank(c, &me);
     MPI_Comm_size(c, &n);
     ldi_reqs reqs = {0};
     ldi_gplan g = {0};
     ldi_nodes nd = {.comm = MPI_COMM_NULL};
-    int rc = -1, have_plan = 0;
+    int rc = -1;
 
     /* which ranks share a node: by name for the plan; the node communicator
-     * only for shared staging or the CUDA device of a rank */
-    int mine = 0, any = 0, device = -1, cuda_ok = 0;
+     * only for shared staging or the CUDA device of a rank. Whether any rank
+     * needs it is agreed (options are compared only later, in the exchange). */
+    int mine = 0, any = 0, device = -1, cuda_ok = 0, cuda = 0;
     for (size_t i = 0; regions && i < nregions; i++)
-        mine |= regions[i].mem == DCP_LOAD_CUDA;
+        cuda |= regions[i].mem == DCP_LOAD_CUDA;
+    mine = cuda || (o.flags & DCP_LOAD_SHM);
     int lrc = ldi_nodes_by_name(c, mine, &any, &nd, err);
-    if (lrc == 0 && (any || (o.flags & DCP_LOAD_SHM))) {
+    if (lrc == 0 && any) {
         ldi_nodes_free(&nd);
         lrc = ldi_nodes_get(c, &nd, err);
     }
-    if (ldi_agree(c, lrc, err) < 0)
+    if ((rc = ldi_agree(c, lrc, err)) < 0)
         goto out;
 
     /* CUDA: the runtime is only touched on ranks asking for it */
     char cuda_msg[256] = "no CUDA destination";
-    if (mine)
+    if (cuda)
         cuda_ok = ldi_cuda_pick(nd.local, &device, cuda_msg, sizeof cuda_msg) == 0;
 
-    lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, cuda_msg, err);
-    if (ldi_agree(c, lrc, err) < 0)
+    ldi_call call = {.flags = o.flags, .nstaging = o.nstaging, .staging = o.staging_bytes};
+    lrc = ldi_identity(ck, &call.identity, err);
+    if (lrc == 0)
+        lrc = ldi_check_regions(ck, regions, nregions, cuda_ok, device, cuda_msg, err);
+    if ((rc = ldi_agree(c, lrc, err)) < 0)
         goto out;
-    lrc = ldi_exchange(c, ck, regions, nregions, &reqs, err);
-    if (ldi_agree(c, lrc, err) < 0)
+    lrc = ldi_exchange(c, ck, &call, regions, nregions, &reqs, err);
+    if ((rc = ldi_agree(c, lrc, err)) < 0)
         goto out;
     double t1 = ldi_now();
     st.seconds_exchange = t1 - t0;
@@ -147,11 +168,9 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
 
     if (o.flags & DCP_LOAD_INDEPENDENT) {
         lrc = ldi_independent(ck, &reqs, me, &st, err);
-        st.seconds_transfer = ldi_now() - t1;
         MPI_Request breq;   /* the job ends when the slowest rank ends */
-        MPI_Status bst;
-        if (MPI_Ibarrier(c, &breq) == MPI_SUCCESS)
-            ldi_wait(1, &breq, &bst);
+        MPI_Ibarrier(c, &breq);
+        ldi_wait(1, &breq, MPI_STATUSES_IGNORE);
         st.seconds_transfer = ldi_now() - t1;
         rc = ldi_agree(c, lrc, err);
         goto out;
@@ -163,12 +182,9 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
                         .shm = (o.flags & DCP_LOAD_SHM) != 0,
                         .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
     lrc = ldi_gplan_build(ck, &reqs, n, me, &po, &g, err);
-    have_plan = lrc == 0;
-    if (ldi_agree(c, lrc, err) < 0)
+    if ((rc = ldi_agree(c, lrc, err)) < 0)
         goto out;
-    lrc = ldi_gplan_groups(c, &g, err);
-    if (ldi_agree(c, lrc, err) < 0)
-        goto out;
+    ldi_gplan_groups(c, &g);
     double t2 = ldi_now();
     st.seconds_plan = t2 - t1;
     st.bytes_unique = g.unique_bytes;
@@ -179,13 +195,12 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;
 out:
-    if (have_plan)
-        ldi_gplan_free(&g);
+    ldi_gplan_free(&g);   /* zeroed, or freed and zeroed on a failed build */
     ldi_reqs_free(&reqs);
     ldi_nodes_free(&nd);
     MPI_Comm_free(&c);
     st.seconds_total = ldi_now() - t0;
     if (stats)
         *stats = st;
-    return rc;
+    return rc < 0 ? -1 : 0;
 }

@@ -8,8 +8,10 @@
  * prints every rank's lines in rank order. CKPT is a checkpoint folder or one
  * torch.save or safetensors file. Options for comparisons and tests are
  * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
- * --bcast-local, --shm; the environment variable DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
- * R also ask for a key that does not exist.
+ * --bcast-local, --shm. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
+ * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
+ * rank 0 in pieces of N bytes.
  */
 #include <errno.h>
 #include <fnmatch.h>
@@ -30,6 +32,7 @@
 
 #include "dcp.h"
 #include "dcp_load.h"
+#include "dcp_write.h"   /* dcp_parse_size */
 
 enum layout { L_ROWS, L_COLS, L_BLOCKS, L_REPLICATE };
 
@@ -153,36 +156,52 @@ static void out_dims(struct out *o, const int64_t *v, int n)
     outf(o, "]");
 }
 
-/* Rank 0 prints every rank's text, in rank order. */
+/* Rank 0 prints every rank's text, in rank order: received from one rank
+ * at a time in pieces (MPI counts are int), so no rank's text nor their
+ * total has to fit in an int or in rank 0's memory at once.
+ * DCPLOAD_TEST_PRINT_PIECE=N (bytes) makes the pieces small for tests. */
 static void print_all(MPI_Comm comm, const struct out *o, FILE *f)
 {
     int me, n;
     MPI_Comm_rank(comm, &me);
     MPI_Comm_size(comm, &n);
-    int len = o->len > INT_MAX ? INT_MAX : (int)o->len;
-    int *lens = me == 0 ? calloc((size_t)n, sizeof *lens) : NULL, *displs = NULL;
-    MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, comm);
-    char *all = NULL;
-    if (me == 0) {
-        displs = calloc((size_t)n, sizeof *displs);
-        long long total = 0;
-        for (int r = 0; r < n; r++) {
-            displs[r] = (int)total;
-            total += lens[r];
+    /* rank 0 chooses the piece size by the buffer it could get */
+    static char small[4096];
+    char *buf = NULL;
+    long long piece = 1ll << 26;
+    const char *hook = getenv("DCPLOAD_TEST_PRINT_PIECE");
+    if (hook && atoll(hook) > 0 && atoll(hook) < piece)
+        piece = atoll(hook);
+    if (me == 0 && n > 1 && !(buf = malloc((size_t)piece)))
+        piece = sizeof small;
+    MPI_Bcast(&piece, 1, MPI_LONG_LONG, 0, comm);
+    if (me != 0) {
+        long long len = o->p ? (long long)o->len : 0;
+        MPI_Send(&len, 1, MPI_LONG_LONG, 0, 0, comm);
+        for (long long done = 0; done < len;) {
+            int k = (int)(len - done < piece ? len - done : piece);
+            MPI_Send(o->p + done, k, MPI_CHAR, 0, 1, comm);
+            done += k;
         }
-        if (total > INT_MAX)   /* print rank 0's alone rather than fail */
-            total = 0;
-        all = malloc((size_t)total + 1);
+        return;
     }
-    MPI_Gatherv(o->p, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm);
-    if (me == 0 && all) {
-        long long total = displs[n - 1] + (long long)lens[n - 1];
-        fwrite(all, 1, (size_t)total, f);
-        fflush(f);
+    if (o->p)
+        fwrite(o->p, 1, o->len, f);
+    if (!buf)
+        buf = small;
+    for (int r = 1; r < n; r++) {
+        long long len = 0;
+        MPI_Recv(&len, 1, MPI_LONG_LONG, r, 0, comm, MPI_STATUS_IGNORE);
+        for (long long done = 0; done < len;) {
+            int k = (int)(len - done < piece ? len - done : piece);
+            MPI_Recv(buf, k, MPI_CHAR, r, 1, comm, MPI_STATUS_IGNORE);
+            fwrite(buf, 1, (size_t)k, f);
+            done += k;
+        }
     }
-    free(all);
-    free(lens);
-    free(displs);
+    if (buf != small)
+        free(buf);
+    fflush(f);
 }
 
 /* ------------------------------------------------------------ main */
@@ -223,11 +242,9 @@ static int parse(int argc, char **argv, struct opts *o)
             else { fprintf(stderr, "dcpload: unknown strategy '%s' (collective, independent)\n", optarg); return 2; }
             break;
         case 'S': {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || v == 0) {
-                fprintf(stderr, "dcpload: bad --staging '%s'\n", optarg);
+            uint64_t v = 0;
+            if (dcp_parse_size(optarg, &v) < 0 || v == 0 || v > SIZE_MAX) {
+                fprintf(stderr, "dcpload: bad --staging '%s' (a size: 65536, 64K, 16MiB, 1G)\n", optarg);
                 return 2;
             }
             o->staging = (size_t)v;
@@ -291,6 +308,9 @@ static void job_free(struct job *j, int cuda)
 static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nranks, int cuda_ok,
                      struct job *j, dcp_error *err)
 {
+    /* the test hook: this rank's first buffer cannot be allocated */
+    const char *nomem = getenv("DCPLOAD_TEST_NO_MEMORY_RANK");
+    int no_memory = nomem && atoi(nomem) == me;
     size_t n = 0, cap = dcp_num_entries(ck) + 1;
     j->reg = calloc(cap, sizeof *j->reg);
     j->dims = calloc(cap * 2 * 64, sizeof *j->dims);
@@ -312,7 +332,11 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
         share(e, o->layout, me, nranks, off, len);
         uint64_t nb = dcp_dtype_size(e->dtype);
         for (int d = 0; d < e->ndim; d++)
-            nb *= (uint64_t)len[d];
+            if (__builtin_mul_overflow(nb, (uint64_t)len[d], &nb) || nb > SIZE_MAX) {
+                snprintf(err->msg, sizeof err->msg, "%s: its share on this rank exceeds the address space",
+                         e->key);
+                return -1;
+            }
         r->key = e->key;
         r->dtype = e->dtype;
         r->ndim = e->ndim;
@@ -332,7 +356,7 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
 #else
             (void)cuda_ok;
 #endif
-        } else if (!(r->dest = malloc((size_t)nb))) {
+        } else if (no_memory || !(r->dest = malloc((size_t)nb))) {
             snprintf(err->msg, sizeof err->msg, "%s: cannot allocate %" PRIu64 " bytes", e->key, nb);
             return -1;
         } else {
@@ -354,6 +378,28 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
         j->nreg = n + 1;   /* not owned: never freed or hashed */
     }
     return 0;
+}
+
+/* Every rank learns whether any failed and prints the same message: the
+ * lowest failing rank's, naming it (as dcp_load does). */
+static int agree(MPI_Comm comm, int rc, dcp_error *err)
+{
+    int me, n, mine, first;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    mine = rc < 0 ? me : n;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    if (first == n)
+        return 0;
+    char msg[sizeof err->msg];
+    if (me == first && n > 1)
+        snprintf(msg, sizeof msg, "rank %d: %.*s", me, (int)sizeof msg - 16, err->msg);
+    else if (me == first)
+        snprintf(msg, sizeof msg, "%s", err->msg);
+    MPI_Bcast(msg, (int)sizeof msg, MPI_CHAR, first, comm);
+    msg[sizeof msg - 1] = '\0';
+    memcpy(err->msg, msg, sizeof msg);
+    return -1;
 }
 
 /* user+system CPU time of this process, all threads */
@@ -416,10 +462,9 @@ int main(int argc, char **argv)
             cuda_ok = cudaSetDevice(device) == cudaSuccess;
 #endif
     }
-    int lrc = build_job(ck, &o, me, nranks, cuda_ok, &job, &err), any;
-    MPI_Allreduce(&lrc, &any, 1, MPI_INT, MPI_MIN, comm);
-    if (any < 0) {
-        fprintf(stderr, "dcpload: %s\n", lrc < 0 ? err.msg : "another rank failed to allocate its buffers");
+    int lrc = build_job(ck, &o, me, nranks, cuda_ok, &job, &err);
+    if (agree(comm, lrc, &err) < 0) {
+        fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
     dcp_load_options lo = {0};
@@ -453,11 +498,11 @@ int main(int argc, char **argv)
         outf(&txt,
              "{\"rank\":%d,\"bytes_read\":%" PRIu64 ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
              ",\"seconds\":%.6f,\"bytes_unique\":%" PRIu64 ",\"bytes_loaded\":%" PRIu64 ",\"bytes_shm\":%" PRIu64
-             ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
+             ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"broadcasts\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
              ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
              ",\"cpu_seconds\":%.6f}\n",
              me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
-             st.bytes_shm, st.reads, st.messages, st.seconds_exchange, st.seconds_plan, st.seconds_read,
+             st.bytes_shm, st.reads, st.messages, st.broadcasts, st.seconds_exchange, st.seconds_plan, st.seconds_read,
              st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu);
     } else {
         if (me == 0)

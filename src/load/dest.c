@@ -21,6 +21,7 @@ struct ldi_dest {
     int cuda;
 #ifdef HAVE_CUDA
     int device;
+    int caller_device;        /* the calling thread's device before open, restored by close */
     cudaStream_t streams[LDI_NSTREAMS];
     int next;
     cudaEvent_t *events;      /* one per staging slot */
@@ -47,11 +48,15 @@ int ldi_dest_open(int need_cuda, int device, int nslots, ldi_dest **out, dcp_err
     if (!need_cuda)
         return 0;
 #ifdef HAVE_CUDA
-    cudaError_t e = cudaSetDevice(device);
+    /* the caller's thread is bound to our device for the call, then given
+     * back its own (close) */
+    cudaError_t e = cudaGetDevice(&d->caller_device);
     if (e != cudaSuccess)
+        return cuda_fail(err, e, "cudaGetDevice");
+    d->device = device;
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
         return cuda_fail(err, e, "cudaSetDevice");
     d->cuda = 1;
-    d->device = device;
     for (int i = 0; i < LDI_NSTREAMS; i++)
         if ((e = cudaStreamCreateWithFlags(&d->streams[i], cudaStreamNonBlocking)) != cudaSuccess)
             return cuda_fail(err, e, "cudaStreamCreate");
@@ -85,21 +90,13 @@ void ldi_dest_close(ldi_dest *d)
                 cudaStreamDestroy(d->streams[i]);
         if (d->scratch)
             cudaFreeHost(d->scratch);
+        if (d->caller_device != d->device)
+            cudaSetDevice(d->caller_device);
     }
     free(d->events);
     free(d->pending);
 #endif
     free(d);
-}
-
-void ldi_dest_bind(ldi_dest *d)
-{
-#ifdef HAVE_CUDA
-    if (d->cuda)
-        cudaSetDevice(d->device);
-#else
-    (void)d;
-#endif
 }
 
 void *ldi_staging_alloc(ldi_dest *d, size_t n)
@@ -313,11 +310,21 @@ int ldi_cuda_pick(int local, int *device, char *msg, size_t cap)
 #endif
 }
 
-int ldi_cuda_check_ptr(const void *p, char *msg, size_t cap)
+int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap)
 {
 #ifdef HAVE_CUDA
+    /* queried with the rank's device current, so that no context is made on
+     * another (device 0 by default); the caller's device is given back */
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
+        cudaGetLastError();
+        snprintf(msg, cap, "cannot use device %d", device);
+        return -1;
+    }
     struct cudaPointerAttributes a;
     cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (prev != device)
+        cudaSetDevice(prev);
     if (e != cudaSuccess) {
         cudaGetLastError();   /* clear the sticky error of a host pointer */
         snprintf(msg, cap, "the buffer is not CUDA memory (%s)", cudaGetErrorString(e));
@@ -327,9 +334,15 @@ int ldi_cuda_check_ptr(const void *p, char *msg, size_t cap)
         snprintf(msg, cap, "the buffer is not device memory");
         return -1;
     }
+    /* managed memory is usable from every device; device memory only from its own */
+    if (a.type == cudaMemoryTypeDevice && a.device != device) {
+        snprintf(msg, cap, "the buffer is on device %d, this rank loads to device %d", a.device, device);
+        return -1;
+    }
     return 0;
 #else
     (void)p;
+    (void)device;
     snprintf(msg, cap, "this libdcpload was built without CUDA support");
     return -1;
 #endif

@@ -55,9 +55,9 @@ struct exec {
     ldi_dest *dest;
     dcp_load_stats *st;
     int me;
-    size_t staging;
-    unsigned w;                /* buffers per pool */
-    unsigned char **bufs;      /* 2w: read pool then receive pool */
+    unsigned wr, wv;           /* buffers in the read pool and in the receive pool */
+    size_t rsize, vsize;       /* their sizes */
+    unsigned char **bufs;      /* wr + wv: read pool then receive pool */
     unsigned char *busy;       /* per buffer */
     MPI_Win win;               /* the node's read pools, when the plan has shm deliveries */
     int have_win;
@@ -87,8 +87,11 @@ struct exec {
     struct pend *pend;
     size_t head, npend, pcap;  /* pcap: the most in flight */
     MPI_Request *reqpool;      /* pcap blocks of maxreq requests, allocated up front */
-    MPI_Status *stat;          /* maxreq statuses (never read) */
+    MPI_Status *stat;          /* maxreq statuses, never read (MPICH's MPI_Testall declares it
+                                  written, so MPI_STATUSES_IGNORE fails -Werror=stringop-overflow) */
     size_t maxreq;
+    int *span_len;             /* room for the most spans of a delivery this rank sends */
+    MPI_Aint *span_disp;
     int failed;
     dcp_error *err;
 };
@@ -200,7 +203,7 @@ static void io_unit(struct exec *x, size_t k)
     unsigned char *buf;
     int slot = -1;
     if (!read_direct(x, u, &buf)) {
-        slot = free_slot(x, 0, x->w);   /* the caller made sure there is one */
+        slot = free_slot(x, 0, x->wr);   /* the caller made sure there is one */
         if (slot < 0) {   /* unreachable; keep the protocol going, flag the rank */
             ldi_err(&x->io_err, EIO, "dcp_load: no free staging buffer");
             x->io_failed = 1;
@@ -276,11 +279,10 @@ static int needs_slot(struct exec *x, size_t k)
 static void *io_thread(void *arg)
 {
     struct exec *x = arg;
-    ldi_dest_bind(x->dest);
     pthread_mutex_lock(&x->lock);
     while (x->io_next < x->nreads) {
         size_t k = x->io_next;
-        if (needs_slot(x, k) && free_slot(x, 0, x->w) < 0) {
+        if (needs_slot(x, k) && free_slot(x, 0, x->wr) < 0) {
             pthread_cond_wait(&x->cond, &x->lock);
             continue;
         }
@@ -301,12 +303,14 @@ static void release(struct exec *x, int slot)
 {
     if (slot < 0)
         return;
-    if ((unsigned)slot < x->w) {
+    if ((unsigned)slot < x->wr) {
         dcp_error e;
         double t0 = ldi_now();
         if (ldi_dest_fence(x->dest, slot, &e) < 0)
             fail(x, &e);
         x->place_seconds += ldi_now() - t0;
+        if (x->have_win)
+            MPI_Win_sync(x->win);   /* the peers' copies out of it before the next read into it */
     }
     if (x->threaded)
         pthread_mutex_lock(&x->lock);
@@ -328,26 +332,24 @@ static void finish(struct exec *x, struct pend *p)
     } else if (p->role == ROLE_SHM) {
         /* the token names the reader's slot; copy out, then tell it the
          * slot is free (its receive is posted: the empty send completes) */
+        /* every rank's read pool in the window has wr = nstaging slots of
+         * rsize = staging bytes (options are the same on every rank) */
         int t = p->token;
-        if (t < 0 || (unsigned)t >= x->w || !x->peer_pool) {
+        if (t < 0 || (unsigned)t >= x->wr || !x->peer_pool) {
             ldi_err(&e, EIO, "dcp_load: bad staging token %d from rank %d", t, p->reader);
             fail(x, &e);
-            t = t < 0 || (unsigned)t >= x->w ? 0 : t;
+            t = t < 0 || (unsigned)t >= x->wr ? 0 : t;
         } else {
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* the reader's bytes before ours */
-            const unsigned char *src = x->peer_pool[x->node_rank[p->reader]] + (size_t)t * x->staging;
+            MPI_Win_sync(x->win);   /* the reader's bytes (synced before its token) are visible */
+            const unsigned char *src = x->peer_pool[x->node_rank[p->reader]] + (size_t)t * x->rsize;
             if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, src, -1, &e) < 0)
                 fail(x, &e);
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            MPI_Win_sync(x->win);   /* our reads done before the answer lets the reader reuse the slot */
         }
         x->place_seconds += ldi_now() - t0;
         t0 = ldi_now();
-        int rc = MPI_Send(NULL, 0, MPI_BYTE, p->reader, TAG_DONE + t, x->comm);
+        MPI_Send(NULL, 0, MPI_BYTE, p->reader, TAG_DONE + t, x->comm);
         x->deliver_seconds += ldi_now() - t0;
-        if (rc != MPI_SUCCESS) {
-            ldi_err(&e, EIO, "dcp_load: releasing a staging buffer of rank %d failed", p->reader);
-            fail(x, &e);
-        }
         return;
     }
     x->place_seconds += ldi_now() - t0;
@@ -359,7 +361,7 @@ static void wait_oldest(struct exec *x)
     struct pend *p = &x->pend[x->head];
     if (!p->done) {
         double t0 = ldi_now();
-        ldi_wait((int)p->nreq, p->reqs, x->stat);
+        ldi_wait((int)p->nreq, p->reqs, MPI_STATUSES_IGNORE);
         x->deliver_seconds += ldi_now() - t0;
         finish(x, p);
     }
@@ -408,20 +410,12 @@ static int group_root(const ldi_gplan *g, const ldi_group *gr, int rank)
     return -1;
 }
 
-static void mpi_fail(struct exec *x, int rc, const char *what)
-{
-    char m[MPI_MAX_ERROR_STRING];
-    dcp_error e;
-    ldi_err(&e, EIO, "dcp_load: %s: %s", what, ldi_mpi_errstr(rc, m, sizeof m));
-    fail(x, &e);
-}
-
 /* Without an I/O thread: read this rank's units up to k here, in order. */
 static void inline_io(struct exec *x, size_t k)
 {
     while (x->io_next <= k && x->io_next < x->nreads) {
         size_t j = x->io_next;
-        if (needs_slot(x, j) && free_slot(x, 0, x->w) < 0 && x->npend) {
+        if (needs_slot(x, j) && free_slot(x, 0, x->wr) < 0 && x->npend) {
             wait_oldest(x);   /* read slots are held by pending sends only */
             continue;
         }
@@ -465,37 +459,28 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     p->token = rd->slot;
     double t0 = ldi_now();
     if (has_shm(x, u))
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);   /* the slot's bytes before the tokens */
+        MPI_Win_sync(x->win);   /* the slot's bytes (read by the I/O thread) before the tokens */
     for (size_t i = 0; i < u->ndlv; i++) {
         const ldi_dlv *d = &x->g->dlvs[u->dlv0 + i];
         const ldi_span *s = x->g->spans + d->cov0;
-        int rc;
         if (d->kind == LDI_SHM) {
             /* the answer's receive first, then the token */
-            rc = MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq]);
-            if (rc == MPI_SUCCESS) {
-                p->nreq++;
-                rc = MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq]);
-                if (rc == MPI_SUCCESS)
-                    p->nreq++;
-            }
+            MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq++]);
+            MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes;
-            if (rc != MPI_SUCCESS)
-                mpi_fail(x, rc, "handing a unit to a node peer");
             continue;
         }
         if (d->kind == LDI_P2P) {
-            rc = ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, p->reqs, &p->nreq);
+            ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, x->span_len, x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes;
         } else {
             const ldi_group *gr = &x->g->groups[d->group];
-            rc = ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, p->reqs,
-                                  &p->nreq);
+            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, x->span_len,
+                             x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes * (gr->n - 1);
+            x->st->broadcasts++;
         }
         x->st->messages++;
-        if (rc != MPI_SUCCESS)
-            mpi_fail(x, rc, "sending a unit");
     }
     x->deliver_seconds += ldi_now() - t0;
     /* this rank's own share, unless it was read in place */
@@ -515,17 +500,37 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     return 0;
 }
 
+/* The delivery of unit u that reaches this rank, or NULL. */
+static const ldi_dlv *my_delivery(const struct exec *x, const ldi_unit *u)
+{
+    for (size_t i = 0; i < u->ndlv; i++) {
+        const ldi_dlv *c = &x->g->dlvs[u->dlv0 + i];
+        if (c->kind != LDI_BCAST ? c->peer == x->me
+                                 : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
+            return c;
+    }
+    return NULL;
+}
+
+/* Does this rank receive unit u into a staging slot (not straight into its
+ * destination, nor out of a node peer's slot)? *bytes: the image size. */
+static int recv_staged(const struct exec *x, const ldi_unit *u, uint64_t *bytes)
+{
+    size_t n;
+    const ldi_frag *f = my_frags(x, u, &n);
+    const ldi_dlv *d = u->reader != x->me && n ? my_delivery(x, u) : NULL;
+    unsigned char *buf;
+    if (!d || d->kind == LDI_SHM || direct_target(x, f, n, d->bytes, &buf))
+        return 0;
+    *bytes = d->bytes;
+    return 1;
+}
+
 /* Unit ui, needed by this rank from another reader. */
 static int as_receiver(struct exec *x, size_t ui)
 {
     const ldi_unit *u = &x->g->units[ui];
-    const ldi_dlv *d = NULL;
-    for (size_t i = 0; i < u->ndlv && !d; i++) {
-        const ldi_dlv *c = &x->g->dlvs[u->dlv0 + i];
-        if (c->kind != LDI_BCAST ? c->peer == x->me
-                                 : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
-            d = c;
-    }
+    const ldi_dlv *d = my_delivery(x, u);
     if (!d)
         return 0;   /* cannot happen: every receiving rank has a delivery */
     size_t n;
@@ -540,12 +545,8 @@ static int as_receiver(struct exec *x, size_t ui)
         p->reader = u->reader;
         p->token = -1;
         double t0 = ldi_now();
-        int rc = MPI_Irecv(&p->token, 1, MPI_INT, u->reader, TAG_READY, x->comm, &p->reqs[p->nreq]);
+        MPI_Irecv(&p->token, 1, MPI_INT, u->reader, TAG_READY, x->comm, &p->reqs[p->nreq++]);
         x->deliver_seconds += ldi_now() - t0;
-        if (rc == MPI_SUCCESS)
-            p->nreq++;
-        else
-            mpi_fail(x, rc, "waiting for a unit of a node peer");
         x->st->bytes_received += d->bytes;
         x->st->bytes_shm += d->bytes;
         return 0;
@@ -554,7 +555,7 @@ static int as_receiver(struct exec *x, size_t ui)
     int slot = -1;
     if (!direct_target(x, f, n, d->bytes, &buf)) {
         /* receive slots are held by pending receives only: waiting frees one */
-        while ((slot = free_slot(x, x->w, 2 * x->w)) < 0 && x->npend)
+        while ((slot = free_slot(x, x->wr, x->wr + x->wv)) < 0 && x->npend)
             wait_oldest(x);
         dcp_error e;
         double t0 = ldi_now();
@@ -571,17 +572,14 @@ static int as_receiver(struct exec *x, size_t ui)
     p->buf = buf;
     p->frags = f;
     p->nfrags = n;
-    int rc;
     double t0 = ldi_now();
     if (d->kind == LDI_P2P) {
-        rc = ldi_irecv(buf, d->bytes, u->reader, x->comm, p->reqs, &p->nreq);
+        MPI_Irecv(buf, (int)d->bytes, MPI_BYTE, u->reader, 0, x->comm, &p->reqs[p->nreq++]);
     } else {
         const ldi_group *gr = &x->g->groups[d->group];
-        rc = ldi_ibcast(buf, d->bytes, group_root(x->g, gr, u->reader), gr->comm, p->reqs, &p->nreq);
+        MPI_Ibcast(buf, (int)d->bytes, MPI_BYTE, group_root(x->g, gr, u->reader), gr->comm, &p->reqs[p->nreq++]);
     }
     x->deliver_seconds += ldi_now() - t0;
-    if (rc != MPI_SUCCESS)
-        mpi_fail(x, rc, "receiving a unit");
     x->st->bytes_received += d->bytes;
     return 0;
 }
@@ -589,7 +587,9 @@ static int as_receiver(struct exec *x, size_t ui)
 /* ------------------------------------------------------------ entry */
 
 /* The read pool as this rank's part of a shared window on the node, and
- * where every node peer's part is mapped here. */
+ * where every node peer's part is mapped here. The window stays in a
+ * passive-target epoch (lock_all) for the call: MPI_Win_sync orders the
+ * reader's bytes before its token and a peer's copies before its answer. */
 static int shared_pool(struct exec *x, MPI_Comm node, dcp_error *err)
 {
     int nlocal = 1;
@@ -598,13 +598,9 @@ static int shared_pool(struct exec *x, MPI_Comm node, dcp_error *err)
     MPI_Info_create(&info);
     MPI_Info_set(info, "alloc_shared_noncontig", "true");   /* each part near its rank */
     unsigned char *base = NULL;
-    int rc = MPI_Win_allocate_shared((MPI_Aint)x->w * (MPI_Aint)x->staging, 1, info, node, &base, &x->win);
+    MPI_Win_allocate_shared((MPI_Aint)x->wr * (MPI_Aint)x->rsize, 1, info, node, &base, &x->win);
     MPI_Info_free(&info);
-    if (rc != MPI_SUCCESS) {
-        char m[MPI_MAX_ERROR_STRING];
-        return ldi_err(err, ENOMEM, "dcp_load: cannot allocate %u shared staging buffers of %zu bytes: %s", x->w,
-                       x->staging, ldi_mpi_errstr(rc, m, sizeof m));
-    }
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, x->win);
     x->have_win = 1;
     x->pool = base;
     x->peer_pool = calloc((size_t)nlocal, sizeof *x->peer_pool);
@@ -614,14 +610,13 @@ static int shared_pool(struct exec *x, MPI_Comm node, dcp_error *err)
         MPI_Aint size;
         int disp;
         void *p = NULL;
-        if (MPI_Win_shared_query(x->win, i, &size, &disp, &p) != MPI_SUCCESS)
-            return ldi_err(err, EIO, "dcp_load: cannot map the staging buffers of node rank %d", i);
+        MPI_Win_shared_query(x->win, i, &size, &disp, &p);
         x->peer_pool[i] = p;
     }
-    for (unsigned i = 0; i < x->w; i++)
-        x->bufs[i] = base + (size_t)i * x->staging;
+    for (unsigned i = 0; i < x->wr; i++)
+        x->bufs[i] = base + (size_t)i * x->rsize;
     if (x->dest)
-        ldi_staging_register(x->dest, base, (size_t)x->w * x->staging);
+        ldi_staging_register(x->dest, base, (size_t)x->wr * x->rsize);
     return 0;
 }
 
@@ -637,8 +632,6 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     x.st = st;
     x.me = g->me;
     x.err = err;
-    x.staging = o->staging_bytes;
-    x.w = o->nstaging;
     int rc = 0, provided = MPI_THREAD_SINGLE, started = 0;
     MPI_Query_thread(&provided);
 
@@ -648,53 +641,84 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     /* this rank's reads, in global order (units are sorted by it) */
     for (size_t i = 0; i < g->nunits; i++)
         x.nreads += g->units[i].reader == x.me;
+    /* staging buffers by need: no more than this rank's staged reads and
+     * receives, no larger than the largest of them. Shared read pools are
+     * nstaging buffers of the staging size on every rank, as peers address
+     * them by slot. */
+    size_t staged_reads = 0, staged_recvs = 0;
+    uint64_t rmax = 0, vmax = 0, bytes;
+    unsigned char *direct;
+    for (size_t i = 0; i < g->nunits; i++) {
+        const ldi_unit *u = &g->units[i];
+        if (u->reader == x.me && !read_direct(&x, u, &direct)) {
+            staged_reads++;
+            rmax = u->len > rmax ? u->len : rmax;
+        } else if (recv_staged(&x, u, &bytes)) {
+            staged_recvs++;
+            vmax = bytes > vmax ? bytes : vmax;
+        }
+    }
+    x.wr = staged_reads < o->nstaging ? (unsigned)staged_reads : o->nstaging;
+    x.wv = staged_recvs < o->nstaging ? (unsigned)staged_recvs : o->nstaging;
+    x.rsize = rmax < o->staging_bytes ? (size_t)rmax : o->staging_bytes;
+    x.vsize = vmax < o->staging_bytes ? (size_t)vmax : o->staging_bytes;
+    if (g->has_shm) {
+        x.wr = o->nstaging;
+        x.rsize = o->staging_bytes;
+    }
     x.reads = malloc((x.nreads ? x.nreads : 1) * sizeof *x.reads);
     x.ready = calloc(x.nreads ? x.nreads : 1, sizeof *x.ready);
-    x.bufs = calloc(2 * (size_t)x.w, sizeof *x.bufs);
-    x.busy = calloc(2 * (size_t)x.w, 1);
+    x.bufs = calloc((size_t)x.wr + x.wv + 1, sizeof *x.bufs);
+    x.busy = calloc((size_t)x.wr + x.wv + 1, 1);
     /* transfers in flight, at most, and the requests one unit may need */
-    x.pcap = 4 * (size_t)x.w + 8;
+    x.pcap = 4 * (size_t)o->nstaging + 8;
+    /* one request per delivery (a receiver has one), two for a shm hand-off */
     x.maxreq = 1;
+    size_t maxspans = 1;
     for (size_t i = 0; i < g->nunits; i++) {
         const ldi_unit *u = &g->units[i];
         size_t nr = 0;
-        for (size_t k = 0; k < u->ndlv; k++)
-            nr += g->dlvs[u->dlv0 + k].kind == LDI_SHM ? 2 : ldi_msg_count(g->dlvs[u->dlv0 + k].bytes);
+        for (size_t k = 0; k < u->ndlv; k++) {
+            const ldi_dlv *d = &g->dlvs[u->dlv0 + k];
+            nr += d->kind == LDI_SHM ? 2 : 1;
+            if (u->reader == x.me && d->ncov > maxspans)
+                maxspans = d->ncov;
+        }
         if (u->reader == x.me && nr > x.maxreq)
             x.maxreq = nr;
-        else if (u->reader != x.me && u->ndlv && ldi_msg_count(u->len) > x.maxreq)
-            x.maxreq = ldi_msg_count(u->len);
     }
+    x.span_len = malloc(maxspans * sizeof *x.span_len);
+    x.span_disp = malloc(maxspans * sizeof *x.span_disp);
     x.pend = calloc(x.pcap, sizeof *x.pend);
     x.reqpool = calloc(x.pcap * x.maxreq, sizeof *x.reqpool);
     x.stat = calloc(x.maxreq, sizeof *x.stat);
-    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat) {
+    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat || !x.span_len ||
+        !x.span_disp) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory");
         x.failed = 1;
     }
-    if (!x.failed && ldi_dest_open(need_cuda, o->device, 2 * (int)x.w, &x.dest, err) < 0)
+    if (!x.failed && ldi_dest_open(need_cuda, o->device, (int)(x.wr + x.wv), &x.dest, err) < 0)
         x.failed = 1;
     /* the read pool in node shared memory: collective on the node, so every
      * rank allocates, also one that already failed */
     x.node_rank = o->node_rank;
     if (g->has_shm && shared_pool(&x, o->node, err) < 0)
         x.failed = 1;
-    for (unsigned i = x.have_win ? x.w : 0; i < 2 * x.w && !x.failed; i++)
-        if (!(x.bufs[i] = ldi_staging_alloc(x.dest, x.staging))) {
-            ldi_err(err, ENOMEM, "dcp_load: cannot allocate %zu staging buffers of %zu bytes",
-                    2 * (size_t)x.w, x.staging);
+    for (unsigned i = x.have_win ? x.wr : 0; i < x.wr + x.wv && !x.failed; i++) {
+        size_t size = i < x.wr ? x.rsize : x.vsize;
+        if (!(x.bufs[i] = ldi_staging_alloc(x.dest, size ? size : 1))) {
+            ldi_err(err, ENOMEM, "dcp_load: cannot allocate %u staging buffers of %zu bytes", x.wr + x.wv, size);
             x.failed = 1;
         }
+    }
     /* zero regions with parts no chunk covers, before any placement */
     for (size_t i = reqs->first[x.me]; i < reqs->first[x.me + 1] && !x.failed; i++)
         if (g->zero[i] && ldi_dest_zero(x.dest, &reqs->v[i], err) < 0)
             x.failed = 1;
     /* resources are agreed before the first transfer: a rank that cannot run
      * must not leave the others waiting */
-    if (ldi_agree(comm, x.failed ? -1 : 0, err) < 0) {
-        rc = -1;
-        goto out;
-    }
+    if ((rc = ldi_agree(comm, x.failed ? -1 : 0, err)) < 0)
+        goto out;   /* agreed: the caller's agreement keeps this message */
     size_t k = 0;
     for (size_t i = 0; i < g->nunits; i++)
         if (g->units[i].reader == x.me)
@@ -752,11 +776,12 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     }
 out:
     if (x.bufs)
-        for (unsigned i = x.have_win ? x.w : 0; i < 2 * x.w; i++)
+        for (unsigned i = x.have_win ? x.wr : 0; i < x.wr + x.wv; i++)
             ldi_staging_free(x.dest, x.bufs[i]);
     if (x.have_win) {
         if (x.dest)
             ldi_staging_unregister(x.dest, x.pool);
+        MPI_Win_unlock_all(x.win);
         MPI_Win_free(&x.win);
     }
     free(x.peer_pool);
@@ -768,5 +793,7 @@ out:
     free(x.pend);
     free(x.reqpool);
     free(x.stat);
+    free(x.span_len);
+    free(x.span_disp);
     return rc;
 }

@@ -634,14 +634,12 @@ out:
     return rc;
 }
 
-int ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g, dcp_error *err)
+void ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g)
 {
     MPI_Group world;
-    if (MPI_Comm_group(comm, &world) != MPI_SUCCESS)
-        return ldi_err(err, EIO, "dcp_load: MPI_Comm_group failed");
-    int rc = 0;
+    MPI_Comm_group(comm, &world);
     /* in group order on every rank, so overlapping creations cannot deadlock */
-    for (size_t i = 0; i < g->ngroups && rc == 0; i++) {
+    for (size_t i = 0; i < g->ngroups; i++) {
         ldi_group *gr = &g->groups[i];
         const int *ranks = g->group_ranks + gr->rank0;
         int member = 0;
@@ -654,19 +652,11 @@ int ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g, dcp_error *err)
             continue;
         }
         MPI_Group sub;
-        int mrc = MPI_Group_incl(world, (int)gr->n, ranks, &sub);
-        if (mrc == MPI_SUCCESS) {
-            mrc = MPI_Comm_create_group(comm, sub, (int)i, &gr->comm);
-            MPI_Group_free(&sub);
-        }
-        if (mrc != MPI_SUCCESS) {
-            char m[MPI_MAX_ERROR_STRING];
-            rc = ldi_err(err, EIO, "dcp_load: creating a broadcast group of %zu ranks: %s", gr->n,
-                         ldi_mpi_errstr(mrc, m, sizeof m));
-        }
+        MPI_Group_incl(world, (int)gr->n, ranks, &sub);
+        MPI_Comm_create_group(comm, sub, (int)i, &gr->comm);
+        MPI_Group_free(&sub);
     }
     MPI_Group_free(&world);
-    return rc;
 }
 
 void ldi_gplan_free(ldi_gplan *g)

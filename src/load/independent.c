@@ -1,7 +1,10 @@
 /* The DCP way, for comparison (DCP_LOAD_INDEPENDENT): every rank reads what
  * its own regions need by itself, each overlapping storage record whole, one
  * record after another, as torch.distributed.checkpoint's FileSystemReader
- * does; replicated bytes are read once per rank. Host destinations only. */
+ * does; replicated bytes are read once per rank. Host destinations only.
+ * bytes_read counts what was read: whole plain records, and of zstd records
+ * the decoded bytes of each op (the core decodes them; the compressed
+ * record is not read separately). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -36,40 +39,62 @@ static int load_one(dcp_checkpoint *ck, const ldi_req *q, dcp_plan *p, dcp_load_
         size_t j = i;
         while (j < p->nops && p->ops[j].blob.file == b->file && p->ops[j].blob.offset == b->offset)
             j++;
-        if (b->length > SIZE_MAX || !(rec = malloc(b->length ? (size_t)b->length : 1))) {
-            rc = ldi_err(err, ENOMEM, "%s: %s: cannot hold a record of %" PRIu64 " bytes", ldi_name(ck),
-                         q->e->key, b->length);
-            break;
-        }
-        dcp_op whole = {0};
-        whole.file = b->file;
-        whole.src_offset = b->offset;
-        whole.length = b->length;
-        whole.elem_size = 1;
-        whole.dest_stride = 1;
-        whole.blob = *b;
-        rc = dcp_op_fetch(ck, q->e, &whole, rec, err);
-        st->bytes_read += b->length;
-        st->reads++;
-        for (size_t k = i; k < j && rc == 0; k++) {
-            const dcp_op *op = &p->ops[k];
-            if (op->flags & DCP_OP_DECODED) {   /* decoded: the core decodes the record */
+        if (p->ops[i].flags & DCP_OP_DECODED) {
+            /* a zstd record: the core reads and decodes it for each op (the
+             * compressed bytes are of no use here); counted in decoded bytes */
+            for (size_t k = i; k < j && rc == 0; k++) {
+                const dcp_op *op = &p->ops[k];
                 unsigned char *tmp = malloc(op->length ? (size_t)op->length : 1);
                 if (!tmp) {
                     rc = ldi_err(err, ENOMEM, "dcp_load: out of memory");
                     break;
                 }
                 rc = dcp_op_fetch(ck, q->e, op, tmp, err);
+                st->bytes_read += op->length;
+                st->reads++;
                 if (rc == 0)
                     dcp_op_place(op, tmp, q->dest, p->dtype);
                 free(tmp);
-            } else if (op->src_offset < b->offset || op->src_offset - b->offset > b->length ||
-                       op->length > b->length - (op->src_offset - b->offset)) {
-                rc = ldi_err(err, EIO, "%s: %s: a read lies outside its record", ldi_name(ck), q->e->key);
-            } else {
-                dcp_op_place(op, rec + (op->src_offset - b->offset), q->dest, p->dtype);
             }
+            i = j;
+            continue;
         }
+        /* the record whole: the blob, when its ops lie in it; in SAFETENSORS
+         * shards the blob's offsets are not file offsets, so there the span
+         * of the ops is read */
+        uint64_t lo = UINT64_MAX, hi = 0, end;
+        for (size_t k = i; k < j; k++) {
+            const dcp_op *op = &p->ops[k];
+            if (__builtin_add_overflow(op->src_offset, op->length, &end)) {
+                rc = ldi_err(err, EIO, "%s: %s: a read past the largest offset", ldi_name(ck), q->e->key);
+                break;
+            }
+            lo = op->src_offset < lo ? op->src_offset : lo;
+            hi = end > hi ? end : hi;
+        }
+        if (rc < 0)
+            break;
+        if (lo >= b->offset && hi - b->offset <= b->length) {
+            lo = b->offset;
+            hi = b->offset + b->length;
+        }
+        if (hi - lo > SIZE_MAX || !(rec = malloc(hi > lo ? (size_t)(hi - lo) : 1))) {
+            rc = ldi_err(err, ENOMEM, "%s: %s: cannot hold a record of %" PRIu64 " bytes", ldi_name(ck),
+                         q->e->key, hi - lo);
+            break;
+        }
+        dcp_op whole = {0};
+        whole.file = b->file;
+        whole.src_offset = lo;
+        whole.length = hi - lo;
+        whole.elem_size = 1;
+        whole.dest_stride = 1;
+        whole.blob = *b;
+        rc = dcp_op_fetch(ck, q->e, &whole, rec, err);
+        st->bytes_read += hi - lo;
+        st->reads++;
+        for (size_t k = i; k < j && rc == 0; k++)   /* each op lies in [lo, hi) by construction */
+            dcp_op_place(&p->ops[k], rec + (p->ops[k].src_offset - lo), q->dest, p->dtype);
         free(rec);
         rec = NULL;
         i = j;

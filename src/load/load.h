@@ -26,16 +26,20 @@
 
 #define LDI_MAX_NDIM 64
 #define LDI_MAX_SUBCOMMS 64                  /* distinct broadcast groups; more go p2p */
-#define LDI_MSG_MAX ((uint64_t)1 << 30)      /* the largest single MPI message (count is int) */
+#define LDI_MSG_MAX ((uint64_t)1 << 30)      /* the largest staging size: a unit is one MPI message */
 #define LDI_STAGING_DEFAULT ((size_t)16 << 20)
 #define LDI_NSTAGING_DEFAULT 4u
 
 /* ---------------------------------------------------------------- errors */
 
 int ldi_err(dcp_error *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Collective: every rank passes its status (rc 0 or -1 with err filled).
- * Returns 0 when all succeeded; otherwise -1 on every rank with the message
- * of the lowest failing rank, prefixed "rank R: " when comm has >1 rank. */
+/* The return value of an error that every rank already has, with the same
+ * message (an agreed one): agreeing on it again must not name a rank again. */
+#define LDI_AGREED (-2)
+/* Collective: every rank passes its status (0; -1 with err filled, a local
+ * error; or LDI_AGREED). Returns 0 when all succeeded; otherwise LDI_AGREED
+ * on every rank with the message of the lowest failing rank, prefixed
+ * "rank R: " when comm has >1 rank and that rank's error was local. */
 int ldi_agree(MPI_Comm comm, int rc, dcp_error *err);
 
 double ldi_now(void);
@@ -48,7 +52,6 @@ const char *ldi_name(const dcp_checkpoint *ck);
 /* One region request of one rank, the same on every rank after the exchange. */
 typedef struct ldi_req {
     int rank;
-    uint32_t index;          /* region index on its rank */
     const dcp_entry *e;
     dcp_dtype dtype;         /* the plan's dtype (stored) */
     int ndim;
@@ -66,14 +69,26 @@ typedef struct ldi_reqs {
     size_t *first;           /* first[r]: index of rank r's first request; size nranks+1 */
 } ldi_reqs;
 
+/* What every rank of a call must pass alike: the options after defaults and
+ * the checkpoint's identity (ldi_identity). Sent ahead of the requests. */
+typedef struct ldi_call {
+    uint64_t flags, nstaging, staging;
+    uint64_t identity;
+} ldi_call;
+/* Local: a cheap identity of ck (its data files' names and sizes, entry
+ * count, .metadata size). */
+int ldi_identity(dcp_checkpoint *ck, uint64_t *out, dcp_error *err);
+
 /* Check this rank's regions against the checkpoint (unknown key, ndim, box,
  * dtype, dest) and CUDA availability. Local; the caller agrees. */
 int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t n, int cuda_ok,
-                      const char *cuda_msg, dcp_error *err);
-/* Collective: allgather every rank's regions and resolve them against ck.
- * Local failures (a peer's key unknown here) are returned, not agreed. */
-int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t n,
-                 ldi_reqs *out, dcp_error *err);
+                      int device, const char *cuda_msg, dcp_error *err);
+/* Collective: allgather every rank's call header and regions; fail on every
+ * rank (LDI_AGREED) when a rank passes other options or another checkpoint
+ * than rank 0; resolve the requests against ck. Local failures (a peer's key
+ * unknown here) are returned as -1, not agreed. */
+int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const ldi_call *call, const dcp_load_region *regions,
+                 size_t n, ldi_reqs *out, dcp_error *err);
 void ldi_reqs_free(ldi_reqs *r);
 
 /* ---------------------------------------------------------------- global plan */
@@ -176,8 +191,9 @@ typedef struct ldi_plan_opts {
  * rank computes the same plan. Local (no MPI). */
 int ldi_gplan_build(dcp_checkpoint *ck, const ldi_reqs *reqs, int nranks, int me,
                     const ldi_plan_opts *o, ldi_gplan *g, dcp_error *err);
-/* Collective: create the sub-communicators of the groups this rank is in. */
-int ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g, dcp_error *err);
+/* Collective: create the sub-communicators of the groups this rank is in
+ * (MPI errors are fatal on comm, so this cannot fail half-way). */
+void ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g);
 void ldi_gplan_free(ldi_gplan *g);
 
 /* Where fragment f lands in its request's buffer (bytes from its start). */
@@ -201,12 +217,11 @@ static inline dcp_op ldi_frag_op(const ldi_gplan *g, const ldi_frag *f)
 
 typedef struct ldi_dest ldi_dest;
 
-/* Set up the copy engine: with need_cuda, bind this thread to `device` and
- * create streams and one event per staging slot (nslots). Local. */
+/* Set up the copy engine: with need_cuda, bind this thread to `device`
+ * (until ldi_dest_close, which gives it back its device) and create streams
+ * and one event per staging slot (nslots). Local. */
 int ldi_dest_open(int need_cuda, int device, int nslots, ldi_dest **out, dcp_error *err);
 void ldi_dest_close(ldi_dest *d);
-/* Bind the calling thread (the I/O thread) to the device. */
-void ldi_dest_bind(ldi_dest *d);
 /* Staging buffers: pinned host memory when CUDA copies read them. */
 void *ldi_staging_alloc(ldi_dest *d, size_t n);
 void ldi_staging_free(ldi_dest *d, void *p);
@@ -227,8 +242,9 @@ int ldi_dest_finish(ldi_dest *d, dcp_error *err);
 /* CUDA at run time, local: the device of node-local rank `local` (modulo the
  * device count). Returns 0, or -1 with the reason in msg. */
 int ldi_cuda_pick(int local, int *device, char *msg, size_t cap);
-/* Local: is p device memory? 0 or -1 with the reason in msg. */
-int ldi_cuda_check_ptr(const void *p, char *msg, size_t cap);
+/* Local: is p memory of `device` (or managed)? 0 or -1 with the reason in
+ * msg. Queried with `device` current; the thread's device is restored. */
+int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap);
 
 /* ---------------------------------------------------------------- execution */
 
@@ -263,17 +279,13 @@ int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_s
 
 /* ---------------------------------------------------------------- MPI helpers */
 
-/* Nonblocking transfers of any size: split into messages of at most
- * LDI_MSG_MAX bytes. reqs must have room for ldi_msg_count(n) requests. */
-size_t ldi_msg_count(uint64_t n);
-int ldi_isend(const void *buf, uint64_t n, int peer, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-int ldi_irecv(void *buf, uint64_t n, int peer, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-int ldi_ibcast(void *buf, uint64_t n, int root, MPI_Comm comm, MPI_Request *reqs, size_t *nreq);
-/* Send the spans of buf as one message (an hindexed datatype). */
-int ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
-                    MPI_Request *reqs, size_t *nreq);
-int ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
-                     MPI_Request *reqs, size_t *nreq);
+/* Send (broadcast) the spans of buf as one message: contiguous, or an
+ * hindexed datatype built in len and disp (room for ns values each). Every
+ * span is at most LDI_MSG_MAX bytes (a unit's size). */
+void ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
+                     int *len, MPI_Aint *disp, MPI_Request *req);
+void ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
+                      int *len, MPI_Aint *disp, MPI_Request *req);
 /* MPI_Waitall, but giving the CPU away between polls: MPICH's waits spin,
  * and with more ranks and I/O threads than cores (or other jobs on them) a
  * spinning rank takes the time the ranks it waits for need to read or copy. */
@@ -285,7 +297,5 @@ int ldi_allgather(const void *in, int count, MPI_Datatype t, void *out, MPI_Comm
 int ldi_allgatherv(const void *in, int count, void *out, const int *counts, const int *displs, MPI_Comm comm);
 int ldi_bcast(void *buf, int count, int root, MPI_Comm comm);
 int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out);
-/* MPI error code to text. */
-const char *ldi_mpi_errstr(int rc, char *buf, size_t cap);
 
 #endif

@@ -8,6 +8,7 @@ libdcpload_la_SOURCES = \
 	src/load/agree.c \
 	src/load/nodes.c \
 	src/load/transfer.c \
+	src/load/identity.c \
 	src/load/request.c \
 	src/load/gplan.c \
 	src/load/dest.c \

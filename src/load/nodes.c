@@ -37,14 +37,14 @@ int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp
     uint64_t *all = malloc(2 * (size_t)n * sizeof *all);
     nd->node = malloc((size_t)n * sizeof *nd->node);
     nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
-    int ok = all && nd->node && nd->node_rank, every = 0;
-    if (ldi_allreduce_int(&ok, &every, MPI_MIN, comm) != MPI_SUCCESS)   /* all gather, or none */
-        every = 0;
-    if (!every || ldi_allgather(mine, 2, MPI_UINT64_T, all, comm) != MPI_SUCCESS) {
+    int lrc = all && nd->node && nd->node_rank ? 0 : ldi_err(err, ENOMEM, "dcp_load: out of memory");
+    int rc = ldi_agree(comm, lrc, err);   /* all gather, or none */
+    if (rc < 0) {
         free(all);
         ldi_nodes_free(nd);
-        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
+        return rc;
     }
+    ldi_allgather(mine, 2, MPI_UINT64_T, all, comm);
     *any_flag = 0;
     for (int r = 0; r < n; r++) {
         *any_flag |= all[2 * r + 1] != 0;
@@ -72,35 +72,30 @@ int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err)
     int me, n;
     MPI_Comm_rank(comm, &me);
     MPI_Comm_size(comm, &n);
-    int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &nd->comm);
-    int mine[2] = {me, 0}, leader = me;
-    if (rc == MPI_SUCCESS) {
-        MPI_Comm_rank(nd->comm, &nd->local);
-        MPI_Comm_size(nd->comm, &nd->nlocal);
-        rc = ldi_allreduce_int(&me, &leader, MPI_MIN, nd->comm);
-    }
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &nd->comm);
+    MPI_Comm_set_errhandler(nd->comm, MPI_ERRORS_ARE_FATAL);
+    MPI_Comm_rank(nd->comm, &nd->local);
+    MPI_Comm_size(nd->comm, &nd->nlocal);
+    int leader = me;
+    ldi_allreduce_int(&me, &leader, MPI_MIN, nd->comm);
     int *pairs = malloc(2 * (size_t)n * sizeof *pairs);
     nd->node = malloc((size_t)n * sizeof *nd->node);
     nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
     /* agreed first, so that either every rank gathers or none does */
-    int ok = rc == MPI_SUCCESS && pairs && nd->node && nd->node_rank, all = 0;
-    if (ldi_allreduce_int(&ok, &all, MPI_MIN, comm) != MPI_SUCCESS)
-        all = 0;
-    mine[0] = leader;
-    mine[1] = nd->local;
-    if (all && ldi_allgather(mine, 2, MPI_INT, pairs, comm) == MPI_SUCCESS) {
-        for (int r = 0; r < n; r++) {
-            nd->node[r] = pairs[2 * r];
-            nd->node_rank[r] = pairs[2 * r + 1];
-        }
-    } else {
-        all = 0;
+    int lrc = pairs && nd->node && nd->node_rank ? 0 : ldi_err(err, ENOMEM, "dcp_load: out of memory");
+    int rc = ldi_agree(comm, lrc, err);
+    if (rc < 0) {
+        free(pairs);
+        ldi_nodes_free(nd);
+        return rc;
+    }
+    int mine[2] = {leader, nd->local};
+    ldi_allgather(mine, 2, MPI_INT, pairs, comm);
+    for (int r = 0; r < n; r++) {
+        nd->node[r] = pairs[2 * r];
+        nd->node_rank[r] = pairs[2 * r + 1];
     }
     free(pairs);
-    if (!all) {
-        ldi_nodes_free(nd);
-        return ldi_err(err, ok ? EIO : ENOMEM, "dcp_load: cannot find the ranks sharing this node");
-    }
     return 0;
 }
 

@@ -79,7 +79,7 @@ static int check_one(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim
 }
 
 int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t n, int cuda_ok,
-                      const char *cuda_msg, dcp_error *err)
+                      int device, const char *cuda_msg, dcp_error *err)
 {
     if (n && !regions)
         return ldi_err(err, EINVAL, "dcp_load: %zu regions but no region array", n);
@@ -102,7 +102,7 @@ int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t
             return ldi_err(err, EINVAL, "%s: %s: the region has no destination buffer", ldi_name(ck),
                            r->key);
         char msg[256];
-        if (r->mem == DCP_LOAD_CUDA && nb && ldi_cuda_check_ptr(r->dest, msg, sizeof msg) < 0)
+        if (r->mem == DCP_LOAD_CUDA && nb && ldi_cuda_check_ptr(r->dest, device, msg, sizeof msg) < 0)
             return ldi_err(err, EINVAL, "%s: %s: CUDA destination: %s", ldi_name(ck), r->key, msg);
     }
     return 0;
@@ -232,7 +232,6 @@ static int decode_all(dcp_checkpoint *ck, const unsigned char *all, const int *c
                 }
                 ldi_req *q = &out->v[qi];
                 q->rank = rk;
-                q->index = i;
                 q->ndim = nd;
                 q->off = out->dims + di;
                 q->len = out->dims + di + nd;
@@ -270,8 +269,32 @@ out:
     return rc;
 }
 
-int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t n,
-                 ldi_reqs *out, dcp_error *err)
+/* Every rank's call header against rank 0's: the same result on every rank,
+ * since all hold every header. */
+static int check_calls(const unsigned char *all, const int *counts, const int *displs, int nranks,
+                       dcp_error *err)
+{
+    ldi_call c0, c;
+    for (int rk = 0; rk < nranks; rk++) {
+        if ((size_t)counts[rk] < sizeof c)
+            return ldi_err(err, EPROTO, "dcp_load: truncated requests from rank %d", rk);
+        memcpy(rk ? &c : &c0, all + displs[rk], sizeof c);
+        if (!rk)
+            continue;
+        if (c.identity != c0.identity)
+            return ldi_err(err, EINVAL, "dcp_load: rank %d passes another checkpoint than rank 0", rk);
+        if (c.flags != c0.flags || c.nstaging != c0.nstaging || c.staging != c0.staging)
+            return ldi_err(err, EINVAL,
+                           "dcp_load: rank %d passes other options than rank 0 (flags 0x%" PRIx64
+                           ", %" PRIu64 " staging buffers of %" PRIu64 " bytes; rank 0: flags 0x%" PRIx64
+                           ", %" PRIu64 " of %" PRIu64 ")",
+                           rk, c.flags, c.nstaging, c.staging, c0.flags, c0.nstaging, c0.staging);
+    }
+    return 0;
+}
+
+int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const ldi_call *call, const dcp_load_region *regions,
+                 size_t n, ldi_reqs *out, dcp_error *err)
 {
     int me, nranks;
     MPI_Comm_rank(comm, &me);
@@ -280,53 +303,42 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     struct wbuf w = {0};
     int *counts = calloc((size_t)nranks, sizeof *counts), *displs = calloc((size_t)nranks, sizeof *displs);
     unsigned char *all = NULL;
-    int rc = -1, bad = 0;
-    if (!counts || !displs) {
-        ldi_err(err, ENOMEM, "dcp_load: out of memory");
-        bad = 1;
-    } else if (encode(regions, n, &w, err) < 0) {
-        bad = 1;
-    } else if (w.len > INT_MAX) {
-        ldi_err(err, EOVERFLOW, "dcp_load: this rank's requests exceed 2 GiB");
-        bad = 1;
-    }
-    /* agree that every rank could encode before the collectives that need buffers */
-    int ok = !bad, allok = 0;
-    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS) {
-        ldi_err(err, EIO, "dcp_load: MPI_Allreduce failed");
+    int rc = -1, lrc = 0;
+    if (!counts || !displs || put(&w, call, sizeof *call) < 0)
+        lrc = ldi_err(err, ENOMEM, "dcp_load: out of memory");
+    else if (encode(regions, n, &w, err) < 0)
+        lrc = -1;
+    else if (w.len > INT_MAX)
+        lrc = ldi_err(err, EOVERFLOW, "dcp_load: this rank's requests exceed 2 GiB");
+    /* every rank encoded before the collectives that need buffers */
+    if ((rc = ldi_agree(comm, lrc, err)) < 0)
         goto out;
-    }
-    if (!allok) {
-        if (!bad)
-            ldi_err(err, EPROTO, "dcp_load: another rank could not encode its requests");
-        goto out;
-    }
+    rc = -1;
     int mylen = (int)w.len;
-    if (ldi_allgather(&mylen, 1, MPI_INT, counts, comm) != MPI_SUCCESS) {
-        ldi_err(err, EIO, "dcp_load: MPI_Allgather of request sizes failed");
-        goto out;
-    }
+    ldi_allgather(&mylen, 1, MPI_INT, counts, comm);
     uint64_t total = 0;
     for (int r = 0; r < nranks; r++) {
         displs[r] = (int)total;
         total += (uint64_t)counts[r];
     }
-    if (total > INT_MAX) {
+    if (total > INT_MAX) {   /* the same on every rank */
         ldi_err(err, EOVERFLOW, "dcp_load: the requests of all ranks exceed 2 GiB");
+        rc = LDI_AGREED;
         goto out;
     }
     all = malloc(total ? total : 1);
-    ok = all != NULL;
-    /* every rank must agree on allocating before the collective */
-    if (ldi_allreduce_int(&ok, &allok, MPI_MIN, comm) != MPI_SUCCESS)
-        allok = 0;
-    if (!allok) {
-        ldi_err(err, ENOMEM, "dcp_load: out of memory for the requests of all ranks");
+    lrc = all ? 0 : ldi_err(err, ENOMEM, "dcp_load: out of memory for the requests of all ranks");
+    if ((rc = ldi_agree(comm, lrc, err)) < 0)
+        goto out;
+    rc = -1;
+    ldi_allgatherv(w.p, mylen, all, counts, displs, comm);
+    if (check_calls(all, counts, displs, nranks, err) < 0) {
+        rc = LDI_AGREED;
         goto out;
     }
-    if (ldi_allgatherv(w.p, mylen, all, counts, displs, comm) != MPI_SUCCESS) {
-        ldi_err(err, EIO, "dcp_load: MPI_Allgatherv of requests failed");
-        goto out;
+    for (int r = 0; r < nranks; r++) {   /* the requests follow the header */
+        displs[r] += (int)sizeof *call;
+        counts[r] -= (int)sizeof *call;
     }
     if (decode_all(ck, all, counts, displs, nranks, out, err) < 0)
         goto out;
