@@ -69,7 +69,9 @@ typedef struct dcp_ckpt_options {
     const char *checkpoint_id;     /* StorageMeta.checkpoint_id; NULL: the folder as given */
 } dcp_ckpt_options;
 
-/* Create the folder (it may exist, but must not hold a .metadata). opts may be NULL. */
+/* Create the folder. An existing folder must be empty (never a .metadata, a
+ * rank-local checkpoint or any other file): data files are created with
+ * O_EXCL, nothing is overwritten. opts may be NULL. */
 int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err);
 /* Declare a tensor (before its chunks). */
 int dcp_ckpt_add_tensor(dcp_ckpt_writer *w, const char *key, dcp_dtype dt, int ndim, const int64_t *shape,

@@ -16,7 +16,21 @@ expect_fail "bad value" $DCP synth "$SCRATCH/s" --shard diagonal
 expect_fail "unknown dtype" $DCP synth "$SCRATCH/s" --dtype float7
 $DCP synth "$SCRATCH/s" --keys 1 --shape 4
 expect_fail "already holds a checkpoint" $DCP synth "$SCRATCH/s" --keys 1 --shape 4
+# A folder that exists and holds anything (here a rank-local checkpoint's
+# file and a safetensors shard, no .metadata) is never written into.
+mkdir "$SCRATCH/busy"
+printf 'rank-local data' >"$SCRATCH/busy/__0_0.distcp"
+printf 'shard bytes' >"$SCRATCH/busy/model.safetensors"
+before=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
+expect_fail "the folder is not empty (it holds" $DCP synth "$SCRATCH/busy" --keys 1 --shape 4
+after=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
+[ "$before" = "$after" ] || fail "synth changed the files of a non-empty folder"
+[ "$(ls -A "$SCRATCH/busy" | wc -l)" -eq 2 ] || fail "synth added files to a non-empty folder: $(ls -A "$SCRATCH/busy")"
+# An empty folder that exists is fine.
+mkdir "$SCRATCH/empty"
+$DCP synth "$SCRATCH/empty" --keys 1 --shape 4
+[ -f "$SCRATCH/empty/.metadata" ] || fail "synth into an empty folder wrote no .metadata"
 # Failed conversions leave no output and no temporary.
-left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' || true)
+left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' || true)
 [ -z "$left" ] || fail "left behind: $left"
 echo ok

@@ -4,6 +4,7 @@
  * model (keys, chunk boxes, where each blob went) stays in memory and becomes
  * the protocol-4 .metadata pickle at the end, streamed to .metadata.tmp and
  * renamed, so a reader never sees a half-written checkpoint. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -63,11 +64,45 @@ struct dcp_ckpt_writer {
     int finished;
 };
 
+/* 1 (err filled) when the folder holds anything or cannot be listed, 0 when empty. */
+static int folder_not_empty(int dirfd, const char *dir, dcp_error *err)
+{
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        dcpi_err(err, e, "%s: cannot list the checkpoint folder: %s", dir, strerror(e));
+        return 1;
+    }
+    rewinddir(d);
+    struct dirent *de;
+    const char *found = NULL;
+    char name[256];
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(name, sizeof name, "%s", de->d_name);
+            found = name;
+            break;
+        }
+    }
+    closedir(d);
+    if (found)
+        dcpi_err(err, ENOTEMPTY, "%s: the folder is not empty (it holds %s): a checkpoint is written only into "
+                 "a new or empty folder", dir, found);
+    return found != NULL;
+}
+
 int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err)
 {
     *out = NULL;
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST)
-        return dcpi_err(err, errno, "%s: cannot create the checkpoint folder: %s", dir, strerror(errno));
+    int existed = 0;
+    if (mkdir(dir, 0777) < 0) {
+        if (errno != EEXIST)
+            return dcpi_err(err, errno, "%s: cannot create the checkpoint folder: %s", dir, strerror(errno));
+        existed = 1;
+    }
     dcp_ckpt_writer *w = calloc(1, sizeof *w);
     if (!w)
         return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
@@ -89,6 +124,12 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writ
     if (fstatat(w->dirfd, ".metadata", &st, 0) == 0) {
         dcp_ckpt_free(w);
         return dcpi_err(err, EEXIST, "%s: already holds a checkpoint (.metadata exists)", dir);
+    }
+    /* An existing folder must be empty: never write into someone's files
+     * (a rank-local checkpoint, a Hugging Face folder, a save in progress). */
+    if (existed && folder_not_empty(w->dirfd, dir, err)) {
+        dcp_ckpt_free(w);
+        return -1;
     }
     *out = w;
     return 0;
@@ -170,7 +211,7 @@ static int rank_file(dcp_ckpt_writer *w, int rank, rankfile **out, dcp_error *er
     if (r->fd < 0) {
         snprintf(r->name, sizeof r->name, "__%d_0.distcp", rank);
         snprintf(r->what, sizeof r->what, "%s", r->name);
-        int fd = openat(w->dirfd, r->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        int fd = openat(w->dirfd, r->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0)
             return dcpi_err(err, errno, "%s/%s: cannot create: %s", w->dir, r->name, strerror(errno));
         if (zw_out_init(&r->out, fd, 0, r->what, err) < 0) {
@@ -506,7 +547,7 @@ int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err)
         if (sync && fsync(f->fd) < 0)
             return dcpi_err(err, errno, "%s/%s: fsync: %s", w->dir, f->name, strerror(errno));
     }
-    int fd = openat(w->dirfd, ".metadata.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int fd = openat(w->dirfd, ".metadata.tmp", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0)
         return dcpi_err(err, errno, "%s/.metadata.tmp: cannot create: %s", w->dir, strerror(errno));
     char what[4096];

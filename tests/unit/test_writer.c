@@ -567,6 +567,14 @@ START_TEST(dcp_writer_errors)
     struct stat st;
     snprintf(meta, sizeof meta, "%s/.metadata", dir);
     ck_assert(stat(meta, &st) < 0);
+    /* The abandoned folder holds __0_0.distcp: it is not written into again. */
+    char data[400];
+    snprintf(data, sizeof data, "%s/__0_0.distcp", dir);
+    ck_assert(stat(data, &st) == 0);
+    off_t size = st.st_size;
+    ck_assert(dcp_ckpt_create(dir, NULL, &w, &err) < 0 && w == NULL);
+    ck_assert_msg(strstr(err.msg, "not empty") && strstr(err.msg, "__0_0.distcp"), "%s", err.msg);
+    ck_assert(stat(data, &st) == 0 && st.st_size == size);
 }
 END_TEST
 
