@@ -16,6 +16,17 @@ expect_fail "bad value" $DCP synth "$SCRATCH/s" --shard diagonal
 expect_fail "unknown dtype" $DCP synth "$SCRATCH/s" --dtype float7
 $DCP synth "$SCRATCH/s" --keys 1 --shape 4
 expect_fail "already holds a checkpoint" $DCP synth "$SCRATCH/s" --keys 1 --shape 4
+# A destination with trailing slashes names the folder (the man page's example).
+$DCP convert -q --max-shard-size 5GB "$F" "$SCRATCH/hf/" || fail "convert to a folder given as hf/"
+[ -f "$SCRATCH/hf/model.safetensors.index.json" ] || fail "hf/: no index"
+$DCP convert "$F" "$SCRATCH/dcpout//" || fail "convert to a folder given as dcpout//"
+[ -f "$SCRATCH/dcpout/.metadata" ] || fail "dcpout//: no .metadata"
+if command -v python3 >/dev/null; then
+    python3 "$top_srcdir/tests/writer_check.py" $DCP "$SCRATCH/hf" "$FIXTURES/01_single_plain/expected/manifest.json" \
+        --no-bytes >/dev/null || fail "hf/: wrong bytes"
+    python3 "$top_srcdir/tests/writer_check.py" $DCP "$SCRATCH/dcpout" "$FIXTURES/01_single_plain/expected/manifest.json" \
+        >/dev/null || fail "dcpout//: wrong bytes"
+fi
 # A folder that exists and holds anything (here a rank-local checkpoint's
 # file and a safetensors shard, no .metadata) is never written into.
 mkdir "$SCRATCH/busy"
@@ -31,6 +42,6 @@ mkdir "$SCRATCH/empty"
 $DCP synth "$SCRATCH/empty" --keys 1 --shape 4
 [ -f "$SCRATCH/empty/.metadata" ] || fail "synth into an empty folder wrote no .metadata"
 # Failed conversions leave no output and no temporary.
-left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' || true)
+left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
 [ -z "$left" ] || fail "left behind: $left"
 echo ok

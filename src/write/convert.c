@@ -863,7 +863,23 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
     return rc;
 }
 
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err);
+
 int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
+{
+    /* "hf/" names the folder hf: the temporary goes beside it, not inside. */
+    size_t n = strlen(dst);
+    while (n > 1 && dst[n - 1] == '/')
+        n--;
+    char *d = strndup(dst, n);
+    if (!d)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dst);
+    int rc = convert(srcp, d, opt, err);
+    free(d);
+    return rc;
+}
+
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
 {
     dcp_convert_options none = {0};
     if (!opt)
