@@ -36,4 +36,11 @@ for name in 01_single_plain 03_colwise_4ranks 05_mixed_2ranks; do
     $PY dcp "$SCRATCH/$name-dcp" "$m" 1 || fail "$name: DCP converted from .pt on 1 rank"
     $PY dcp "$SCRATCH/$name-dcp" "$m" 2 || fail "$name: DCP converted from .pt on 2 ranks"
 done
+# Values torch.save writes lazily or wrapped (conj and neg views, nn.Parameter) and
+# plain bytes, alone and in a list, survive .pt -> DCP -> .pt.
+VAL="python3 $top_srcdir/tests/interop/writer_values.py"
+$VAL make "$SCRATCH/values.pt"
+$DCP convert -q "$SCRATCH/values.pt" "$SCRATCH/values-dcp" || fail "values.pt -> DCP"
+$DCP convert -q "$SCRATCH/values-dcp" "$SCRATCH/values-back.pt" || fail "values DCP -> .pt"
+$VAL check "$SCRATCH/values.pt" "$SCRATCH/values-back.pt" || fail "conj/neg views, Parameter, bytes after a round trip"
 echo ok

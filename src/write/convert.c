@@ -148,102 +148,46 @@ typedef struct pt_load {
     dcp_error *err;
 } pt_load;
 
-static int vec(const pk_node *t, int64_t *out, int *nd)
-{
-    if (!t || (t->type != PK_TUPLE && t->type != PK_LIST) || pk_len(t) > DCPI_MAX_NDIM)
-        return -1;
-    for (size_t i = 0; i < pk_len(t); i++)
-        if (!pk_int(pk_item(t, i), &out[i]) || out[i] < 0)
-            return -1;
-    *nd = (int)pk_len(t);
-    return 0;
-}
-
-static const pk_node *unwrap_param(const pk_node *n)
-{
-    const pk_node *g = pk_call_global(n);
-    if (g && !strcmp(g->u.global.module, "torch._utils") && !strcmp(g->u.global.name, "_rebuild_parameter"))
-        return pk_item(n->u.call.args, 0);
-    return n;
-}
-
-static int is_tensor(const pk_node *n)
-{
-    const pk_node *g = pk_call_global(unwrap_param(n));
-    return g && !strcmp(g->u.global.module, "torch._utils") &&
-           (!strcmp(g->u.global.name, "_rebuild_tensor_v2") || !strcmp(g->u.global.name, "_rebuild_tensor_v3"));
-}
-
 /* A tensor of the torch.save file: one chunk over its storage record, whose
- * record (offset, strides) is filled in now so the planner never parses. */
+ * record (offset, strides, conj/neg flags) is filled in now so the planner
+ * never parses. The rebuild call is parsed as the record locator parses it. */
 static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
 {
     dcp_checkpoint *ck = L->ck;
-    n = unwrap_param(n);
-    const pk_node *g = pk_call_global(n), *args = n->u.call.args;
-    int v3 = !strcmp(g->u.global.name, "_rebuild_tensor_v3");
-    const pk_node *sto = pk_item(args, 0);
-    const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
-    const pk_node *cls = pk_item(pid, 1);
-    const char *tag, *skey;
-    size_t skl;
-    int64_t soff, snumel, size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
-    int nd, snd;
-    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, NULL) || strcmp(tag, "storage") || !cls ||
-        cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &skey, &skl) || skl > 64 ||
-        !pk_int(pk_item(pid, 4), &snumel) || snumel < 0 || !pk_int(pk_item(args, 1), &soff) || soff < 0 ||
-        vec(pk_item(args, 2), size, &nd) < 0 || vec(pk_item(args, 3), stride, &snd) < 0 || nd != snd)
-        return dcpi_err(L->err, EIO, "%s: %s: malformed tensor in data.pkl", L->path, key);
-    dcp_dtype dt;
-    if (v3) {
-        const pk_node *d = pk_item(args, 6);
-        dt = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch") ? dcp_dtype_from_name(d->u.global.name)
-                                                                               : DCP_DTYPE_INVALID;
-    } else {
-        dt = dcp_dtype_from_storage(cls->u.global.name);
-    }
-    if (dt == DCP_DTYPE_INVALID)
-        return dcpi_err(L->err, EIO, "%s: %s: unknown storage type %s", L->path, key, cls->u.global.name);
-    uint64_t esz = dcp_dtype_size(dt), sbytes;
-    if (!dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1, &sbytes))
-        return dcpi_err(L->err, EIO, "%s: %s: bad storage size", L->path, key);
-    char rname[96];
-    snprintf(rname, sizeof rname, "data/%.*s", (int)skl, skey);
+    dcpi_rebuild rb;
+    char why[512];
+    if (dcpi_torch_rebuild_parse(n, &rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
+    char rname[128];
+    snprintf(rname, sizeof rname, "data/%.*s", (int)rb.storage_key_len, rb.storage_key);
     const dcpi_zip_entry *de = dcpi_zip_find(&L->z, rname);
-    if (!de || de->size != sbytes)
+    if (!de || de->size != rb.storage_bytes)
         return dcpi_err(L->err, EIO, "%s: %s: storage record %s is missing or of the wrong size", L->path, key, rname);
-    /* Every element the view addresses lies inside the record. */
-    uint64_t last = (uint64_t)soff, numel = 1;
-    for (int d = 0; d < nd; d++) {
-        uint64_t span;
-        numel *= (uint64_t)size[d];
-        if (size[d] > 0 && (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) ||
-                            !dcpi_add_u64(last, span, &last)))
-            return dcpi_err(L->err, EIO, "%s: %s: strides overflow", L->path, key);
-    }
-    if (numel && last >= sbytes / esz)
-        return dcpi_err(L->err, EIO, "%s: %s: the view reaches past its storage", L->path, key);
+    if (dcpi_torch_rebuild_check_view(&rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
     uint64_t dstart;
     if (dcpi_zip_data(ck, &L->whole, key, de, L->flen, &dstart, L->err) < 0)
         return -1;
+    int nd = rb.ndim;
     size_t idx, ci;
     int64_t zero[DCPI_MAX_NDIM] = {0};
     if (dcpi_model_entry(ck, key, strlen(key), DCP_KIND_TENSOR, &idx, L->err) < 0)
         return -1;
     if (ck->entries[idx].nchunks)
         return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
-    if (dcpi_model_set_tensor(ck, idx, dt, nd, size, L->err) < 0 ||
-        dcpi_model_add_chunk(ck, idx, zero, size, &ci, L->err) < 0)
+    if (dcpi_model_set_tensor(ck, idx, rb.dtype, nd, rb.size, L->err) < 0 ||
+        dcpi_model_add_chunk(ck, idx, zero, rb.size, &ci, L->err) < 0)
         return -1;
     struct dcpi_entry_priv *p = &ck->priv[idx];
     p->chunks[ci].blob = (dcp_blob){.file = 0, .offset = dstart, .length = de->size};
     p->chunks[ci].has_blob = 1;
     p->records = calloc(1, sizeof *p->records);
-    int64_t *st = dcpi_arena_memdup(&ck->arena, stride, (size_t)(nd ? nd : 1) * sizeof *stride);
+    int64_t *st = dcpi_arena_memdup(&ck->arena, rb.stride, (size_t)(nd ? nd : 1) * sizeof *rb.stride);
     if (!p->records || !st)
         return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size, .storage_offset = soff,
-                                     .stride = st, .dtype = dt, .flags = L->rec_flags};
+    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size,
+                                     .storage_offset = rb.storage_offset, .stride = st, .dtype = rb.dtype,
+                                     .flags = L->rec_flags | rb.flags};
     p->records[0].state = 1;
     return 0;
 }
@@ -261,6 +205,8 @@ static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
     L->side[L->nside++] = (side_bytes){entry, data, len};
     return 0;
 }
+
+static int latin1_bytes(const pk_node *n, unsigned char **out, size_t *len);
 
 /* Re-pickle a plain value as torch.save would (for a non-tensor value of a
  * torch.save source that becomes a DCP bytes item). 0, or -1 if the value
@@ -302,8 +248,16 @@ static int repickle(pw *p, const pk_node *n, int depth)
         }
         pw_dict_end(p);
         return 0;
-    default:
-        return -1;
+    default: {
+        /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
+        unsigned char *b;
+        size_t bl;
+        if (latin1_bytes(n, &b, &bl) != 0)
+            return -1;
+        pw_bytes(p, b, bl);
+        free(b);
+        return 0;
+    }
     }
 }
 
@@ -410,8 +364,8 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         return 0;
     }
     if (depth == 0)
-        return is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
-    if (is_tensor(n))
+        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
+    if (dcpi_torch_is_tensor(n))
         return pt_tensor(L, key, n);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
      * bytes item as is; other plain values are pickled into one. */
@@ -479,14 +433,22 @@ static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **
         dcpi_err(err, EFBIG, "%s: data.pkl of %" PRIu64 " bytes is too large", path, pe->size);
         goto out;
     }
-    if (bo && bo->size <= 16) {
+    if (bo && bo->size > 16) {
+        dcpi_err(err, EIO, "%s: byteorder record of %" PRIu64 " bytes: unknown byteorder", path, bo->size);
+        goto out;
+    }
+    if (bo) {
         char order[17] = {0};
         uint64_t ostart;
         if (dcpi_zip_data(ck, &L.whole, "byteorder", bo, L.flen, &ostart, err) < 0 ||
             dcpi_blob_read(ck, &L.whole, order, bo->size, ostart, "byteorder", err) < 0)
             goto out;
-        if (!strcmp(order, "big"))
+        if (!strcmp(order, "big")) {
             L.rec_flags |= DCP_RECORD_BIG_ENDIAN;
+        } else if (strcmp(order, "little")) {
+            dcpi_err(err, EIO, "%s: unknown byteorder '%s'", path, order);
+            goto out;
+        }
     }
     if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
         goto out;
