@@ -29,6 +29,10 @@ typedef struct dcp_error {
     char msg[DCP_ERRMSG_MAX];   /* "<file>: <key>: <reason>" */
 } dcp_error;
 
+/* Called as bytes are processed (for progress bars); may be NULL. Used by
+ * dcp_write.h and dcp_integrity.h. */
+typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
 /* ---------------------------------------------------------------- dtypes */
 
 typedef enum dcp_dtype {

@@ -19,9 +19,6 @@
 extern "C" {
 #endif
 
-/* Called as bytes are written (for progress bars); may be NULL. The same
- * type as in dcp_integrity.h. */
-typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* Supplies bytes [off, off+len) of an item's byte image (a tensor chunk's
  * elements in C order, or a bytes item's stored torch.save blob). `tag` is
@@ -85,6 +82,20 @@ int dcp_ckpt_add_chunk(dcp_ckpt_writer *w, const char *key, int rank, const int6
 /* Write a bytes item: len bytes of a torch.save blob, copied verbatim. */
 int dcp_ckpt_add_bytes(dcp_ckpt_writer *w, const char *key, int rank, uint64_t len, const dcp_source *src,
                        uint64_t tag, dcp_error *err);
+/* One element of a key's path in the state dict before it was flattened:
+ * a dict key (str, len bytes) or, when str is NULL, a list index or int
+ * dict key (index). */
+typedef struct dcp_path_part {
+    const char *str;
+    size_t len;
+    int64_t index;
+} dcp_path_part;
+/* Record a declared key's path for Metadata.planner_data, which torch's
+ * dcp_to_torch_save and _load_state_dict_from_keys use to rebuild the
+ * nesting ({"a": {"b": [t]}} for ("a", "b", 0)). The parts joined with '.'
+ * (ints in decimal) must give the key. A key without a path gets (key,): a
+ * flat top-level key, as torch.save(model.state_dict()) holds it. */
+int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *parts, size_t n, dcp_error *err);
 /* Check that every tensor's chunks cover it (volumes add up, boxes inside),
  * fsync the data files, write .metadata.tmp and rename it to .metadata. */
 int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err);
@@ -170,8 +181,9 @@ typedef enum dcp_format {
     DCP_FORMAT_SAFETENSORS      /* .safetensors file, or a folder of shards + model.safetensors.index.json */
 } dcp_format;
 
-/* Called once per item not converted (bytes items into safetensors, dtypes
- * safetensors lacks, non-tensor values of a torch.save source). */
+/* Called once per item not converted, with its key: bytes items into
+ * safetensors, dtypes safetensors lacks, values of a torch.save source that
+ * are neither tensors nor plain data. */
 typedef void (*dcp_skip_fn)(void *ctx, const char *key, const char *why);
 
 typedef struct dcp_convert_options {
@@ -224,8 +236,8 @@ typedef struct dcp_synth_options {
     void *progress_ctx;
 } dcp_synth_options;
 
-/* Key i is "model.layers.<i>.weight"; its C-order bytes are
- * dcp_synth_byte(seed, i, b) (see dcp-synth(1) for the formula). */
+/* Key i is "model.layers.<i>.weight"; its C-order bytes are what
+ * dcp_synth_fill(seed, i, dtype, ...) gives (see dcp-synth(1) for the formula). */
 int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *opt, dcp_error *err);
 /* Fill buf with bytes [off, off+len) of key i's global C-order image. */
 void dcp_synth_fill(uint64_t seed, uint64_t key, dcp_dtype dt, uint64_t off, void *buf, size_t len);

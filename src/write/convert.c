@@ -67,7 +67,24 @@ dcp_format dcp_format_guess(const char *path)
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
         if (stat(p, &st) == 0)
             return DCP_FORMAT_SAFETENSORS;
-        return DCP_FORMAT_DCP;
+        snprintf(p, sizeof p, "%s/.metadata", path);
+        if (stat(p, &st) == 0)
+            return DCP_FORMAT_DCP;
+        /* No index and no .metadata: a folder of *.safetensors files only. */
+        DIR *d = opendir(path);
+        struct dirent *de;
+        int st_files = 0, others = 0;
+        while (d && (de = readdir(d))) {
+            if (de->d_name[0] == '.')
+                continue;
+            if (has_suffix(de->d_name, ".safetensors"))
+                st_files++;
+            else
+                others++;
+        }
+        if (d)
+            closedir(d);
+        return st_files && !others ? DCP_FORMAT_SAFETENSORS : DCP_FORMAT_DCP;
     }
     if (has_suffix(path, ".pt") || has_suffix(path, ".pth") || has_suffix(path, ".bin"))
         return DCP_FORMAT_TORCH_SAVE;
@@ -134,6 +151,72 @@ typedef struct side_bytes {
     size_t len;
 } side_bytes;
 
+/* Each key's path in the nesting it was flattened from, for the DCP
+ * writer's planner_data: from a torch.save source's dicts, or from a DCP
+ * source's own planner_data. */
+typedef struct keypaths {
+    dcpi_arena arena;
+    dcpi_strmap map;          /* key -> index in parts[], n[] */
+    dcp_path_part **parts;
+    size_t *n;
+    size_t count, cap;
+} keypaths;
+
+static void kp_init(keypaths *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    dcpi_arena_init(&kp->arena);
+    dcpi_strmap_init(&kp->map);
+}
+
+static void kp_free(keypaths *kp)
+{
+    dcpi_strmap_free(&kp->map);
+    dcpi_arena_free(&kp->arena);
+    free(kp->parts);
+    free(kp->n);
+}
+
+/* Copies key and parts. 0, or -1 on out of memory. */
+static int kp_add(keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n)
+{
+    if (kp->count == kp->cap) {
+        size_t nc = kp->cap ? kp->cap * 2 : 64;
+        dcp_path_part **np = realloc(kp->parts, nc * sizeof *np);
+        if (np)
+            kp->parts = np;
+        size_t *nn = realloc(kp->n, nc * sizeof *nn);
+        if (nn)
+            kp->n = nn;
+        if (!np || !nn)
+            return -1;
+        kp->cap = nc;
+    }
+    char *k = dcpi_arena_strndup(&kp->arena, key, kl);
+    dcp_path_part *c = dcpi_arena_alloc(&kp->arena, (n ? n : 1) * sizeof *c);
+    if (!k || !c)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = parts[i];
+        if (parts[i].str && !(c[i].str = dcpi_arena_strndup(&kp->arena, parts[i].str, parts[i].len)))
+            return -1;
+    }
+    if (dcpi_strmap_put(&kp->map, k, kl, kp->count) < 0)
+        return -1;
+    kp->parts[kp->count] = c;
+    kp->n[kp->count++] = n;
+    return 0;
+}
+
+static const dcp_path_part *kp_get(const keypaths *kp, const char *key, size_t *n)
+{
+    uint64_t i;
+    if (!kp || !dcpi_strmap_get(&kp->map, key, strlen(key), &i))
+        return NULL;
+    *n = kp->n[i];
+    return kp->parts[i];
+}
+
 typedef struct pt_load {
     dcp_checkpoint *ck;
     const char *path;
@@ -145,6 +228,10 @@ typedef struct pt_load {
     size_t nside, side_cap;
     size_t nskipped;
     int keep_bytes;          /* make bytes items (convert), or leave them out (dcp_open_file) */
+    keypaths *paths;         /* convert: each key's path; NULL for dcp_open_file */
+    dcp_path_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
+    dcp_skip_fn skipped;     /* called per value left out (convert) */
+    void *skipped_ctx;
     dcp_error *err;
 } pt_load;
 
@@ -328,25 +415,44 @@ static int blob_of_value(pt_load *L, const char *key, const pk_node *v, unsigned
     return rc;
 }
 
+static void pt_skip(pt_load *L, const char *key, const char *why)
+{
+    L->nskipped++;
+    if (L->skipped)
+        L->skipped(L->skipped_ctx, key, why);
+}
+
+static int pt_leaf_path(pt_load *L, const char *key, size_t klen, int depth)
+{
+    if (L->paths && depth > 0 && kp_add(L->paths, key, klen, L->stack, (size_t)depth) < 0)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    return 0;
+}
+
 static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
 {
     if (depth > MAX_DEPTH)
         return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
-    if (n && n->type == PK_DICT && (depth == 0 || n->u.dict.n)) {
-        for (size_t i = 0; i < n->u.dict.n; i++) {
-            const pk_node *k = n->u.dict.keys[i];
+    const pk_node *d = pk_as_dict(n);   /* a dict, or an OrderedDict (state_dict()) */
+    if (d && (depth == 0 || d->u.dict.n)) {
+        for (size_t i = 0; i < d->u.dict.n; i++) {
+            const pk_node *k = d->u.dict.keys[i];
             char part[64];
             const char *ks = NULL;
             size_t kl = 0;
             int64_t iv;
+            /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
+             * str()-converted (ints only for list indexes, which stay values
+             * here). */
             if (pk_str(k, &ks, &kl)) {
-            } else if (pk_int(k, &iv)) {
+            } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
                 kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
                 ks = part;
             } else {
-                L->nskipped++;
+                pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
                 continue;
             }
+            L->stack[depth] = (dcp_path_part){.str = ks, .len = kl};
             size_t nl = klen + (klen ? 1 : 0) + kl;
             char *sub = malloc(nl + 1);
             if (!sub)
@@ -356,7 +462,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
                 sub[klen] = '.';
             memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
             sub[nl] = 0;
-            int rc = pt_walk(L, n->u.dict.vals[i], sub, nl, depth + 1);
+            int rc = pt_walk(L, d->u.dict.vals[i], sub, nl, depth + 1);
             free(sub);
             if (rc < 0)
                 return -1;
@@ -366,11 +472,11 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
     if (depth == 0)
         return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
     if (dcpi_torch_is_tensor(n))
-        return pt_tensor(L, key, n);
+        return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
      * bytes item as is; other plain values are pickled into one. */
     if (!L->keep_bytes) {
-        L->nskipped++;
+        pt_skip(L, key, "not a tensor");
         return 0;
     }
     unsigned char *data = NULL;
@@ -387,7 +493,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         if (r < 0)
             return -1;
         if (r == 1) {
-            L->nskipped++;
+            pt_skip(L, key, "a non-tensor value that is not plain data (an object torch.load would rebuild)");
             return 0;
         }
     }
@@ -396,7 +502,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         free(data);
         return -1;
     }
-    return 0;
+    return pt_leaf_path(L, key, klen, depth);
 }
 
 static void side_free(side_bytes *s, size_t n)
@@ -407,13 +513,14 @@ static void side_free(side_bytes *s, size_t n)
 }
 
 static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **side, size_t *nside,
-                           size_t *nskipped, dcp_error *err)
+                           size_t *nskipped, keypaths *paths, const dcp_convert_options *opt, dcp_error *err)
 {
     const char *base;
     dcp_checkpoint *ck = ck_for_file(path, &base, err);
     if (!ck)
         return -1;
-    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL};
+    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL, .paths = paths,
+                 .skipped = opt ? opt->skipped : NULL, .skipped_ctx = opt ? opt->skipped_ctx : NULL};
     pk_doc *doc = NULL;
     char *pkl = NULL;
     int rc = -1, zopen = 0;
@@ -563,7 +670,7 @@ int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t
     if (fmt == DCP_FORMAT_AUTO)
         fmt = dcp_format_guess(path);
     if (fmt == DCP_FORMAT_TORCH_SAVE)
-        return open_torch_save(path, out, NULL, NULL, nskipped, err);
+        return open_torch_save(path, out, NULL, NULL, nskipped, NULL, NULL, err);
     if (fmt == DCP_FORMAT_SAFETENSORS)
         return open_safetensors_file(path, out, err);
     return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
@@ -580,7 +687,73 @@ typedef struct src {
     uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
+    keypaths paths;          /* keys' paths for planner_data, when the source knows them */
 } src;
+
+/* A DCP source's planner_data (flattened key -> path tuple), kept for the
+ * output. Best effort: a source without one, or with one that is not
+ * str/int tuples, leaves keys without paths (flat keys in the output). */
+static int read_planner_data(const char *dir, keypaths *kp, dcp_error *err)
+{
+    char p[4200];
+    if ((size_t)snprintf(p, sizeof p, "%s/.metadata", dir) >= sizeof p)
+        return 0;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > PKL_MAX) {
+        close(fd);
+        return 0;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        close(fd);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", p);
+    }
+    while (got < size) {
+        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    pk_doc *doc = NULL;
+    const pk_node *root;
+    dcp_error ignored;
+    int rc = 0;
+    if (got == size && pk_parse(buf, size, p, &doc, &root, &ignored) == 0 && root->type == PK_CALL &&
+        root->u.call.state) {
+        const pk_node *state = pk_as_dict(root->u.call.state);
+        if (!state && root->u.call.state->type == PK_TUPLE)   /* slots dataclass: (None, {slot: value}) */
+            state = pk_as_dict(pk_item(root->u.call.state, 1));
+        const pk_node *pd = pk_as_dict(pk_dict_get(state, "planner_data"));
+        size_t np = 0;
+        for (size_t i = 0; pd && i < pd->u.dict.n && rc == 0; i++) {
+            const pk_node *path = pd->u.dict.vals[i];
+            const char *key;
+            size_t kl, n = pk_len(path);
+            if (!pk_str(pd->u.dict.keys[i], &key, &kl) || !path || (path->type != PK_TUPLE && path->type != PK_LIST) ||
+                n == 0 || n > MAX_DEPTH)
+                continue;
+            dcp_path_part parts[MAX_DEPTH];
+            for (np = 0; np < n; np++) {
+                const pk_node *e = pk_item(path, np);
+                if (pk_str(e, &parts[np].str, &parts[np].len))
+                    continue;
+                if (!e || e->type != PK_INT)
+                    break;
+                parts[np] = (dcp_path_part){.index = e->u.i};
+            }
+            if (np == n && kp_add(kp, key, kl, parts, n) < 0)
+                rc = dcpi_err(err, ENOMEM, "%s: out of memory", p);
+        }
+    }
+    pk_free(doc);
+    free(buf);
+    return rc;
+}
 
 /* Progress by position (entry's base + end of the bytes just produced), so
  * bytes produced twice (a kernel copy that fell back to reading) count once. */
@@ -819,6 +992,16 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
         if (rc == 0)
             rc = dcp_ckpt_add_chunk(w, e->key, 0, zero, e->shape, &s->source, sel[k], NULL, err);
     }
+    /* The source's nesting, where known; a path that does not spell its key
+     * (a hand-made source) leaves the key flat. */
+    for (size_t k = 0; k < nsel && rc == 0; k++) {
+        const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
+        size_t np;
+        const dcp_path_part *path = kp_get(&s->paths, e->key, &np);
+        dcp_error ignored;
+        if (path && dcp_ckpt_set_path(w, e->key, path, np, &ignored) < 0 && ignored.code == ENOMEM)
+            rc = dcpi_err(err, ENOMEM, "%s: out of memory", dst);
+    }
     if (rc == 0)
         rc = dcp_ckpt_finish(w, err);
     dcp_ckpt_free(w);
@@ -860,6 +1043,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
 
     src s = {.opt = opt};
     s.source = (dcp_source){.fill = src_fill, .range = src_range, .ctx = &s};
+    kp_init(&s.paths);
     dcp_plan_init(&s.plan);
     size_t nskipped = 0;
     int rc;
@@ -867,17 +1051,19 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         dcp_checkpoint *ck;
         rc = dcp_open(srcp, 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
+        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = read_planner_data(srcp, &s.paths, err)) < 0)
+            dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
-        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, err);
+        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, &s.paths, opt, err);
     } else if (from == DCP_FORMAT_SAFETENSORS) {
         rc = open_safetensors_file(srcp, &s.ck, err);
     } else {
         rc = dcpi_err(err, ENOTDIR, "%s: a DCP checkpoint is a folder", srcp);
     }
-    if (rc < 0)
+    if (rc < 0) {
+        kp_free(&s.paths);
         return -1;
-    if (nskipped && opt->skipped)
-        opt->skipped(opt->skipped_ctx, "(torch.save source)", "non-tensor values that are not plain data");
+    }
 
     /* The selection, and what safetensors cannot hold. */
     size_t n = dcp_num_entries(s.ck), nsel = 0, nitems = 0;
@@ -955,5 +1141,6 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     side_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);
+    kp_free(&s.paths);
     return rc;
 }

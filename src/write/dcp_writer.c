@@ -38,6 +38,8 @@ typedef struct wkey {
     const int64_t *shape;
     wchunk *chunks;                   /* bytes items: one, sizes/offsets NULL */
     size_t n, cap;
+    const dcp_path_part *path;        /* arena; NULL: (key,) */
+    size_t npath;
 } wkey;
 
 typedef struct rankfile {
@@ -320,6 +322,43 @@ int dcp_ckpt_add_bytes(dcp_ckpt_writer *w, const char *key, int rank, uint64_t l
     return add_chunk_record(w, k, &c, err);
 }
 
+int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *parts, size_t n, dcp_error *err)
+{
+    uint64_t idx;
+    size_t kl = strlen(key);
+    if (!dcpi_strmap_get(&w->index, key, kl, &idx))
+        return dcpi_err(err, EINVAL, "%s: %s: path of an undeclared key", w->dir, key);
+    if (n == 0 || n > 4096)
+        return dcpi_err(err, EINVAL, "%s: %s: a path of %zu parts", w->dir, key, n);
+    /* The parts joined with dots must give the key back. */
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        const char *s = parts[i].str;
+        size_t len = parts[i].len;
+        if (!s) {
+            len = (size_t)snprintf(num, sizeof num, "%" PRId64, parts[i].index);
+            s = num;
+        }
+        if ((i && (at >= kl || key[at++] != '.')) || len > kl - at || memcmp(key + at, s, len))
+            return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
+        at += len;
+    }
+    if (at != kl)
+        return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
+    dcp_path_part *copy = dcpi_arena_alloc(&w->arena, n * sizeof *copy);
+    if (!copy)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", w->dir);
+    for (size_t i = 0; i < n; i++) {
+        copy[i] = parts[i];
+        if (parts[i].str && !(copy[i].str = dcpi_arena_strndup(&w->arena, parts[i].str, parts[i].len)))
+            return dcpi_err(err, ENOMEM, "%s: out of memory", w->dir);
+    }
+    w->keys[idx].path = copy;
+    w->keys[idx].npath = n;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- finish */
 
 static int check_coverage(dcp_ckpt_writer *w, dcp_error *err)
@@ -443,26 +482,28 @@ static void write_metadata(dcp_ckpt_writer *w, pw *p)
     }
     pw_dict_end(p);
 
-    /* planner_data: the key's path, one element per dotted part. */
+    /* planner_data: each key's path in the nesting it was flattened from;
+     * (key,) for a key given without one. */
     field(p, "planner_data");
     pw_dict_begin(p);
     for (size_t i = 0; i < w->nkeys; i++) {
-        const char *key = w->keys[i].key;
+        const wkey *k = &w->keys[i];
         pw_dict_key(p);
-        pw_cstr(p, key);
-        size_t parts = 1;
-        for (const char *c = key; *c; c++)
-            parts += *c == '.';
-        pw_tuple_begin(p, parts);
-        for (const char *s = key;;) {
-            const char *dot = strchr(s, '.');
-            size_t n = dot ? (size_t)(dot - s) : strlen(s);
-            pw_str_shared(p, s, n);
-            if (!dot)
-                break;
-            s = dot + 1;
+        pw_cstr(p, k->key);
+        if (!k->npath) {
+            pw_tuple_begin(p, 1);
+            pw_cstr(p, k->key);
+            pw_tuple_end(p, 1);
+            continue;
         }
-        pw_tuple_end(p, parts);
+        pw_tuple_begin(p, k->npath);
+        for (size_t j = 0; j < k->npath; j++) {
+            if (k->path[j].str)
+                pw_str_shared(p, k->path[j].str, k->path[j].len);
+            else
+                pw_int(p, k->path[j].index);
+        }
+        pw_tuple_end(p, k->npath);
     }
     pw_dict_end(p);
 
