@@ -14,6 +14,7 @@ expect_fail "without .safetensors" $DCP convert --max-shard-size 1M "$F" "$SCRAT
 expect_fail "unknown format" $DCP convert --to zip "$F" "$SCRATCH/q"
 expect_fail "bad value" $DCP synth "$SCRATCH/s" --shard diagonal
 expect_fail "unknown dtype" $DCP synth "$SCRATCH/s" --dtype float7
+expect_fail "too large" $DCP synth "$SCRATCH/s" --total 1G --shape 4294967296,4294967296,16
 $DCP synth "$SCRATCH/s" --keys 1 --shape 4
 expect_fail "already holds a checkpoint" $DCP synth "$SCRATCH/s" --keys 1 --shape 4
 # A destination with trailing slashes names the folder (the man page's example).

@@ -923,18 +923,23 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
     size_t *shard_of = malloc((n ? n : 1) * sizeof *shard_of);
     if (!shard_of)
         return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (nshards == 0 || (cur > 0 && max && cur + items[i].nbytes > max)) {
-            nshards++;
-            cur = 0;
+        uint64_t next;
+        if (!dcpi_add_u64(total, items[i].nbytes, &total) || !dcpi_add_u64(cur, items[i].nbytes, &next)) {
+            free(shard_of);
+            return dcpi_err(err, EFBIG, "%s: %s: the total size overflows", dir, items[i].key);
         }
-        cur += items[i].nbytes;
+        if (nshards == 0 || (cur > 0 && max && next > max)) {
+            nshards++;
+            next = items[i].nbytes;
+        }
+        cur = next;
         shard_of[i] = nshards - 1;
     }
     if (nshards == 0)
         nshards = 1;
     json_t *index = json_object(), *wm = json_object(), *meta = json_object();
-    uint64_t total = 0;
     int rc = 0;
     for (size_t sh = 0, first = 0; sh < nshards && rc == 0; sh++) {
         size_t last = first;
@@ -947,10 +952,8 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
             break;
         }
         rc = dcp_write_safetensors(path, items + first, last - first, s->opt->flags, &s->source, NULL, NULL, err);
-        for (size_t i = first; i < last; i++) {
+        for (size_t i = first; i < last; i++)
             json_object_set_new(wm, items[i].key, json_string(name));
-            total += items[i].nbytes;
-        }
         first = last;
     }
     json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
@@ -1092,9 +1095,10 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         *it = (dcp_item){.key = e->key, .kind = e->kind, .dtype = e->dtype, .ndim = e->ndim, .shape = e->shape,
                          .tag = i};
         if (e->kind == DCP_KIND_TENSOR) {
-            it->nbytes = dcp_entry_numel(e) * dcp_dtype_size(e->dtype);
             s.base[i] = s.total;
-            s.total += it->nbytes;
+            if (!dcpi_mul_u64(dcp_entry_numel(e), dcp_dtype_size(e->dtype), &it->nbytes) ||
+                !dcpi_add_u64(s.total, it->nbytes, &s.total))
+                rc = dcpi_err(err, EFBIG, "%s: %s: the total size overflows", srcp, e->key);
         } else {
             rc = bytes_len(&s, i, e, &it->nbytes, err);
         }

@@ -46,17 +46,23 @@ static int st_header(const dcp_item *items, size_t n, const char *what, unsigned
             rc = dcpi_err(err, EINVAL, "%s: %s: duplicate or reserved tensor name", what, it->key);
             break;
         }
+        uint64_t end;
+        if (!dcpi_add_u64(off, it->nbytes, &end) || end > INT64_MAX) {
+            rc = dcpi_err(err, EFBIG, "%s: %s: data offsets overflow (%" PRIu64 " + %" PRIu64 " bytes)", what, it->key,
+                          off, it->nbytes);
+            break;
+        }
         json_t *t = json_object(), *shape = json_array(), *offs = json_array();
         for (int d = 0; d < it->ndim; d++)
             json_array_append_new(shape, json_integer(it->shape[d]));
         json_array_append_new(offs, json_integer((json_int_t)off));
-        json_array_append_new(offs, json_integer((json_int_t)(off + it->nbytes)));
+        json_array_append_new(offs, json_integer((json_int_t)end));
         json_object_set_new(t, "dtype", json_string(dts));
         json_object_set_new(t, "shape", shape);
         json_object_set_new(t, "data_offsets", offs);
         if (json_object_set_new(root, it->key, t) < 0)
             rc = dcpi_err(err, ENOMEM, "%s: %s: cannot add to the header", what, it->key);
-        off += it->nbytes;
+        off = end;
     }
     char *js = rc == 0 ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
@@ -168,7 +174,12 @@ int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_ent
     for (size_t i = 0; i < m; i++) {
         l->tensors[i].offset = off;
         l->tensors[i].length = items[i].nbytes;
-        off += items[i].nbytes;
+        if (!dcpi_add_u64(off, items[i].nbytes, &off)) {
+            dcpi_err(err, EFBIG, "%s: %s: the virtual file's size overflows", dcp_path(ck), items[i].key);
+            free(items);
+            dcp_st_view_free(l);
+            return -1;
+        }
     }
     l->ntensors = m;
     l->size = off;

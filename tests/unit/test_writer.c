@@ -592,6 +592,53 @@ START_TEST(synth_formula)
 }
 END_TEST
 
+static int refuse_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)ctx, (void)tag, (void)off, (void)buf, (void)len;
+    return dcpi_err(err, EIO, "fill called");
+}
+
+/* Sizes that overflow are refused up front with EFBIG naming the key;
+ * nothing is read and no file is left. */
+START_TEST(size_overflow)
+{
+    const int64_t shape[] = {(int64_t)1 << 62};
+    dcp_item items[3];
+    const char *keys[] = {"k0", "k1", "k2"};
+    for (int i = 0; i < 3; i++)
+        items[i] = (dcp_item){.key = keys[i], .kind = DCP_KIND_TENSOR, .dtype = DCP_UINT8, .ndim = 1,
+                              .shape = shape, .nbytes = (uint64_t)1 << 62, .tag = (uint64_t)i};
+    char path[400];
+    snprintf(path, sizeof path, "%s/o.safetensors", tmpdir);
+    dcp_source src = {.fill = refuse_fill};
+    dcp_error err;
+    ck_assert(dcp_write_safetensors(path, items, 3, DCP_WRITE_NO_SYNC, &src, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EFBIG);
+    ck_assert_msg(strstr(err.msg, "k1: data offsets overflow"), "%s", err.msg);
+    struct stat st;
+    ck_assert(stat(path, &st) < 0);
+
+    /* A shape whose strides overflow int64 (torch.save's pickle of a chunk). */
+    pw w;
+    pw_init(&w, 2, -1, "test");
+    const int64_t big[] = {(int64_t)1 << 40, (int64_t)1 << 40, 4};
+    pw_torch_tensor(&w, DCP_FLOAT32, 3, big, "0");
+    ck_assert(pw_finish(&w, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "overflow"), "%s", err.msg);
+    pw_free(&w);
+
+    /* Ending a record when none is open is an error, not a read before the array. */
+    zw_out o;
+    zw z;
+    ck_assert(zw_out_init(&o, -1, 0, "mem", &err) == 0);
+    zw_begin(&z, &o, "archive", &err);
+    ck_assert(zw_record_end(&z, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "no record open"), "%s", err.msg);
+    zw_free(&z);
+    zw_out_free(&o);
+}
+END_TEST
+
 START_TEST(parse_size)
 {
     uint64_t v;
@@ -620,6 +667,7 @@ int main(void)
     tcase_add_test(t, dcp_writer_errors);
     tcase_add_test(t, synth_formula);
     tcase_add_test(t, parse_size);
+    tcase_add_test(t, size_overflow);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
