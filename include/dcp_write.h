@@ -122,7 +122,8 @@ enum {
      * otherwise one flat dict, like torch.save(model.state_dict()). */
     DCP_WRITE_NESTED = 1u << 0,
     DCP_WRITE_NO_CRC = 1u << 1,     /* torch.save and DCP output: CRC-32s written as 0 */
-    DCP_WRITE_NO_SYNC = 1u << 2     /* no fsync before the final rename */
+    DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync before the final rename, nor of the folder after */
+    DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
 };
 
 /* A torch.save file torch.load(weights_only=True) accepts: a dict of tensors
@@ -130,16 +131,19 @@ enum {
  * storage per tensor, records as torch 2.13 writes them. A bytes item is
  * stored as a Python bytes object holding its torch.save blob (load it with
  * torch.load(io.BytesIO(value))); converting back to DCP restores it as the
- * same bytes item. Written to path directly (dcp_convert_files adds the
- * rename); archive_name is the zip's root folder (NULL: the file name
- * without its suffix, as torch.save names it). */
+ * same bytes item. Written under a temporary name beside path
+ * (".NAME.tmp-PID-N"), fsynced, renamed onto path and the folder fsynced
+ * (no fsyncs with DCP_WRITE_NO_SYNC); on failure the temporary is removed
+ * and path is untouched. archive_name is the zip's root folder (NULL: the
+ * file name without its suffix, as torch.save names it). */
 int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
                          unsigned flags, const dcp_source *src, dcp_progress_fn progress, void *pctx,
                          dcp_error *err);
 
 /* A safetensors file of the tensor items (bytes items are an error here:
  * callers filter them). Header {"__metadata__": {"format": "pt"}, ...},
- * padded with spaces to a multiple of 8, data in item order. */
+ * padded with spaces to a multiple of 8, data in item order. Written
+ * through a temporary name and renamed, as dcp_write_torch_save. */
 int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, unsigned flags, const dcp_source *src,
                           dcp_progress_fn progress, void *pctx, dcp_error *err);
 

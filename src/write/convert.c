@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "pickle.h"
 #include "pickle_write.h"
@@ -913,6 +914,33 @@ static void remove_tmp(const char *p)
     rmdir(p);
 }
 
+/* model.safetensors.index.json, written through an fd so it can be fsynced. */
+static int write_index(const char *path, const json_t *index, int sync, dcp_error *err)
+{
+    char *js = json_dumps(index, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!js)
+        return dcpi_err(err, ENOMEM, "%s: cannot build the index", path);
+    size_t len = strlen(js), done = 0;
+    int rc = 0, fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        rc = dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
+    while (rc == 0 && done < len) {
+        ssize_t w = write(fd, js + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            rc = dcpi_err(err, w < 0 ? errno : EIO, "%s: write: %s", path, w < 0 ? strerror(errno) : "no progress");
+        else
+            done += (size_t)w;
+    }
+    if (rc == 0 && sync && fsync(fd) < 0)
+        rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
+    if (fd >= 0 && close(fd) < 0 && rc == 0)
+        rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    free(js);
+    return rc;
+}
+
 static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint64_t max, dcp_error *err)
 {
     if (mkdir(dir, 0777) < 0)
@@ -962,8 +990,8 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
     char ipath[4200];
     if (rc == 0 && (size_t)snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir) >= sizeof ipath)
         rc = dcpi_err(err, ENAMETOOLONG, "%s: path too long", dir);
-    if (rc == 0 && json_dump_file(index, ipath, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
-        rc = dcpi_err(err, EIO, "%s: cannot write", ipath);
+    if (rc == 0)
+        rc = write_index(ipath, index, !(s->opt->flags & DCP_WRITE_NO_SYNC), err);
     json_decref(index);
     free(shard_of);
     return rc;
@@ -1106,11 +1134,16 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     if (rc == 0 && opt->keys && nsel == 0)
         rc = dcpi_err(err, ENOENT, "%s: no key matches '%s'", srcp, opt->keys);
 
-    /* The temporary name: beside dst, hidden, unique to this process. */
-    char tmp[4200];
+    /* Single files: the writers go through a temporary name and a rename
+     * that never replaces. Folders: written under a temporary name beside
+     * dst, hidden, unique to this process, then renamed the same way. */
     const char *slash = strrchr(dst, '/');
-    snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-%ld", slash ? (int)(slash - dst + 1) : 0, dst, slash ? slash + 1 : dst,
-             (long)getpid());
+    int single = to == DCP_FORMAT_TORCH_SAVE || (to == DCP_FORMAT_SAFETENSORS && has_suffix(dst, ".safetensors"));
+    int sync = !(opt->flags & DCP_WRITE_NO_SYNC);
+    unsigned wflags = opt->flags | DCP_WRITE_NO_REPLACE;
+    char tmp[4200] = "";
+    if (rc == 0 && !single)
+        rc = dcpw_tmp_name(dst, tmp, sizeof tmp, err);
     if (rc == 0) {
         switch (to) {
         case DCP_FORMAT_DCP:
@@ -1120,12 +1153,12 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             char root[256];
             const char *b = slash ? slash + 1 : dst, *dot = strrchr(b, '.');
             snprintf(root, sizeof root, "%.*s", dot && dot != b ? (int)(dot - b) : (int)strlen(b), b);
-            rc = dcp_write_torch_save(tmp, root, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            rc = dcp_write_torch_save(dst, root, items, nitems, wflags, &s.source, NULL, NULL, err);
             break;
         }
         case DCP_FORMAT_SAFETENSORS:
-            if (has_suffix(dst, ".safetensors"))
-                rc = dcp_write_safetensors(tmp, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            if (single)
+                rc = dcp_write_safetensors(dst, items, nitems, wflags, &s.source, NULL, NULL, err);
             else
                 rc = write_shards(&s, tmp, items, nitems, opt->max_shard_size, err);
             break;
@@ -1133,11 +1166,13 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             rc = dcpi_err(err, EINVAL, "%s: unknown output format", dst);
         }
     }
-    if (rc == 0 && rename(tmp, dst) < 0)
-        rc = dcpi_err(err, errno, "%s: cannot rename %s into place: %s", dst, tmp, strerror(errno));
+    if (rc == 0 && !single && sync)
+        rc = dcpw_fsync_dir(tmp, err);
+    if (rc == 0 && !single)
+        rc = dcpw_rename(tmp, dst, 1, sync, err);
     if (rc == 0 && s.done < s.total && opt->progress)   /* the last bytes went by kernel copy */
         opt->progress(opt->progress_ctx, s.total, s.total);
-    if (rc < 0)
+    if (rc < 0 && tmp[0])
         remove_tmp(tmp);
     free(sel);
     free(items);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "safetensors.h"
 #include "zip_write.h"
@@ -99,10 +100,11 @@ int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, uns
     uint64_t hlen, total;
     if (st_header(items, n, path, &hdr, &hlen, &total, err) < 0)
         return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
+    int fd;
+    char tmp[4200];
+    if (dcpw_tmp_create(path, tmp, sizeof tmp, &fd, err) < 0) {
         free(hdr);
-        return dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
+        return -1;
     }
     zw_out out;
     unsigned char *piece = aligned_alloc(4096, PIECE);
@@ -122,6 +124,10 @@ int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, uns
         rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) < 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    if (rc == 0)
+        rc = dcpw_rename(tmp, path, !!(flags & DCP_WRITE_NO_REPLACE), !(flags & DCP_WRITE_NO_SYNC), err);
+    if (rc < 0)
+        unlink(tmp);
     free(piece);
     free(hdr);
     return rc;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "pickle_write.h"
 #include "zip_write.h"
@@ -208,11 +209,9 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
     int fd = -1;
     zw_out out = {.fd = -1};
     zw z = {0};
-    if (rc == 0) {
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (fd < 0)
-            rc = dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
-    }
+    char tmp[4200] = "";
+    if (rc == 0)
+        rc = dcpw_tmp_create(path, tmp, sizeof tmp, &fd, err);
     if (rc == 0)
         rc = zw_out_init(&out, fd, 0, path, err);
     if (rc == 0)
@@ -244,6 +243,10 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
         rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
     if (fd >= 0 && close(fd) < 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    if (rc == 0)
+        rc = dcpw_rename(tmp, path, !!(flags & DCP_WRITE_NO_REPLACE), !(flags & DCP_WRITE_NO_SYNC), err);
+    if (rc < 0 && fd >= 0)
+        unlink(tmp);
     zw_free(&z);
     zw_out_free(&out);
     free(c.piece);

@@ -639,6 +639,68 @@ START_TEST(size_overflow)
 }
 END_TEST
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+static int file_is(const char *path, const char *text)
+{
+    char buf[64] = "";
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return n == strlen(text) && !memcmp(buf, text, n);
+}
+
+static int only_entries(const char *dir, int want)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq %d", dir, want);
+    return system(cmd) == 0;
+}
+
+/* The single-file writers replace path only when complete: a failure part
+ * way leaves the old file and no temporary; NO_REPLACE keeps an existing one. */
+START_TEST(atomic_outputs)
+{
+    const int64_t shape[] = {4};
+    float vals[4] = {1, 2, 3, 4};
+    dcp_item item = {.key = "w", .kind = DCP_KIND_TENSOR, .dtype = DCP_FLOAT32, .ndim = 1, .shape = shape,
+                     .nbytes = sizeof vals};
+    dcp_source bad = {.fill = refuse_fill}, good = {.fill = mem_fill, .ctx = vals};
+    char st[400], pt[400];
+    snprintf(st, sizeof st, "%s/a.safetensors", tmpdir);
+    snprintf(pt, sizeof pt, "%s/a.pt", tmpdir);
+    write_text(st, "old safetensors");
+    write_text(pt, "old pt");
+    dcp_error err;
+    ck_assert(dcp_write_safetensors(st, &item, 1, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "fill called"), "%s", err.msg);
+    ck_assert(dcp_write_torch_save(pt, NULL, &item, 1, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert(file_is(st, "old safetensors") && file_is(pt, "old pt"));
+    ck_assert(only_entries(tmpdir, 2));
+    ck_assert(dcp_write_safetensors(st, &item, 1, DCP_WRITE_NO_REPLACE, &good, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EEXIST);
+    ck_assert(dcp_write_torch_save(pt, NULL, &item, 1, DCP_WRITE_NO_REPLACE, &good, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EEXIST);
+    ck_assert(file_is(st, "old safetensors") && file_is(pt, "old pt"));
+    ck_assert(only_entries(tmpdir, 2));
+    /* Complete: replaced (the safetensors data ends with the 16 bytes). */
+    ck_assert_msg(dcp_write_safetensors(st, &item, 1, 0, &good, NULL, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_msg(dcp_write_torch_save(pt, NULL, &item, 1, 0, &good, NULL, NULL, &err) == 0, "%s", err.msg);
+    ck_assert(only_entries(tmpdir, 2));
+    FILE *f = fopen(st, "rb");
+    float tail[4];
+    ck_assert(f && fseek(f, -16, SEEK_END) == 0 && fread(tail, 1, 16, f) == 16);
+    fclose(f);
+    ck_assert(!memcmp(tail, vals, 16));
+}
+END_TEST
+
 START_TEST(parse_size)
 {
     uint64_t v;
@@ -668,6 +730,7 @@ int main(void)
     tcase_add_test(t, synth_formula);
     tcase_add_test(t, parse_size);
     tcase_add_test(t, size_overflow);
+    tcase_add_test(t, atomic_outputs);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
