@@ -12,7 +12,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fnmatch.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -870,16 +869,6 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
-static int key_selected(const char *pattern, const char *key)
-{
-    if (!pattern)
-        return 1;
-    if (fnmatch(pattern, key, 0) == 0)
-        return 1;
-    size_t n = strlen(pattern);
-    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
-}
-
 static int bytes_len(src *s, size_t i, const dcp_entry *e, uint64_t *len, dcp_error *err)
 {
     if (e->has_blob)
@@ -1109,7 +1098,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             rc = dcpi_err(err, ESTALE, "%s: the checkpoint changed while it was read", srcp);
             break;
         }
-        if (!key_selected(opt->keys, e->key))
+        if (!dcp_key_matches(opt->keys, e->key))
             continue;
         if (to == DCP_FORMAT_SAFETENSORS && (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))) {
             if (opt->skipped)

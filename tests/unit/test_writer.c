@@ -701,6 +701,24 @@ START_TEST(atomic_outputs)
 }
 END_TEST
 
+/* One key selection for dcp ls/convert and dcpload. */
+START_TEST(key_matches)
+{
+    ck_assert(dcp_key_matches(NULL, "anything"));
+    ck_assert(dcp_key_matches("model", "model"));
+    ck_assert(dcp_key_matches("model", "model.layer.weight"));
+    ck_assert(!dcp_key_matches("model", "modelx.weight"));
+    ck_assert(!dcp_key_matches("model.layer", "model.layers.0"));
+    ck_assert(dcp_key_matches("model.*", "model.a.b"));        /* '*' crosses dots */
+    ck_assert(!dcp_key_matches("model.*", "model"));
+    ck_assert(dcp_key_matches("*.weight", "enc.0.weight"));
+    ck_assert(dcp_key_matches("enc.[01].w", "enc.1.w"));
+    ck_assert(!dcp_key_matches("enc.?", "enc.1.w"));           /* a pattern is not a prefix */
+    ck_assert(!dcp_key_matches("", ".x"));
+    ck_assert(!dcp_key_matches("", "x"));
+}
+END_TEST
+
 START_TEST(parse_size)
 {
     uint64_t v;
@@ -731,6 +749,7 @@ int main(void)
     tcase_add_test(t, parse_size);
     tcase_add_test(t, size_overflow);
     tcase_add_test(t, atomic_outputs);
+    tcase_add_test(t, key_matches);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
