@@ -126,12 +126,18 @@ enum {
     DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
 };
 
+#define DCP_WRITE_BYTES_MAX (1ull << 30)
+
 /* A torch.save file torch.load(weights_only=True) accepts: a dict of tensors
  * (_rebuild_tensor_v2, or v3 for the dtypes that need UntypedStorage), one
  * storage per tensor, records as torch 2.13 writes them. A bytes item is
  * stored as a Python bytes object holding its torch.save blob (load it with
  * torch.load(io.BytesIO(value))); converting back to DCP restores it as the
- * same bytes item. Written under a temporary name beside path
+ * same bytes item. Bytes items are pickled whole into data.pkl, which is
+ * built in memory before any tensor data is written: their lengths may total
+ * at most DCP_WRITE_BYTES_MAX (EFBIG naming the key that passes it, before
+ * anything is read), and memory peaks near three times that total (the
+ * blobs, their protocol-2 latin-1 text, up to twice as long). Written under a temporary name beside path
  * (".NAME.tmp-PID-N"), fsynced, renamed onto path and the folder fsynced
  * (no fsyncs with DCP_WRITE_NO_SYNC); on failure the temporary is removed
  * and path is untouched. archive_name is the zip's root folder (NULL: the

@@ -701,6 +701,25 @@ START_TEST(atomic_outputs)
 }
 END_TEST
 
+/* Bytes items are held in memory: their total is bounded before any is read. */
+START_TEST(bytes_total_cap)
+{
+    dcp_item items[3] = {
+        {.key = "small", .kind = DCP_KIND_BYTES, .nbytes = 100},
+        {.key = "big1", .kind = DCP_KIND_BYTES, .nbytes = 600u << 20},
+        {.key = "big2", .kind = DCP_KIND_BYTES, .nbytes = 600u << 20},
+    };
+    dcp_source bad = {.fill = refuse_fill};
+    char pt[400];
+    snprintf(pt, sizeof pt, "%s/b.pt", tmpdir);
+    dcp_error err;
+    ck_assert(dcp_write_torch_save(pt, NULL, items, 3, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EFBIG);
+    ck_assert_msg(strstr(err.msg, "big2: bytes items would total more than 1073741824 bytes"), "%s", err.msg);
+    ck_assert(only_entries(tmpdir, 0));
+}
+END_TEST
+
 /* One key selection for dcp ls/convert and dcpload. */
 START_TEST(key_matches)
 {
@@ -750,6 +769,7 @@ int main(void)
     tcase_add_test(t, size_overflow);
     tcase_add_test(t, atomic_outputs);
     tcase_add_test(t, key_matches);
+    tcase_add_test(t, bytes_total_cap);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
