@@ -106,7 +106,25 @@ static void check_roundtrip(int proto)
         ck_assert_int_eq(b->type, PK_BYTES);
         ck_assert(b->u.s.len == sizeof raw && !memcmp(b->u.s.p, raw, sizeof raw));
     } else {
+        /* _codecs.encode(text, 'latin1'): the text's code points are the bytes. */
         ck_assert(pk_is_global(pk_call_global(b), "_codecs", "encode"));
+        const char *text, *enc;
+        size_t tl;
+        ck_assert(pk_str(pk_item(b->u.call.args, 0), &text, &tl));
+        ck_assert(pk_str(pk_item(b->u.call.args, 1), &enc, NULL) && !strcmp(enc, "latin1"));
+        unsigned char dec[16];
+        size_t dn = 0;
+        for (size_t i = 0; i < tl && dn < sizeof dec; i++) {
+            unsigned char ch = (unsigned char)text[i];
+            if (ch < 0x80) {
+                dec[dn++] = ch;
+            } else {
+                ck_assert(ch == 0xc2 || ch == 0xc3);
+                ck_assert(i + 1 < tl);
+                dec[dn++] = (unsigned char)(((ch & 3) << 6) | ((unsigned char)text[++i] & 0x3f));
+            }
+        }
+        ck_assert(dn == sizeof raw && !memcmp(dec, raw, sizeof raw));
     }
     ck_assert_uint_eq(pk_len(pk_dict_get(root, "big")), 2500);
     ck_assert_uint_eq(pk_len(pk_dict_get(root, "one")), 1);
@@ -126,7 +144,7 @@ START_TEST(pickle_tensor)
 {
     pw w;
     pw_init(&w, 2, -1, "test");
-    const int64_t shape[] = {3, 0, 5};
+    const int64_t shape[] = {3, 2, 5};
     pw_torch_tensor(&w, DCP_FLOAT8_E4M3FN, 3, shape, "7");
     dcp_error err;
     ck_assert(pw_finish(&w, &err) == 0);
@@ -136,9 +154,28 @@ START_TEST(pickle_tensor)
     ck_assert(pk_is_global(pk_call_global(root), "torch._utils", "_rebuild_tensor_v3"));
     const pk_node *args = root->u.call.args, *stride = pk_item(args, 3);
     int64_t v;
-    ck_assert(pk_int(pk_item(stride, 0), &v) && v == 5);   /* torch: max(size, 1) */
+    ck_assert(pk_int(pk_item(stride, 0), &v) && v == 10);
     ck_assert(pk_int(pk_item(stride, 1), &v) && v == 5);
+    ck_assert(pk_int(pk_item(stride, 2), &v) && v == 1);
     ck_assert(pk_is_global(pk_item(args, 6), "torch", "float8_e4m3fn"));
+    /* The shared parser reads it back: UntypedStorage counts bytes, 30 here. */
+    dcpi_rebuild rb;
+    char why[256];
+    ck_assert_msg(dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) == 0, "%s", why);
+    ck_assert_uint_eq(rb.storage_bytes, 30);
+    ck_assert(rb.dtype == DCP_FLOAT8_E4M3FN && rb.ndim == 3 && rb.storage_key_len == 1 && rb.storage_key[0] == '7');
+    ck_assert(dcpi_torch_rebuild_check_view(&rb, why, sizeof why) == 0);
+    pk_free(doc);
+    pw_free(&w);
+
+    /* A typed storage counts elements; an empty dimension keeps torch's max(size, 1) strides. */
+    pw_init(&w, 2, -1, "test");
+    const int64_t empty[] = {3, 0, 5};
+    pw_torch_tensor(&w, DCP_FLOAT32, 3, empty, "0");
+    ck_assert(pw_finish(&w, &err) == 0);
+    ck_assert(pk_parse(w.buf, w.len, "test", &doc, &root, &err) == 0);
+    ck_assert(dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) == 0);
+    ck_assert(rb.storage_bytes == 0 && rb.stride[0] == 5 && rb.stride[1] == 5);
     pk_free(doc);
     pw_free(&w);
 }
@@ -578,17 +615,39 @@ START_TEST(dcp_writer_errors)
 }
 END_TEST
 
+static uint64_t splitmix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The bytes follow dcp-synth(1)'s formula: checked against values computed
+ * by tests/interop/writer_synth_expect.py and against the formula here. */
 START_TEST(synth_formula)
 {
-    /* word 0 of key 0, seed 0: mix(mix(0) + G). */
+    static const unsigned char k00[16] = {0xaf, 0xcd, 0x1d, 0x7b, 0x39, 0xa8, 0x20, 0xe2,
+                                          0xf4, 0x65, 0xb9, 0xa1, 0x6a, 0x9e, 0x78, 0x6e};
+    static const unsigned char k53[16] = {0x60, 0xa0, 0xad, 0xb9, 0x81, 0x90, 0xbb, 0x57,
+                                          0xe2, 0xa1, 0x87, 0x88, 0xe8, 0xb6, 0x31, 0xa0};
     unsigned char b[16];
     dcp_synth_fill(0, 0, DCP_UINT8, 0, b, 16);
+    ck_assert(!memcmp(b, k00, 16));
+    dcp_synth_fill(5, 3, DCP_FLOAT32, 0, b, 16);
+    ck_assert(!memcmp(b, k53, 16));
     unsigned char c[5];
-    dcp_synth_fill(0, 0, DCP_UINT8, 3, c, 5);   /* any offset gives the same bytes */
-    ck_assert(!memcmp(b + 3, c, 5));
-    dcp_synth_fill(0, 0, DCP_BOOL, 0, b, 16);
+    dcp_synth_fill(5, 3, DCP_FLOAT32, 3, c, 5);   /* any offset gives the same bytes */
+    ck_assert(!memcmp(k53 + 3, c, 5));
+    dcp_synth_fill(5, 3, DCP_BOOL, 0, b, 16);      /* bool: the lowest bit of each byte */
     for (int i = 0; i < 16; i++)
-        ck_assert(b[i] <= 1);
+        ck_assert_int_eq(b[i], k53[i] & 1);
+    /* Far into a key: word j = mix(base + (j+1) G), little-endian. */
+    const uint64_t G = 0x9E3779B97F4A7C15ull, seed = 77, key = 123456, j = 1000003;
+    uint64_t base = splitmix(seed + key * G), w = splitmix(base + (j + 1) * G);
+    unsigned char far[8];
+    dcp_synth_fill(seed, key, DCP_INT64, j * 8, far, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(far[i], (unsigned char)(w >> (8 * i)));
 }
 END_TEST
 
@@ -701,6 +760,23 @@ START_TEST(atomic_outputs)
 }
 END_TEST
 
+/* dcp_format_guess as dcp_write.h says: a folder of only *.safetensors. */
+START_TEST(format_guess)
+{
+    char d[400], f[500];
+    snprintf(d, sizeof d, "%s/hf", tmpdir);
+    ck_assert(mkdir(d, 0755) == 0);
+    snprintf(f, sizeof f, "%s/model.safetensors", d);
+    write_text(f, "x");
+    ck_assert_int_eq(dcp_format_guess(d), DCP_FORMAT_SAFETENSORS);
+    snprintf(f, sizeof f, "%s/__0_0.distcp", d);
+    write_text(f, "x");
+    ck_assert_int_eq(dcp_format_guess(d), DCP_FORMAT_DCP);
+    ck_assert_int_eq(dcp_format_guess("x.pt"), DCP_FORMAT_TORCH_SAVE);
+    ck_assert_int_eq(dcp_format_guess("x.safetensors"), DCP_FORMAT_SAFETENSORS);
+}
+END_TEST
+
 /* Bytes items are held in memory: their total is bounded before any is read. */
 START_TEST(bytes_total_cap)
 {
@@ -770,6 +846,7 @@ int main(void)
     tcase_add_test(t, atomic_outputs);
     tcase_add_test(t, key_matches);
     tcase_add_test(t, bytes_total_cap);
+    tcase_add_test(t, format_guess);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
