@@ -142,6 +142,11 @@ struct dcp_checkpoint {
 
 #define DCPI_CHUNK_BUDGET (16u << 20)
 
+/* An empty model over a folder (dcpfs's dcp_open starts the same way), and
+ * its file tables once every file is declared (model.c). */
+dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err);
+int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err);
+
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
 /* Returns the entry index of key, creating it with `kind` if absent. A key

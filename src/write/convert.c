@@ -106,41 +106,27 @@ const char *dcp_format_name(dcp_format f)
 /* ------------------------------------------------- single-file sources */
 
 /* A checkpoint over one file: the folder is the file's, the file table holds
- * the file alone. Mirrors model.c's open without its folder detection. */
+ * the file alone: model.c's empty model, without its folder detection. */
 static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_error *err)
 {
     const char *slash = strrchr(path, '/');
     *base = slash ? slash + 1 : path;
-    dcp_checkpoint *ck = calloc(1, sizeof *ck);
+    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!folder) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    dcp_checkpoint *ck = dcpi_ck_new(folder, err);
+    free(folder);
     if (!ck) {
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        dcpi_err_prefix(err, "%s", path);
         return NULL;
     }
-    dcpi_arena_init(&ck->arena);
-    dcpi_strmap_init(&ck->keys);
-    dcpi_strmap_init(&ck->file_index);
-    pthread_mutex_init(&ck->lock, NULL);
-    ck->path = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    ck->dirfd = ck->path ? open(ck->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     uint32_t f;
-    if (!ck->path || ck->dirfd < 0 || dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0) {
-        int e = errno;
-        if (ck->path && ck->dirfd < 0)
-            dcpi_err(err, e, "%s: cannot open its folder: %s", path, strerror(e));
-        else if (!ck->path)
-            dcpi_err(err, ENOMEM, "%s: out of memory", path);
+    if (dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
         return NULL;
     }
-    ck->fds = malloc(sizeof *ck->fds);
-    ck->file_sizes = malloc(sizeof *ck->file_sizes);
-    if (!ck->fds || !ck->file_sizes) {
-        dcp_close(ck);
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
-        return NULL;
-    }
-    ck->fds[0] = -1;
-    ck->file_sizes[0] = -1;
     return ck;
 }
 
@@ -615,25 +601,13 @@ static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_err
     json_object_foreach(root, name, t) {
         if (!strcmp(name, "__metadata__"))
             continue;
-        json_t *dts = json_object_get(t, "dtype"), *shape = json_object_get(t, "shape");
-        json_t *offs = json_object_get(t, "data_offsets");
-        dcp_dtype dt = dcp_dtype_from_safetensors(json_string_value(dts));
+        dcp_dtype dt;
+        int nd;
         int64_t size[DCPI_MAX_NDIM], zero[DCPI_MAX_NDIM] = {0};
-        size_t nd = json_array_size(shape);
-        uint64_t numel = 1;
-        int ok = dt != DCP_DTYPE_INVALID && json_is_array(shape) && nd <= DCPI_MAX_NDIM && json_is_array(offs) &&
-                 json_array_size(offs) == 2;
-        for (size_t d = 0; ok && d < nd; d++) {
-            json_t *s = json_array_get(shape, d);
-            size[d] = json_integer_value(s);
-            ok = json_is_integer(s) && size[d] >= 0 && dcpi_mul_u64(numel, (uint64_t)size[d], &numel);
-        }
-        json_int_t b0 = json_integer_value(json_array_get(offs, 0)), b1 = json_integer_value(json_array_get(offs, 1));
-        uint64_t nbytes;
-        ok = ok && b0 >= 0 && b1 >= b0 && (uint64_t)b1 <= fsize - data &&
-             dcpi_mul_u64(numel, dcp_dtype_size(dt), &nbytes) && nbytes == (uint64_t)(b1 - b0);
-        if (!ok) {
-            rc = dcpi_err(err, EIO, "%s: %s: bad dtype, shape or data_offsets", path, name);
+        uint64_t b0, nbytes;
+        const char *why;
+        if (dcpi_st_entry(t, fsize - data, &dt, &nd, size, &b0, &nbytes, &why) < 0) {
+            rc = dcpi_err(err, EIO, "%s: %s: %s", path, name, why);
             break;
         }
         size_t idx, ci;
@@ -644,7 +618,7 @@ static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_err
             break;
         }
         ck->priv[idx].chunks[ci].blob = (dcp_blob){.file = 0, .transforms = DCPI_BLOB_RAW,
-                                                   .offset = data + (uint64_t)b0, .length = nbytes};
+                                                   .offset = data + b0, .length = nbytes};
         ck->priv[idx].chunks[ci].has_blob = 1;
     }
     if (rc == 0) {
@@ -688,6 +662,8 @@ typedef struct src {
     uint64_t done, total;
     const dcp_convert_options *opt;
     keypaths paths;          /* keys' paths for planner_data, when the source knows them */
+    size_t no_run_tag;       /* an entry of one chunk found not stored as is: */
+    int no_run_valid;        /* its strides or transforms hold for all of it, so ask no more */
 } src;
 
 /* A DCP source's planner_data (flattened key -> path tuple), kept for the
@@ -825,10 +801,18 @@ static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_ru
     src_progress(s, (size_t)tag, e, off);   /* the writer asks in order: all before off is written */
     if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
         return 0;   /* side data; or too many files to pin an fd for each */
+    if (s->no_run_valid && s->no_run_tag == tag)
+        return 0;
     uint64_t want = len < PROBE ? len : PROBE;
     if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
         return -1;
     const dcp_op *op = as_is_head(&s->plan);
+    /* One chunk's record is uniform: when its head here is transformed,
+     * byte-swapped or strided in the last dimension, so is every piece. */
+    if (!op && e->kind == DCP_KIND_TENSOR && e->nchunks == 1 && !s->plan.zero_fill) {
+        s->no_run_tag = tag;
+        s->no_run_valid = 1;
+    }
     if (op && op->length == want && len > want) {
         want = len < RANGE_MAX ? len : RANGE_MAX;
         if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
