@@ -29,6 +29,17 @@ typedef struct dcp_error {
     char msg[DCP_ERRMSG_MAX];   /* "<file>: <key>: <reason>" */
 } dcp_error;
 
+/* Called as bytes are processed (for progress bars); may be NULL. Used by
+ * dcp_write.h and dcp_integrity.h. */
+typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+
+/* The key selection of dcp ls/convert --keys and dcpload --keys: 1 when key
+ * matches the fnmatch(3) pattern (flags 0: '*' crosses dots), or, for a
+ * pattern without wildcards ('*', '?', '[', '\\'), equals it or lies under it
+ * as a dotted prefix ("model" selects "model.layer.weight", not
+ * "modelx.w"). A NULL pattern matches every key. */
+int dcp_key_matches(const char *pattern, const char *key);
+
 /* ---------------------------------------------------------------- dtypes */
 
 typedef enum dcp_dtype {

@@ -19,9 +19,6 @@
 extern "C" {
 #endif
 
-/* Called as bytes are written (for progress bars); may be NULL. The same
- * type as in dcp_integrity.h. */
-typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* Supplies bytes [off, off+len) of an item's byte image (a tensor chunk's
  * elements in C order, or a bytes item's stored torch.save blob). `tag` is
@@ -69,7 +66,9 @@ typedef struct dcp_ckpt_options {
     const char *checkpoint_id;     /* StorageMeta.checkpoint_id; NULL: the folder as given */
 } dcp_ckpt_options;
 
-/* Create the folder (it may exist, but must not hold a .metadata). opts may be NULL. */
+/* Create the folder. An existing folder must be empty (never a .metadata, a
+ * rank-local checkpoint or any other file): data files are created with
+ * O_EXCL, nothing is overwritten. opts may be NULL. */
 int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err);
 /* Declare a tensor (before its chunks). */
 int dcp_ckpt_add_tensor(dcp_ckpt_writer *w, const char *key, dcp_dtype dt, int ndim, const int64_t *shape,
@@ -83,6 +82,20 @@ int dcp_ckpt_add_chunk(dcp_ckpt_writer *w, const char *key, int rank, const int6
 /* Write a bytes item: len bytes of a torch.save blob, copied verbatim. */
 int dcp_ckpt_add_bytes(dcp_ckpt_writer *w, const char *key, int rank, uint64_t len, const dcp_source *src,
                        uint64_t tag, dcp_error *err);
+/* One element of a key's path in the state dict before it was flattened:
+ * a dict key (str, len bytes) or, when str is NULL, a list index or int
+ * dict key (index). */
+typedef struct dcp_path_part {
+    const char *str;
+    size_t len;
+    int64_t index;
+} dcp_path_part;
+/* Record a declared key's path for Metadata.planner_data, which torch's
+ * dcp_to_torch_save and _load_state_dict_from_keys use to rebuild the
+ * nesting ({"a": {"b": [t]}} for ("a", "b", 0)). The parts joined with '.'
+ * (ints in decimal) must give the key. A key without a path gets (key,): a
+ * flat top-level key, as torch.save(model.state_dict()) holds it. */
+int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *parts, size_t n, dcp_error *err);
 /* Check that every tensor's chunks cover it (volumes add up, boxes inside),
  * fsync the data files, write .metadata.tmp and rename it to .metadata. */
 int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err);
@@ -109,24 +122,34 @@ enum {
      * otherwise one flat dict, like torch.save(model.state_dict()). */
     DCP_WRITE_NESTED = 1u << 0,
     DCP_WRITE_NO_CRC = 1u << 1,     /* torch.save and DCP output: CRC-32s written as 0 */
-    DCP_WRITE_NO_SYNC = 1u << 2     /* no fsync before the final rename */
+    DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync before the final rename, nor of the folder after */
+    DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
 };
+
+#define DCP_WRITE_BYTES_MAX (1ull << 30)
 
 /* A torch.save file torch.load(weights_only=True) accepts: a dict of tensors
  * (_rebuild_tensor_v2, or v3 for the dtypes that need UntypedStorage), one
  * storage per tensor, records as torch 2.13 writes them. A bytes item is
  * stored as a Python bytes object holding its torch.save blob (load it with
  * torch.load(io.BytesIO(value))); converting back to DCP restores it as the
- * same bytes item. Written to path directly (dcp_convert_files adds the
- * rename); archive_name is the zip's root folder (NULL: the file name
- * without its suffix, as torch.save names it). */
+ * same bytes item. Bytes items are pickled whole into data.pkl, which is
+ * built in memory before any tensor data is written: their lengths may total
+ * at most DCP_WRITE_BYTES_MAX (EFBIG naming the key that passes it, before
+ * anything is read), and memory peaks near three times that total (the
+ * blobs, their protocol-2 latin-1 text, up to twice as long). Written under a temporary name beside path
+ * (".NAME.tmp-PID-N"), fsynced, renamed onto path and the folder fsynced
+ * (no fsyncs with DCP_WRITE_NO_SYNC); on failure the temporary is removed
+ * and path is untouched. archive_name is the zip's root folder (NULL: the
+ * file name without its suffix, as torch.save names it). */
 int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
                          unsigned flags, const dcp_source *src, dcp_progress_fn progress, void *pctx,
                          dcp_error *err);
 
 /* A safetensors file of the tensor items (bytes items are an error here:
  * callers filter them). Header {"__metadata__": {"format": "pt"}, ...},
- * padded with spaces to a multiple of 8, data in item order. */
+ * padded with spaces to a multiple of 8, data in item order. Written
+ * through a temporary name and renamed, as dcp_write_torch_save. */
 int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, unsigned flags, const dcp_source *src,
                           dcp_progress_fn progress, void *pctx, dcp_error *err);
 
@@ -168,8 +191,9 @@ typedef enum dcp_format {
     DCP_FORMAT_SAFETENSORS      /* .safetensors file, or a folder of shards + model.safetensors.index.json */
 } dcp_format;
 
-/* Called once per item not converted (bytes items into safetensors, dtypes
- * safetensors lacks, non-tensor values of a torch.save source). */
+/* Called once per item not converted, with its key: bytes items into
+ * safetensors, dtypes safetensors lacks, values of a torch.save source that
+ * are neither tensors nor plain data. */
 typedef void (*dcp_skip_fn)(void *ctx, const char *key, const char *why);
 
 typedef struct dcp_convert_options {
@@ -222,8 +246,8 @@ typedef struct dcp_synth_options {
     void *progress_ctx;
 } dcp_synth_options;
 
-/* Key i is "model.layers.<i>.weight"; its C-order bytes are
- * dcp_synth_byte(seed, i, b) (see dcp-synth(1) for the formula). */
+/* Key i is "model.layers.<i>.weight"; its C-order bytes are what
+ * dcp_synth_fill(seed, i, dtype, ...) gives (see dcp-synth(1) for the formula). */
 int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *opt, dcp_error *err);
 /* Fill buf with bytes [off, off+len) of key i's global C-order image. */
 void dcp_synth_fill(uint64_t seed, uint64_t key, dcp_dtype dt, uint64_t off, void *buf, size_t len);

@@ -4,6 +4,7 @@ include_HEADERS += include/dcp.h
 noinst_HEADERS += src/internal.h src/pickle.h
 libdcp_la_SOURCES = \
 	src/util.c \
+	src/keys.c \
 	src/dtype.c \
 	src/model.c \
 	src/pickle.c \

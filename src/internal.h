@@ -142,6 +142,11 @@ struct dcp_checkpoint {
 
 #define DCPI_CHUNK_BUDGET (16u << 20)
 
+/* An empty model over a folder (dcpfs's dcp_open starts the same way), and
+ * its file tables once every file is declared (model.c). */
+dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err);
+int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err);
+
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
 /* Returns the entry index of key, creating it with `kind` if absent. A key
@@ -201,6 +206,34 @@ int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len,
 /* Decoded size of a blob (its length when it has no transform). */
 int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key,
                   dcp_error *err);
+
+/* The arguments of the _rebuild_tensor_v2/v3 call a torch.save data.pkl
+ * makes for one tensor (torchsave.c), behind the wrappers torch.save may use
+ * (_rebuild_parameter, _rebuild_parameter_with_state, _rebuild_from_type_v2
+ * of a plain Tensor or Parameter). Shared by the record locator and the
+ * torch.save source of convert. */
+typedef struct dcpi_rebuild {
+    dcp_dtype dtype;
+    const char *storage_type;      /* the storage class name (FloatStorage, UntypedStorage...) */
+    const char *storage_key;       /* the record is data/<storage_key> */
+    size_t storage_key_len;
+    uint64_t storage_bytes;        /* the record's size data.pkl implies */
+    int64_t storage_offset;        /* in elements */
+    int ndim;
+    int64_t size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
+    uint32_t flags;                /* DCP_RECORD_CONJ, DCP_RECORD_NEG from the metadata dict */
+} dcpi_rebuild;
+
+struct pk_node;
+/* 1 when n is a tensor torch.save may have written (a rebuild call, maybe
+ * wrapped), 0 otherwise. */
+int dcpi_torch_is_tensor(const struct pk_node *n);
+/* Parse the rebuild call behind n (dtype, storage size and key, sizes,
+ * strides, conj/neg). 0, or -1 with a reason in why. */
+int dcpi_torch_rebuild_parse(const struct pk_node *n, dcpi_rebuild *r, char *why, size_t whylen);
+/* Check the view: sizes and strides non-negative, every element it
+ * addresses inside the storage. 0, or -1 with a reason in why. */
+int dcpi_torch_rebuild_check_view(const dcpi_rebuild *r, char *why, size_t whylen);
 
 /* Record locator (torchsave.c): parse the torch.save zip of chunk c (chunk
  * index `chunk` of e). rec->stride points at stride (room for e->ndim values). */

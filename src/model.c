@@ -641,3 +641,8 @@ int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
     *out = &slot->rec;
     return 0;
 }
+
+/* For loaders of a single file (write/convert.c): the same empty model and
+ * file tables as dcp_open's. */
+dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err) { return ck_new(folder, err); }
+int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err) { return ck_files_ready(ck, err); }

@@ -110,11 +110,13 @@ static int load_file(dcp_checkpoint *ck, const char *rel, gather *g, int *shardi
     json_object_foreach(root, name, t) {
         if (!strcmp(name, "__metadata__"))
             continue;
-        json_t *dts = json_object_get(t, "dtype"), *shape = json_object_get(t, "shape");
-        json_t *offs = json_object_get(t, "data_offsets");
-        if (!json_is_string(dts) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2 ||
-            json_array_size(shape) > DCPI_MAX_NDIM) {
-            rc = dcpi_err(err, EIO, "%s: %s: malformed safetensors entry", what, name);
+        dcp_dtype dt;
+        int nd;
+        int64_t size[DCPI_MAX_NDIM];
+        uint64_t b0, nbytes;
+        const char *why;
+        if (dcpi_st_entry(t, (uint64_t)sb.st_size - data, &dt, &nd, size, &b0, &nbytes, &why) < 0) {
+            rc = dcpi_err(err, EIO, "%s: %s: %s", what, name, why);
             break;
         }
         if (g->n == g->cap) {
@@ -131,28 +133,22 @@ static int load_file(dcp_checkpoint *ck, const char *rel, gather *g, int *shardi
         memset(p, 0, sizeof *p);
         p->next = SIZE_MAX;
         p->key = dcpi_arena_strndup(&ck->arena, name, strlen(name));
-        p->dt = dcp_dtype_from_safetensors(json_string_value(dts));
-        p->nd = (int)json_array_size(shape);
-        json_int_t b0 = json_integer_value(json_array_get(offs, 0)), b1 = json_integer_value(json_array_get(offs, 1));
+        p->dt = dt;
+        p->nd = nd;
+        memcpy(p->size, size, (size_t)nd * sizeof *size);
         json_t *saved = json_object_get(json_object_get(shard, name), "saved_offsets");
-        uint64_t numel = 1;
-        int ok = p->key && p->dt != DCP_DTYPE_INVALID && b0 >= 0 && b1 >= b0 &&
-                 (uint64_t)b1 <= (uint64_t)sb.st_size - data;
-        for (int d = 0; ok && d < p->nd; d++) {
-            json_t *s = json_array_get(shape, (size_t)d);
-            p->size[d] = json_integer_value(s);
-            p->off[d] = saved ? json_integer_value(json_array_get(saved, (size_t)d)) : 0;
-            ok = json_is_integer(s) && p->size[d] >= 0 && p->off[d] >= 0 &&
-                 (!saved || json_array_size(saved) == (size_t)p->nd) &&
-                 dcpi_mul_u64(numel, (uint64_t)p->size[d], &numel);
+        int ok = p->key && (!saved || json_array_size(saved) == (size_t)nd);
+        for (int d = 0; ok && d < nd; d++) {
+            json_t *o = saved ? json_array_get(saved, (size_t)d) : NULL;
+            p->off[d] = o ? json_integer_value(o) : 0;
+            ok = (!saved || json_is_integer(o)) && p->off[d] >= 0;
         }
-        uint64_t nbytes = 0;
-        if (!ok || !dcpi_mul_u64(numel, dcp_dtype_size(p->dt), &nbytes) || (uint64_t)(b1 - b0) != nbytes) {
-            rc = dcpi_err(err, EIO, "%s: %s: bad dtype, shape, offsets or data range", what, name);
+        if (!ok) {
+            rc = dcpi_err(err, p->key ? EIO : ENOMEM, "%s: %s: %s", what, name,
+                          p->key ? "bad saved_offsets in DCP_SHARDING_INFO" : "out of memory");
             break;
         }
-        p->blob = (dcp_blob){.file = file, .transforms = DCPI_BLOB_RAW, .offset = data + (uint64_t)b0,
-                             .length = (uint64_t)(b1 - b0)};
+        p->blob = (dcp_blob){.file = file, .transforms = DCPI_BLOB_RAW, .offset = data + b0, .length = nbytes};
         uint64_t v;
         size_t klen = strlen(p->key);
         if (dcpi_strmap_get(&g->last, p->key, klen, &v)) {
@@ -274,4 +270,34 @@ int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
         ck->info.layout = "huggingface";
     }
     return rc;
+}
+
+int dcpi_st_entry(const json_t *t, uint64_t data_len, dcp_dtype *dt, int *nd, int64_t *size, uint64_t *begin,
+                  uint64_t *nbytes, const char **why)
+{
+    json_t *dts = json_object_get(t, "dtype"), *shape = json_object_get(t, "shape");
+    json_t *offs = json_object_get(t, "data_offsets");
+    if (!json_is_string(dts) || !json_is_array(shape) || !json_is_array(offs) || json_array_size(offs) != 2 ||
+        json_array_size(shape) > DCPI_MAX_NDIM) {
+        *why = "malformed safetensors entry";
+        return -1;
+    }
+    *dt = dcp_dtype_from_safetensors(json_string_value(dts));
+    *nd = (int)json_array_size(shape);
+    json_t *j0 = json_array_get(offs, 0), *j1 = json_array_get(offs, 1);
+    json_int_t b0 = json_integer_value(j0), b1 = json_integer_value(j1);
+    uint64_t numel = 1;
+    int ok = *dt != DCP_DTYPE_INVALID && json_is_integer(j0) && json_is_integer(j1) && b0 >= 0 && b1 >= b0 &&
+             (uint64_t)b1 <= data_len;
+    for (int d = 0; ok && d < *nd; d++) {
+        json_t *s = json_array_get(shape, (size_t)d);
+        size[d] = json_integer_value(s);
+        ok = json_is_integer(s) && size[d] >= 0 && dcpi_mul_u64(numel, (uint64_t)size[d], &numel);
+    }
+    if (!ok || !dcpi_mul_u64(numel, dcp_dtype_size(*dt), nbytes) || (uint64_t)(b1 - b0) != *nbytes) {
+        *why = "bad dtype, shape, offsets or data range";
+        return -1;
+    }
+    *begin = (uint64_t)b0;
+    return 0;
 }

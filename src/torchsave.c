@@ -389,6 +389,102 @@ static int small_record(loc *l, const dcpi_zip_entry *ze, uint64_t blen, char *b
     return 0;
 }
 
+int dcpi_torch_is_tensor(const pk_node *n)
+{
+    const pk_node *fn, *args;
+    return find_rebuild(n, &fn, &args) == 0;
+}
+
+__attribute__((format(printf, 3, 4)))
+static int why_fail(char *why, size_t whylen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_t whylen)
+{
+    const pk_node *fn, *args;
+    memset(r, 0, sizeof *r);
+    if (find_rebuild(n, &fn, &args) < 0)
+        return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", callable_name(n));
+    int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
+    const pk_node *sto = pk_item(args, 0);
+    const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
+    const char *tag;
+    size_t tagl;
+    int64_t snumel;
+    int snd;
+    const pk_node *cls = pk_item(pid, 1);
+    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, &tagl) || tagl != 7 || memcmp(tag, "storage", 7) ||
+        !cls || cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &r->storage_key, &r->storage_key_len) ||
+        !pk_int(pk_item(pid, 4), &snumel) || !pk_int(pk_item(args, 1), &r->storage_offset) ||
+        vec(pk_item(args, 2), r->size, &r->ndim) < 0 || vec(pk_item(args, 3), r->stride, &snd) < 0 ||
+        r->ndim != snd)
+        return why_fail(why, whylen, "malformed _rebuild_tensor arguments in data.pkl");
+    r->storage_type = cls->u.global.name;
+    const pk_node *meta;
+    if (v3) {
+        const pk_node *d = pk_item(args, 6);
+        r->dtype = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch")
+                       ? dcp_dtype_from_name(d->u.global.name) : DCP_DTYPE_INVALID;
+        meta = pk_item(args, 7);
+        if (r->dtype == DCP_DTYPE_INVALID)
+            return why_fail(why, whylen, "unknown dtype %s in _rebuild_tensor_v3",
+                            d && d->type == PK_GLOBAL ? d->u.global.name : "(not a global)");
+    } else {
+        r->dtype = dcp_dtype_from_storage(cls->u.global.name);
+        meta = pk_item(args, 6);
+        if (r->dtype == DCP_DTYPE_INVALID)
+            return why_fail(why, whylen, "unknown storage type %s", cls->u.global.name);
+    }
+    size_t esz = dcp_dtype_size(r->dtype);
+    /* Typed storages count elements, UntypedStorage (v3) counts bytes. */
+    if (snumel < 0 || !dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1,
+                                    &r->storage_bytes))
+        return why_fail(why, whylen, "bad storage size %" PRId64, snumel);
+    if (r->storage_key_len == 0 || r->storage_key_len > STORAGE_KEY_MAX ||
+        memchr(r->storage_key, 0, r->storage_key_len) || memchr(r->storage_key, '/', r->storage_key_len))
+        return why_fail(why, whylen, "bad storage key in data.pkl");
+    if (meta && meta->type == PK_DICT) {
+        int64_t v;
+        if (pk_int(pk_dict_get(meta, "conj"), &v) && v)
+            r->flags |= DCP_RECORD_CONJ;
+        if (pk_int(pk_dict_get(meta, "neg"), &v) && v)
+            r->flags |= DCP_RECORD_NEG;
+    }
+    return 0;
+}
+
+int dcpi_torch_rebuild_check_view(const dcpi_rebuild *r, char *why, size_t whylen)
+{
+    size_t esz = dcp_dtype_size(r->dtype);
+    /* Every element the view addresses must lie inside the storage. */
+    if (r->storage_offset < 0)
+        return why_fail(why, whylen, "negative storage offset %" PRId64, r->storage_offset);
+    uint64_t last = (uint64_t)r->storage_offset;
+    int empty = 0;
+    for (int d = 0; d < r->ndim; d++) {
+        uint64_t span;
+        if (r->size[d] < 0)
+            return why_fail(why, whylen, "negative size %" PRId64 " in dimension %d", r->size[d], d);
+        if (r->stride[d] < 0)
+            return why_fail(why, whylen, "negative stride %" PRId64 " in dimension %d", r->stride[d], d);
+        if (r->size[d] == 0)
+            empty = 1;
+        else if (!dcpi_mul_u64((uint64_t)(r->size[d] - 1), (uint64_t)r->stride[d], &span) ||
+                 !dcpi_add_u64(last, span, &last))
+            return why_fail(why, whylen, "strides overflow");
+    }
+    if (!empty && last >= r->storage_bytes / esz)
+        return why_fail(why, whylen, "the stored view reaches element %" PRIu64 " of a %" PRIu64 "-element storage",
+                        last, r->storage_bytes / esz);
+    return 0;
+}
+
 static int zip_record(loc *l, dcp_record *rec)
 {
     dcp_checkpoint *ck = l->ck;
@@ -425,105 +521,42 @@ static int zip_record(loc *l, dcp_record *rec)
     snprintf(what, sizeof what, "%s/%s: %s: data.pkl", ck->path, ck->files[b->file], key);
     if (pk_parse(pkl, pe->size, what, &doc, &root, l->err) < 0)
         goto out;
-    const pk_node *fn, *args;
-    if (find_rebuild(root, &fn, &args) < 0) {
-        loc_fail(l, EIO, "data.pkl does not rebuild a plain tensor (%s)", callable_name(root));
+    dcpi_rebuild rb;
+    char why[512];
+    if (dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) < 0) {
+        loc_fail(l, EIO, "%s", why);
         goto out;
     }
-    int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
-    const pk_node *sto = pk_item(args, 0);
-    const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
-    const char *tag, *skey;
-    size_t skl, tagl;
-    int64_t soff, snumel, size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
-    int nd, snd;
-    const pk_node *cls = pk_item(pid, 1);
-    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, &tagl) || tagl != 7 || memcmp(tag, "storage", 7) ||
-        !cls || cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &skey, &skl) ||
-        !pk_int(pk_item(pid, 4), &snumel) || !pk_int(pk_item(args, 1), &soff) ||
-        vec(pk_item(args, 2), size, &nd) < 0 || vec(pk_item(args, 3), stride, &snd) < 0 || nd != snd) {
-        loc_fail(l, EIO, "malformed _rebuild_tensor arguments in data.pkl");
-        goto out;
-    }
-    dcp_dtype dt;
-    const pk_node *meta;
-    if (v3) {
-        const pk_node *d = pk_item(args, 6);
-        dt = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch") ? dcp_dtype_from_name(d->u.global.name)
-                                                                               : DCP_DTYPE_INVALID;
-        meta = pk_item(args, 7);
-        if (dt == DCP_DTYPE_INVALID) {
-            loc_fail(l, EIO, "unknown dtype %s in _rebuild_tensor_v3",
-                     d && d->type == PK_GLOBAL ? d->u.global.name : "(not a global)");
-            goto out;
-        }
-    } else {
-        dt = dcp_dtype_from_storage(cls->u.global.name);
-        meta = pk_item(args, 6);
-        if (dt == DCP_DTYPE_INVALID) {
-            loc_fail(l, EIO, "unknown storage type %s", cls->u.global.name);
-            goto out;
-        }
-    }
-    size_t esz = dcp_dtype_size(dt);
-    if (esz != dcp_dtype_size(l->e->dtype)) {
+    dcp_dtype dt = rb.dtype;
+    int nd = rb.ndim;
+    if (dcp_dtype_size(dt) != dcp_dtype_size(l->e->dtype)) {
         loc_fail(l, EIO, "stored dtype %s differs in size from the metadata's %s", dcp_dtype_name(dt),
                  dcp_dtype_name(l->e->dtype));
         goto out;
     }
-    if (nd != l->e->ndim || memcmp(size, l->c->sizes, (size_t)nd * sizeof *size)) {
+    if (nd != l->e->ndim || memcmp(rb.size, l->c->sizes, (size_t)nd * sizeof *rb.size)) {
         loc_fail(l, EIO, "stored tensor shape differs from the chunk's sizes");
         goto out;
     }
-    /* Typed storages count elements, UntypedStorage (v3) counts bytes. */
-    uint64_t sbytes;
-    if (snumel < 0 || !dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1, &sbytes)) {
-        loc_fail(l, EIO, "bad storage size %" PRId64, snumel);
-        goto out;
-    }
-    if (skl == 0 || skl > STORAGE_KEY_MAX || memchr(skey, 0, skl)) {
-        loc_fail(l, EIO, "bad storage key in data.pkl");
-        goto out;
-    }
     char rname[STORAGE_KEY_MAX + 8];
-    snprintf(rname, sizeof rname, "data/%.*s", (int)skl, skey);
+    snprintf(rname, sizeof rname, "data/%.*s", (int)rb.storage_key_len, rb.storage_key);
     const dcpi_zip_entry *de = dcpi_zip_find(&z, rname);
     if (!de) {
         loc_fail(l, EIO, "storage record %s is missing from the archive", rname);
         goto out;
     }
-    if (de->size != sbytes) {
-        loc_fail(l, EIO, "storage record %s holds %" PRIu64 " bytes, data.pkl says %" PRIu64, rname, de->size, sbytes);
+    if (de->size != rb.storage_bytes) {
+        loc_fail(l, EIO, "storage record %s holds %" PRIu64 " bytes, data.pkl says %" PRIu64, rname, de->size,
+                 rb.storage_bytes);
         goto out;
     }
-    /* Every element the view addresses must lie inside the record. */
-    if (soff < 0) {
-        loc_fail(l, EIO, "negative storage offset %" PRId64, soff);
-        goto out;
-    }
-    uint64_t last = (uint64_t)soff;
-    int empty = 0;
-    for (int d = 0; d < nd; d++) {
-        uint64_t span;
-        if (stride[d] < 0) {
-            loc_fail(l, EIO, "negative stride %" PRId64 " in dimension %d", stride[d], d);
-            goto out;
-        }
-        if (size[d] == 0)
-            empty = 1;
-        else if (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) || !dcpi_add_u64(last, span, &last)) {
-            loc_fail(l, EIO, "strides overflow");
-            goto out;
-        }
-    }
-    if (!empty && last >= sbytes / esz) {
-        loc_fail(l, EIO, "the stored view reaches element %" PRIu64 " of a %" PRIu64 "-element storage", last,
-                 sbytes / esz);
+    if (dcpi_torch_rebuild_check_view(&rb, why, sizeof why) < 0) {
+        loc_fail(l, EIO, "%s", why);
         goto out;
     }
     if (dcpi_zip_data(ck, b, key, de, blen, &dstart, l->err) < 0)
         goto out;
-    uint32_t flags = 0;
+    uint32_t flags = rb.flags;
     const dcpi_zip_entry *bo = dcpi_zip_find(&z, "byteorder");
     if (bo) {   /* absent before torch 2.1: the saver's order, little-endian in practice */
         char order[17];
@@ -536,16 +569,9 @@ static int zip_record(loc *l, dcp_record *rec)
             goto out;
         }
     }
-    if (meta && meta->type == PK_DICT) {
-        int64_t v;
-        if (pk_int(pk_dict_get(meta, "conj"), &v) && v)
-            flags |= DCP_RECORD_CONJ;
-        if (pk_int(pk_dict_get(meta, "neg"), &v) && v)
-            flags |= DCP_RECORD_NEG;
-    }
     memset(rec, 0, sizeof *rec);
     rec->data_length = de->size;
-    rec->storage_offset = soff;
+    rec->storage_offset = rb.storage_offset;
     rec->dtype = dt;
     if (b->transforms & DCP_TRANSFORM_ZSTD) {
         flags |= DCP_RECORD_DECODED;
@@ -554,7 +580,7 @@ static int zip_record(loc *l, dcp_record *rec)
         rec->data_offset = b->offset + dstart;
     }
     rec->flags = flags;
-    rec->stride = stride_copy(l, stride, nd);
+    rec->stride = stride_copy(l, rb.stride, nd);
     rc = rec->stride ? 0 : -1;
 out:
     pk_free(doc);

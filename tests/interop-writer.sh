@@ -36,4 +36,28 @@ for name in 01_single_plain 03_colwise_4ranks 05_mixed_2ranks; do
     $PY dcp "$SCRATCH/$name-dcp" "$m" 1 || fail "$name: DCP converted from .pt on 1 rank"
     $PY dcp "$SCRATCH/$name-dcp" "$m" 2 || fail "$name: DCP converted from .pt on 2 ranks"
 done
+# Values torch.save writes lazily or wrapped (conj and neg views, nn.Parameter) and
+# plain bytes, alone and in a list, survive .pt -> DCP -> .pt.
+VAL="python3 $top_srcdir/tests/interop/writer_values.py"
+$VAL make "$SCRATCH/values.pt"
+$DCP convert -q "$SCRATCH/values.pt" "$SCRATCH/values-dcp" || fail "values.pt -> DCP"
+$DCP convert -q "$SCRATCH/values-dcp" "$SCRATCH/values-back.pt" || fail "values DCP -> .pt"
+$VAL check "$SCRATCH/values.pt" "$SCRATCH/values-back.pt" || fail "conj/neg views, Parameter, bytes after a round trip"
+# planner_data holds each key's path as torch writes it: a .pt's nesting and a DCP source's
+# own planner_data carry over, so dcp_to_torch_save rebuilds the same structure as from a
+# checkpoint torch.distributed.checkpoint.save wrote; synth keys stay flat.
+NEST="python3 $top_srcdir/tests/interop/writer_nesting.py"
+$NEST make "$SCRATCH/nest"
+$DCP convert -q "$SCRATCH/nest/nested.pt" "$SCRATCH/nest/from-pt"
+$NEST same "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-pt" || fail "planner_data of a DCP converted from a nested .pt"
+$DCP convert -q "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-dcp"
+$NEST same "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-dcp" || fail "planner_data of a DCP converted from a DCP"
+$NEST flat "$SCRATCH/synth-rows" || fail "planner_data of a synth checkpoint"
+# Values convert cannot carry are reported one by one, by key.
+python3 -c "import sys, torch; torch.save({'t': torch.ones(2), 'dev': torch.device('cpu'), 'sub': {'d2': torch.device('cpu')}}, sys.argv[1])" \
+    "$SCRATCH/skip.pt"
+$DCP convert "$SCRATCH/skip.pt" "$SCRATCH/skip" 2>"$SCRATCH/skip.err" || fail "convert of skip.pt"
+grep -q "skipped dev: " "$SCRATCH/skip.err" || fail "no report for key dev: $(cat "$SCRATCH/skip.err")"
+grep -q "skipped sub.d2: " "$SCRATCH/skip.err" || fail "no report for key sub.d2: $(cat "$SCRATCH/skip.err")"
+[ "$(wc -l <"$SCRATCH/skip.err")" -eq 2 ] || fail "expected two reports: $(cat "$SCRATCH/skip.err")"
 echo ok

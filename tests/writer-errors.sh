@@ -14,9 +14,35 @@ expect_fail "without .safetensors" $DCP convert --max-shard-size 1M "$F" "$SCRAT
 expect_fail "unknown format" $DCP convert --to zip "$F" "$SCRATCH/q"
 expect_fail "bad value" $DCP synth "$SCRATCH/s" --shard diagonal
 expect_fail "unknown dtype" $DCP synth "$SCRATCH/s" --dtype float7
+expect_fail "too large" $DCP synth "$SCRATCH/s" --total 1G --shape 4294967296,4294967296,16
 $DCP synth "$SCRATCH/s" --keys 1 --shape 4
 expect_fail "already holds a checkpoint" $DCP synth "$SCRATCH/s" --keys 1 --shape 4
+# A destination with trailing slashes names the folder (the man page's example).
+$DCP convert -q --max-shard-size 5GB "$F" "$SCRATCH/hf/" || fail "convert to a folder given as hf/"
+[ -f "$SCRATCH/hf/model.safetensors.index.json" ] || fail "hf/: no index"
+$DCP convert "$F" "$SCRATCH/dcpout//" || fail "convert to a folder given as dcpout//"
+[ -f "$SCRATCH/dcpout/.metadata" ] || fail "dcpout//: no .metadata"
+if command -v python3 >/dev/null; then
+    python3 "$top_srcdir/tests/writer_check.py" $DCP "$SCRATCH/hf" "$FIXTURES/01_single_plain/expected/manifest.json" \
+        --no-bytes >/dev/null || fail "hf/: wrong bytes"
+    python3 "$top_srcdir/tests/writer_check.py" $DCP "$SCRATCH/dcpout" "$FIXTURES/01_single_plain/expected/manifest.json" \
+        >/dev/null || fail "dcpout//: wrong bytes"
+fi
+# A folder that exists and holds anything (here a rank-local checkpoint's
+# file and a safetensors shard, no .metadata) is never written into.
+mkdir "$SCRATCH/busy"
+printf 'rank-local data' >"$SCRATCH/busy/__0_0.distcp"
+printf 'shard bytes' >"$SCRATCH/busy/model.safetensors"
+before=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
+expect_fail "the folder is not empty (it holds" $DCP synth "$SCRATCH/busy" --keys 1 --shape 4
+after=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
+[ "$before" = "$after" ] || fail "synth changed the files of a non-empty folder"
+[ "$(ls -A "$SCRATCH/busy" | wc -l)" -eq 2 ] || fail "synth added files to a non-empty folder: $(ls -A "$SCRATCH/busy")"
+# An empty folder that exists is fine.
+mkdir "$SCRATCH/empty"
+$DCP synth "$SCRATCH/empty" --keys 1 --shape 4
+[ -f "$SCRATCH/empty/.metadata" ] || fail "synth into an empty folder wrote no .metadata"
 # Failed conversions leave no output and no temporary.
-left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' || true)
+left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
 [ -z "$left" ] || fail "left behind: $left"
 echo ok

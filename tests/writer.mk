@@ -12,4 +12,4 @@ WRITER_TESTS = tests/writer-roundtrip.sh tests/writer-synth.sh tests/writer-erro
 	tests/interop-writer.sh
 TESTS += $(WRITER_TESTS)
 dist_check_SCRIPTS += $(WRITER_TESTS)
-EXTRA_DIST += tests/writer_check.py tests/writer_zipcheck.py tests/interop/writer_load.py tests/interop/writer_synth_expect.py
+EXTRA_DIST += tests/writer_check.py tests/writer_zipcheck.py tests/interop/writer_load.py tests/interop/writer_synth_expect.py tests/interop/writer_values.py tests/interop/writer_nesting.py

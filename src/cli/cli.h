@@ -27,9 +27,6 @@ dcp_checkpoint *cli_open(const char *path);
 void cli_json_string(FILE *f, const char *s);
 /* Write a shape as a JSON array "[a,b]". */
 void cli_json_shape(FILE *f, const int64_t *v, int n);
-/* fnmatch-style key pattern; a pattern without wildcards also matches every
- * key under it as a dotted prefix ("model" matches "model.x.y"). */
-int cli_key_matches(const char *pattern, const char *key);
 /* Human-readable byte count ("1.5 MiB"). buf must hold 32 bytes. */
 const char *cli_human_bytes(uint64_t n, char *buf);
 /* Write all of buf to fd 1; -1 on error. */

@@ -52,7 +52,7 @@ int cmd_ls(int argc, char **argv)
             status = 1;
             break;
         }
-        if (!cli_key_matches(pattern, e->key))
+        if (!dcp_key_matches(pattern, e->key))
             continue;
         uint64_t nbytes = 0;
         dcp_error err;

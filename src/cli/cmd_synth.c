@@ -131,8 +131,12 @@ int cmd_synth(int argc, char **argv)
     if (total && !keys_given) {
         /* As many keys as it takes to reach the total. */
         uint64_t kb = dcp_dtype_size(o.dtype);
-        for (int d = 0; d < o.ndim; d++)
-            kb *= (uint64_t)o.shape[d];
+        for (int d = 0; d < o.ndim; d++) {
+            if (__builtin_mul_overflow(kb, (uint64_t)o.shape[d], &kb)) {
+                cli_error("synth: --shape: a key of that shape is too large (its byte size overflows)");
+                return 2;
+            }
+        }
         o.nkeys = kb ? (total + kb - 1) / kb : 1;
     }
     o.progress = cli_progress;

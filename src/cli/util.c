@@ -1,6 +1,5 @@
 /* Helpers shared by the dcp subcommands. */
 #include <errno.h>
-#include <fnmatch.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,16 +69,6 @@ void cli_json_shape(FILE *f, const int64_t *v, int n)
     for (int i = 0; i < n; i++)
         fprintf(f, "%s%lld", i ? "," : "", (long long)v[i]);
     fputc(']', f);
-}
-
-int cli_key_matches(const char *pattern, const char *key)
-{
-    if (!pattern)
-        return 1;
-    if (fnmatch(pattern, key, 0) == 0)
-        return 1;
-    size_t n = strlen(pattern);
-    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
 }
 
 const char *cli_human_bytes(uint64_t n, char *buf)

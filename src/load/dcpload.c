@@ -14,7 +14,6 @@
  * rank 0 in pieces of N bytes.
  */
 #include <errno.h>
-#include <fnmatch.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -51,16 +50,6 @@ static void usage(FILE *f)
                "                                [--device host|cuda] [--json]\n"
                "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
                "       [--shm] [--buffers N]\n");
-}
-
-/* The same key selection as dcp ls --keys: fnmatch, and a pattern without
- * wildcards also selects the keys under it ("model" selects "model.x"). */
-static int key_matches(const char *pattern, const char *key)
-{
-    if (!pattern || fnmatch(pattern, key, 0) == 0)
-        return 1;
-    size_t n = strlen(pattern);
-    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
 }
 
 /* numpy.array_split: the first n mod parts parts get one more. */
@@ -325,7 +314,7 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
             snprintf(err->msg, sizeof err->msg, "%s: the checkpoint changed while it was read", dcp_path(ck));
             return -1;
         }
-        if (e->kind != DCP_KIND_TENSOR || !key_matches(o->keys, e->key) || e->ndim > 64)
+        if (e->kind != DCP_KIND_TENSOR || !dcp_key_matches(o->keys, e->key) || e->ndim > 64)
             continue;
         dcp_load_region *r = &j->reg[n];
         int64_t *off = j->dims + n * 128, *len = off + 64;

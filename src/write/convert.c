@@ -12,7 +12,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <fnmatch.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -22,6 +21,7 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "pickle.h"
 #include "pickle_write.h"
@@ -67,7 +67,24 @@ dcp_format dcp_format_guess(const char *path)
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
         if (stat(p, &st) == 0)
             return DCP_FORMAT_SAFETENSORS;
-        return DCP_FORMAT_DCP;
+        snprintf(p, sizeof p, "%s/.metadata", path);
+        if (stat(p, &st) == 0)
+            return DCP_FORMAT_DCP;
+        /* No index and no .metadata: a folder of *.safetensors files only. */
+        DIR *d = opendir(path);
+        struct dirent *de;
+        int st_files = 0, others = 0;
+        while (d && (de = readdir(d))) {
+            if (de->d_name[0] == '.')
+                continue;
+            if (has_suffix(de->d_name, ".safetensors"))
+                st_files++;
+            else
+                others++;
+        }
+        if (d)
+            closedir(d);
+        return st_files && !others ? DCP_FORMAT_SAFETENSORS : DCP_FORMAT_DCP;
     }
     if (has_suffix(path, ".pt") || has_suffix(path, ".pth") || has_suffix(path, ".bin"))
         return DCP_FORMAT_TORCH_SAVE;
@@ -89,41 +106,27 @@ const char *dcp_format_name(dcp_format f)
 /* ------------------------------------------------- single-file sources */
 
 /* A checkpoint over one file: the folder is the file's, the file table holds
- * the file alone. Mirrors model.c's open without its folder detection. */
+ * the file alone: model.c's empty model, without its folder detection. */
 static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_error *err)
 {
     const char *slash = strrchr(path, '/');
     *base = slash ? slash + 1 : path;
-    dcp_checkpoint *ck = calloc(1, sizeof *ck);
+    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!folder) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    dcp_checkpoint *ck = dcpi_ck_new(folder, err);
+    free(folder);
     if (!ck) {
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        dcpi_err_prefix(err, "%s", path);
         return NULL;
     }
-    dcpi_arena_init(&ck->arena);
-    dcpi_strmap_init(&ck->keys);
-    dcpi_strmap_init(&ck->file_index);
-    pthread_mutex_init(&ck->lock, NULL);
-    ck->path = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    ck->dirfd = ck->path ? open(ck->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     uint32_t f;
-    if (!ck->path || ck->dirfd < 0 || dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0) {
-        int e = errno;
-        if (ck->path && ck->dirfd < 0)
-            dcpi_err(err, e, "%s: cannot open its folder: %s", path, strerror(e));
-        else if (!ck->path)
-            dcpi_err(err, ENOMEM, "%s: out of memory", path);
+    if (dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
         return NULL;
     }
-    ck->fds = malloc(sizeof *ck->fds);
-    ck->file_sizes = malloc(sizeof *ck->file_sizes);
-    if (!ck->fds || !ck->file_sizes) {
-        dcp_close(ck);
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
-        return NULL;
-    }
-    ck->fds[0] = -1;
-    ck->file_sizes[0] = -1;
     return ck;
 }
 
@@ -133,6 +136,72 @@ typedef struct side_bytes {
     unsigned char *data;
     size_t len;
 } side_bytes;
+
+/* Each key's path in the nesting it was flattened from, for the DCP
+ * writer's planner_data: from a torch.save source's dicts, or from a DCP
+ * source's own planner_data. */
+typedef struct keypaths {
+    dcpi_arena arena;
+    dcpi_strmap map;          /* key -> index in parts[], n[] */
+    dcp_path_part **parts;
+    size_t *n;
+    size_t count, cap;
+} keypaths;
+
+static void kp_init(keypaths *kp)
+{
+    memset(kp, 0, sizeof *kp);
+    dcpi_arena_init(&kp->arena);
+    dcpi_strmap_init(&kp->map);
+}
+
+static void kp_free(keypaths *kp)
+{
+    dcpi_strmap_free(&kp->map);
+    dcpi_arena_free(&kp->arena);
+    free(kp->parts);
+    free(kp->n);
+}
+
+/* Copies key and parts. 0, or -1 on out of memory. */
+static int kp_add(keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n)
+{
+    if (kp->count == kp->cap) {
+        size_t nc = kp->cap ? kp->cap * 2 : 64;
+        dcp_path_part **np = realloc(kp->parts, nc * sizeof *np);
+        if (np)
+            kp->parts = np;
+        size_t *nn = realloc(kp->n, nc * sizeof *nn);
+        if (nn)
+            kp->n = nn;
+        if (!np || !nn)
+            return -1;
+        kp->cap = nc;
+    }
+    char *k = dcpi_arena_strndup(&kp->arena, key, kl);
+    dcp_path_part *c = dcpi_arena_alloc(&kp->arena, (n ? n : 1) * sizeof *c);
+    if (!k || !c)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        c[i] = parts[i];
+        if (parts[i].str && !(c[i].str = dcpi_arena_strndup(&kp->arena, parts[i].str, parts[i].len)))
+            return -1;
+    }
+    if (dcpi_strmap_put(&kp->map, k, kl, kp->count) < 0)
+        return -1;
+    kp->parts[kp->count] = c;
+    kp->n[kp->count++] = n;
+    return 0;
+}
+
+static const dcp_path_part *kp_get(const keypaths *kp, const char *key, size_t *n)
+{
+    uint64_t i;
+    if (!kp || !dcpi_strmap_get(&kp->map, key, strlen(key), &i))
+        return NULL;
+    *n = kp->n[i];
+    return kp->parts[i];
+}
 
 typedef struct pt_load {
     dcp_checkpoint *ck;
@@ -145,105 +214,53 @@ typedef struct pt_load {
     size_t nside, side_cap;
     size_t nskipped;
     int keep_bytes;          /* make bytes items (convert), or leave them out (dcp_open_file) */
+    keypaths *paths;         /* convert: each key's path; NULL for dcp_open_file */
+    dcp_path_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
+    dcp_skip_fn skipped;     /* called per value left out (convert) */
+    void *skipped_ctx;
     dcp_error *err;
 } pt_load;
 
-static int vec(const pk_node *t, int64_t *out, int *nd)
-{
-    if (!t || (t->type != PK_TUPLE && t->type != PK_LIST) || pk_len(t) > DCPI_MAX_NDIM)
-        return -1;
-    for (size_t i = 0; i < pk_len(t); i++)
-        if (!pk_int(pk_item(t, i), &out[i]) || out[i] < 0)
-            return -1;
-    *nd = (int)pk_len(t);
-    return 0;
-}
-
-static const pk_node *unwrap_param(const pk_node *n)
-{
-    const pk_node *g = pk_call_global(n);
-    if (g && !strcmp(g->u.global.module, "torch._utils") && !strcmp(g->u.global.name, "_rebuild_parameter"))
-        return pk_item(n->u.call.args, 0);
-    return n;
-}
-
-static int is_tensor(const pk_node *n)
-{
-    const pk_node *g = pk_call_global(unwrap_param(n));
-    return g && !strcmp(g->u.global.module, "torch._utils") &&
-           (!strcmp(g->u.global.name, "_rebuild_tensor_v2") || !strcmp(g->u.global.name, "_rebuild_tensor_v3"));
-}
-
 /* A tensor of the torch.save file: one chunk over its storage record, whose
- * record (offset, strides) is filled in now so the planner never parses. */
+ * record (offset, strides, conj/neg flags) is filled in now so the planner
+ * never parses. The rebuild call is parsed as the record locator parses it. */
 static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
 {
     dcp_checkpoint *ck = L->ck;
-    n = unwrap_param(n);
-    const pk_node *g = pk_call_global(n), *args = n->u.call.args;
-    int v3 = !strcmp(g->u.global.name, "_rebuild_tensor_v3");
-    const pk_node *sto = pk_item(args, 0);
-    const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
-    const pk_node *cls = pk_item(pid, 1);
-    const char *tag, *skey;
-    size_t skl;
-    int64_t soff, snumel, size[DCPI_MAX_NDIM], stride[DCPI_MAX_NDIM];
-    int nd, snd;
-    if (!pid || pk_len(pid) < 5 || !pk_str(pk_item(pid, 0), &tag, NULL) || strcmp(tag, "storage") || !cls ||
-        cls->type != PK_GLOBAL || !pk_str(pk_item(pid, 2), &skey, &skl) || skl > 64 ||
-        !pk_int(pk_item(pid, 4), &snumel) || snumel < 0 || !pk_int(pk_item(args, 1), &soff) || soff < 0 ||
-        vec(pk_item(args, 2), size, &nd) < 0 || vec(pk_item(args, 3), stride, &snd) < 0 || nd != snd)
-        return dcpi_err(L->err, EIO, "%s: %s: malformed tensor in data.pkl", L->path, key);
-    dcp_dtype dt;
-    if (v3) {
-        const pk_node *d = pk_item(args, 6);
-        dt = d && d->type == PK_GLOBAL && !strcmp(d->u.global.module, "torch") ? dcp_dtype_from_name(d->u.global.name)
-                                                                               : DCP_DTYPE_INVALID;
-    } else {
-        dt = dcp_dtype_from_storage(cls->u.global.name);
-    }
-    if (dt == DCP_DTYPE_INVALID)
-        return dcpi_err(L->err, EIO, "%s: %s: unknown storage type %s", L->path, key, cls->u.global.name);
-    uint64_t esz = dcp_dtype_size(dt), sbytes;
-    if (!dcpi_mul_u64((uint64_t)snumel, strcmp(cls->u.global.name, "UntypedStorage") ? esz : 1, &sbytes))
-        return dcpi_err(L->err, EIO, "%s: %s: bad storage size", L->path, key);
-    char rname[96];
-    snprintf(rname, sizeof rname, "data/%.*s", (int)skl, skey);
+    dcpi_rebuild rb;
+    char why[512];
+    if (dcpi_torch_rebuild_parse(n, &rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
+    char rname[128];
+    snprintf(rname, sizeof rname, "data/%.*s", (int)rb.storage_key_len, rb.storage_key);
     const dcpi_zip_entry *de = dcpi_zip_find(&L->z, rname);
-    if (!de || de->size != sbytes)
+    if (!de || de->size != rb.storage_bytes)
         return dcpi_err(L->err, EIO, "%s: %s: storage record %s is missing or of the wrong size", L->path, key, rname);
-    /* Every element the view addresses lies inside the record. */
-    uint64_t last = (uint64_t)soff, numel = 1;
-    for (int d = 0; d < nd; d++) {
-        uint64_t span;
-        numel *= (uint64_t)size[d];
-        if (size[d] > 0 && (!dcpi_mul_u64((uint64_t)(size[d] - 1), (uint64_t)stride[d], &span) ||
-                            !dcpi_add_u64(last, span, &last)))
-            return dcpi_err(L->err, EIO, "%s: %s: strides overflow", L->path, key);
-    }
-    if (numel && last >= sbytes / esz)
-        return dcpi_err(L->err, EIO, "%s: %s: the view reaches past its storage", L->path, key);
+    if (dcpi_torch_rebuild_check_view(&rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
     uint64_t dstart;
     if (dcpi_zip_data(ck, &L->whole, key, de, L->flen, &dstart, L->err) < 0)
         return -1;
+    int nd = rb.ndim;
     size_t idx, ci;
     int64_t zero[DCPI_MAX_NDIM] = {0};
     if (dcpi_model_entry(ck, key, strlen(key), DCP_KIND_TENSOR, &idx, L->err) < 0)
         return -1;
     if (ck->entries[idx].nchunks)
         return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
-    if (dcpi_model_set_tensor(ck, idx, dt, nd, size, L->err) < 0 ||
-        dcpi_model_add_chunk(ck, idx, zero, size, &ci, L->err) < 0)
+    if (dcpi_model_set_tensor(ck, idx, rb.dtype, nd, rb.size, L->err) < 0 ||
+        dcpi_model_add_chunk(ck, idx, zero, rb.size, &ci, L->err) < 0)
         return -1;
     struct dcpi_entry_priv *p = &ck->priv[idx];
     p->chunks[ci].blob = (dcp_blob){.file = 0, .offset = dstart, .length = de->size};
     p->chunks[ci].has_blob = 1;
     p->records = calloc(1, sizeof *p->records);
-    int64_t *st = dcpi_arena_memdup(&ck->arena, stride, (size_t)(nd ? nd : 1) * sizeof *stride);
+    int64_t *st = dcpi_arena_memdup(&ck->arena, rb.stride, (size_t)(nd ? nd : 1) * sizeof *rb.stride);
     if (!p->records || !st)
         return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size, .storage_offset = soff,
-                                     .stride = st, .dtype = dt, .flags = L->rec_flags};
+    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size,
+                                     .storage_offset = rb.storage_offset, .stride = st, .dtype = rb.dtype,
+                                     .flags = L->rec_flags | rb.flags};
     p->records[0].state = 1;
     return 0;
 }
@@ -261,6 +278,8 @@ static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
     L->side[L->nside++] = (side_bytes){entry, data, len};
     return 0;
 }
+
+static int latin1_bytes(const pk_node *n, unsigned char **out, size_t *len);
 
 /* Re-pickle a plain value as torch.save would (for a non-tensor value of a
  * torch.save source that becomes a DCP bytes item). 0, or -1 if the value
@@ -302,8 +321,16 @@ static int repickle(pw *p, const pk_node *n, int depth)
         }
         pw_dict_end(p);
         return 0;
-    default:
-        return -1;
+    default: {
+        /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
+        unsigned char *b;
+        size_t bl;
+        if (latin1_bytes(n, &b, &bl) != 0)
+            return -1;
+        pw_bytes(p, b, bl);
+        free(b);
+        return 0;
+    }
     }
 }
 
@@ -374,25 +401,44 @@ static int blob_of_value(pt_load *L, const char *key, const pk_node *v, unsigned
     return rc;
 }
 
+static void pt_skip(pt_load *L, const char *key, const char *why)
+{
+    L->nskipped++;
+    if (L->skipped)
+        L->skipped(L->skipped_ctx, key, why);
+}
+
+static int pt_leaf_path(pt_load *L, const char *key, size_t klen, int depth)
+{
+    if (L->paths && depth > 0 && kp_add(L->paths, key, klen, L->stack, (size_t)depth) < 0)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    return 0;
+}
+
 static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
 {
     if (depth > MAX_DEPTH)
         return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
-    if (n && n->type == PK_DICT && (depth == 0 || n->u.dict.n)) {
-        for (size_t i = 0; i < n->u.dict.n; i++) {
-            const pk_node *k = n->u.dict.keys[i];
+    const pk_node *d = pk_as_dict(n);   /* a dict, or an OrderedDict (state_dict()) */
+    if (d && (depth == 0 || d->u.dict.n)) {
+        for (size_t i = 0; i < d->u.dict.n; i++) {
+            const pk_node *k = d->u.dict.keys[i];
             char part[64];
             const char *ks = NULL;
             size_t kl = 0;
             int64_t iv;
+            /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
+             * str()-converted (ints only for list indexes, which stay values
+             * here). */
             if (pk_str(k, &ks, &kl)) {
-            } else if (pk_int(k, &iv)) {
+            } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
                 kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
                 ks = part;
             } else {
-                L->nskipped++;
+                pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
                 continue;
             }
+            L->stack[depth] = (dcp_path_part){.str = ks, .len = kl};
             size_t nl = klen + (klen ? 1 : 0) + kl;
             char *sub = malloc(nl + 1);
             if (!sub)
@@ -402,7 +448,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
                 sub[klen] = '.';
             memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
             sub[nl] = 0;
-            int rc = pt_walk(L, n->u.dict.vals[i], sub, nl, depth + 1);
+            int rc = pt_walk(L, d->u.dict.vals[i], sub, nl, depth + 1);
             free(sub);
             if (rc < 0)
                 return -1;
@@ -410,13 +456,13 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         return 0;
     }
     if (depth == 0)
-        return is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
-    if (is_tensor(n))
-        return pt_tensor(L, key, n);
+        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
+    if (dcpi_torch_is_tensor(n))
+        return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
      * bytes item as is; other plain values are pickled into one. */
     if (!L->keep_bytes) {
-        L->nskipped++;
+        pt_skip(L, key, "not a tensor");
         return 0;
     }
     unsigned char *data = NULL;
@@ -433,7 +479,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         if (r < 0)
             return -1;
         if (r == 1) {
-            L->nskipped++;
+            pt_skip(L, key, "a non-tensor value that is not plain data (an object torch.load would rebuild)");
             return 0;
         }
     }
@@ -442,7 +488,7 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         free(data);
         return -1;
     }
-    return 0;
+    return pt_leaf_path(L, key, klen, depth);
 }
 
 static void side_free(side_bytes *s, size_t n)
@@ -453,13 +499,14 @@ static void side_free(side_bytes *s, size_t n)
 }
 
 static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **side, size_t *nside,
-                           size_t *nskipped, dcp_error *err)
+                           size_t *nskipped, keypaths *paths, const dcp_convert_options *opt, dcp_error *err)
 {
     const char *base;
     dcp_checkpoint *ck = ck_for_file(path, &base, err);
     if (!ck)
         return -1;
-    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL};
+    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL, .paths = paths,
+                 .skipped = opt ? opt->skipped : NULL, .skipped_ctx = opt ? opt->skipped_ctx : NULL};
     pk_doc *doc = NULL;
     char *pkl = NULL;
     int rc = -1, zopen = 0;
@@ -479,14 +526,22 @@ static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **
         dcpi_err(err, EFBIG, "%s: data.pkl of %" PRIu64 " bytes is too large", path, pe->size);
         goto out;
     }
-    if (bo && bo->size <= 16) {
+    if (bo && bo->size > 16) {
+        dcpi_err(err, EIO, "%s: byteorder record of %" PRIu64 " bytes: unknown byteorder", path, bo->size);
+        goto out;
+    }
+    if (bo) {
         char order[17] = {0};
         uint64_t ostart;
         if (dcpi_zip_data(ck, &L.whole, "byteorder", bo, L.flen, &ostart, err) < 0 ||
             dcpi_blob_read(ck, &L.whole, order, bo->size, ostart, "byteorder", err) < 0)
             goto out;
-        if (!strcmp(order, "big"))
+        if (!strcmp(order, "big")) {
             L.rec_flags |= DCP_RECORD_BIG_ENDIAN;
+        } else if (strcmp(order, "little")) {
+            dcpi_err(err, EIO, "%s: unknown byteorder '%s'", path, order);
+            goto out;
+        }
     }
     if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
         goto out;
@@ -546,25 +601,13 @@ static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_err
     json_object_foreach(root, name, t) {
         if (!strcmp(name, "__metadata__"))
             continue;
-        json_t *dts = json_object_get(t, "dtype"), *shape = json_object_get(t, "shape");
-        json_t *offs = json_object_get(t, "data_offsets");
-        dcp_dtype dt = dcp_dtype_from_safetensors(json_string_value(dts));
+        dcp_dtype dt;
+        int nd;
         int64_t size[DCPI_MAX_NDIM], zero[DCPI_MAX_NDIM] = {0};
-        size_t nd = json_array_size(shape);
-        uint64_t numel = 1;
-        int ok = dt != DCP_DTYPE_INVALID && json_is_array(shape) && nd <= DCPI_MAX_NDIM && json_is_array(offs) &&
-                 json_array_size(offs) == 2;
-        for (size_t d = 0; ok && d < nd; d++) {
-            json_t *s = json_array_get(shape, d);
-            size[d] = json_integer_value(s);
-            ok = json_is_integer(s) && size[d] >= 0 && dcpi_mul_u64(numel, (uint64_t)size[d], &numel);
-        }
-        json_int_t b0 = json_integer_value(json_array_get(offs, 0)), b1 = json_integer_value(json_array_get(offs, 1));
-        uint64_t nbytes;
-        ok = ok && b0 >= 0 && b1 >= b0 && (uint64_t)b1 <= fsize - data &&
-             dcpi_mul_u64(numel, dcp_dtype_size(dt), &nbytes) && nbytes == (uint64_t)(b1 - b0);
-        if (!ok) {
-            rc = dcpi_err(err, EIO, "%s: %s: bad dtype, shape or data_offsets", path, name);
+        uint64_t b0, nbytes;
+        const char *why;
+        if (dcpi_st_entry(t, fsize - data, &dt, &nd, size, &b0, &nbytes, &why) < 0) {
+            rc = dcpi_err(err, EIO, "%s: %s: %s", path, name, why);
             break;
         }
         size_t idx, ci;
@@ -575,7 +618,7 @@ static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_err
             break;
         }
         ck->priv[idx].chunks[ci].blob = (dcp_blob){.file = 0, .transforms = DCPI_BLOB_RAW,
-                                                   .offset = data + (uint64_t)b0, .length = nbytes};
+                                                   .offset = data + b0, .length = nbytes};
         ck->priv[idx].chunks[ci].has_blob = 1;
     }
     if (rc == 0) {
@@ -601,7 +644,7 @@ int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t
     if (fmt == DCP_FORMAT_AUTO)
         fmt = dcp_format_guess(path);
     if (fmt == DCP_FORMAT_TORCH_SAVE)
-        return open_torch_save(path, out, NULL, NULL, nskipped, err);
+        return open_torch_save(path, out, NULL, NULL, nskipped, NULL, NULL, err);
     if (fmt == DCP_FORMAT_SAFETENSORS)
         return open_safetensors_file(path, out, err);
     return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
@@ -618,7 +661,75 @@ typedef struct src {
     uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
+    keypaths paths;          /* keys' paths for planner_data, when the source knows them */
+    size_t no_run_tag;       /* an entry of one chunk found not stored as is: */
+    int no_run_valid;        /* its strides or transforms hold for all of it, so ask no more */
 } src;
+
+/* A DCP source's planner_data (flattened key -> path tuple), kept for the
+ * output. Best effort: a source without one, or with one that is not
+ * str/int tuples, leaves keys without paths (flat keys in the output). */
+static int read_planner_data(const char *dir, keypaths *kp, dcp_error *err)
+{
+    char p[4200];
+    if ((size_t)snprintf(p, sizeof p, "%s/.metadata", dir) >= sizeof p)
+        return 0;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > PKL_MAX) {
+        close(fd);
+        return 0;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        close(fd);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", p);
+    }
+    while (got < size) {
+        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    pk_doc *doc = NULL;
+    const pk_node *root;
+    dcp_error ignored;
+    int rc = 0;
+    if (got == size && pk_parse(buf, size, p, &doc, &root, &ignored) == 0 && root->type == PK_CALL &&
+        root->u.call.state) {
+        const pk_node *state = pk_as_dict(root->u.call.state);
+        if (!state && root->u.call.state->type == PK_TUPLE)   /* slots dataclass: (None, {slot: value}) */
+            state = pk_as_dict(pk_item(root->u.call.state, 1));
+        const pk_node *pd = pk_as_dict(pk_dict_get(state, "planner_data"));
+        size_t np = 0;
+        for (size_t i = 0; pd && i < pd->u.dict.n && rc == 0; i++) {
+            const pk_node *path = pd->u.dict.vals[i];
+            const char *key;
+            size_t kl, n = pk_len(path);
+            if (!pk_str(pd->u.dict.keys[i], &key, &kl) || !path || (path->type != PK_TUPLE && path->type != PK_LIST) ||
+                n == 0 || n > MAX_DEPTH)
+                continue;
+            dcp_path_part parts[MAX_DEPTH];
+            for (np = 0; np < n; np++) {
+                const pk_node *e = pk_item(path, np);
+                if (pk_str(e, &parts[np].str, &parts[np].len))
+                    continue;
+                if (!e || e->type != PK_INT)
+                    break;
+                parts[np] = (dcp_path_part){.index = e->u.i};
+            }
+            if (np == n && kp_add(kp, key, kl, parts, n) < 0)
+                rc = dcpi_err(err, ENOMEM, "%s: out of memory", p);
+        }
+    }
+    pk_free(doc);
+    free(buf);
+    return rc;
+}
 
 /* Progress by position (entry's base + end of the bytes just produced), so
  * bytes produced twice (a kernel copy that fell back to reading) count once. */
@@ -690,10 +801,18 @@ static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_ru
     src_progress(s, (size_t)tag, e, off);   /* the writer asks in order: all before off is written */
     if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
         return 0;   /* side data; or too many files to pin an fd for each */
+    if (s->no_run_valid && s->no_run_tag == tag)
+        return 0;
     uint64_t want = len < PROBE ? len : PROBE;
     if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
         return -1;
     const dcp_op *op = as_is_head(&s->plan);
+    /* One chunk's record is uniform: when its head here is transformed,
+     * byte-swapped or strided in the last dimension, so is every piece. */
+    if (!op && e->kind == DCP_KIND_TENSOR && e->nchunks == 1 && !s->plan.zero_fill) {
+        s->no_run_tag = tag;
+        s->no_run_valid = 1;
+    }
     if (op && op->length == want && len > want) {
         want = len < RANGE_MAX ? len : RANGE_MAX;
         if (dcp_plan_bytes(s->ck, e, off, want, &s->plan, err) < 0)
@@ -734,16 +853,6 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
-static int key_selected(const char *pattern, const char *key)
-{
-    if (!pattern)
-        return 1;
-    if (fnmatch(pattern, key, 0) == 0)
-        return 1;
-    size_t n = strlen(pattern);
-    return strpbrk(pattern, "*?[") == NULL && strncmp(pattern, key, n) == 0 && key[n] == '.';
-}
-
 static int bytes_len(src *s, size_t i, const dcp_entry *e, uint64_t *len, dcp_error *err)
 {
     if (e->has_blob)
@@ -778,6 +887,33 @@ static void remove_tmp(const char *p)
     rmdir(p);
 }
 
+/* model.safetensors.index.json, written through an fd so it can be fsynced. */
+static int write_index(const char *path, const json_t *index, int sync, dcp_error *err)
+{
+    char *js = json_dumps(index, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!js)
+        return dcpi_err(err, ENOMEM, "%s: cannot build the index", path);
+    size_t len = strlen(js), done = 0;
+    int rc = 0, fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0)
+        rc = dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
+    while (rc == 0 && done < len) {
+        ssize_t w = write(fd, js + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            rc = dcpi_err(err, w < 0 ? errno : EIO, "%s: write: %s", path, w < 0 ? strerror(errno) : "no progress");
+        else
+            done += (size_t)w;
+    }
+    if (rc == 0 && sync && fsync(fd) < 0)
+        rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
+    if (fd >= 0 && close(fd) < 0 && rc == 0)
+        rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    free(js);
+    return rc;
+}
+
 static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint64_t max, dcp_error *err)
 {
     if (mkdir(dir, 0777) < 0)
@@ -788,18 +924,23 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
     size_t *shard_of = malloc((n ? n : 1) * sizeof *shard_of);
     if (!shard_of)
         return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (nshards == 0 || (cur > 0 && max && cur + items[i].nbytes > max)) {
-            nshards++;
-            cur = 0;
+        uint64_t next;
+        if (!dcpi_add_u64(total, items[i].nbytes, &total) || !dcpi_add_u64(cur, items[i].nbytes, &next)) {
+            free(shard_of);
+            return dcpi_err(err, EFBIG, "%s: %s: the total size overflows", dir, items[i].key);
         }
-        cur += items[i].nbytes;
+        if (nshards == 0 || (cur > 0 && max && next > max)) {
+            nshards++;
+            next = items[i].nbytes;
+        }
+        cur = next;
         shard_of[i] = nshards - 1;
     }
     if (nshards == 0)
         nshards = 1;
     json_t *index = json_object(), *wm = json_object(), *meta = json_object();
-    uint64_t total = 0;
     int rc = 0;
     for (size_t sh = 0, first = 0; sh < nshards && rc == 0; sh++) {
         size_t last = first;
@@ -812,10 +953,8 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
             break;
         }
         rc = dcp_write_safetensors(path, items + first, last - first, s->opt->flags, &s->source, NULL, NULL, err);
-        for (size_t i = first; i < last; i++) {
+        for (size_t i = first; i < last; i++)
             json_object_set_new(wm, items[i].key, json_string(name));
-            total += items[i].nbytes;
-        }
         first = last;
     }
     json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
@@ -824,8 +963,8 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
     char ipath[4200];
     if (rc == 0 && (size_t)snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", dir) >= sizeof ipath)
         rc = dcpi_err(err, ENAMETOOLONG, "%s: path too long", dir);
-    if (rc == 0 && json_dump_file(index, ipath, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
-        rc = dcpi_err(err, EIO, "%s: cannot write", ipath);
+    if (rc == 0)
+        rc = write_index(ipath, index, !(s->opt->flags & DCP_WRITE_NO_SYNC), err);
     json_decref(index);
     free(shard_of);
     return rc;
@@ -857,13 +996,39 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
         if (rc == 0)
             rc = dcp_ckpt_add_chunk(w, e->key, 0, zero, e->shape, &s->source, sel[k], NULL, err);
     }
+    /* The source's nesting, where known; a path that does not spell its key
+     * (a hand-made source) leaves the key flat. */
+    for (size_t k = 0; k < nsel && rc == 0; k++) {
+        const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
+        size_t np;
+        const dcp_path_part *path = kp_get(&s->paths, e->key, &np);
+        dcp_error ignored;
+        if (path && dcp_ckpt_set_path(w, e->key, path, np, &ignored) < 0 && ignored.code == ENOMEM)
+            rc = dcpi_err(err, ENOMEM, "%s: out of memory", dst);
+    }
     if (rc == 0)
         rc = dcp_ckpt_finish(w, err);
     dcp_ckpt_free(w);
     return rc;
 }
 
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err);
+
 int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
+{
+    /* "hf/" names the folder hf: the temporary goes beside it, not inside. */
+    size_t n = strlen(dst);
+    while (n > 1 && dst[n - 1] == '/')
+        n--;
+    char *d = strndup(dst, n);
+    if (!d)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dst);
+    int rc = convert(srcp, d, opt, err);
+    free(d);
+    return rc;
+}
+
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
 {
     dcp_convert_options none = {0};
     if (!opt)
@@ -882,6 +1047,7 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
 
     src s = {.opt = opt};
     s.source = (dcp_source){.fill = src_fill, .range = src_range, .ctx = &s};
+    kp_init(&s.paths);
     dcp_plan_init(&s.plan);
     size_t nskipped = 0;
     int rc;
@@ -889,17 +1055,19 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
         dcp_checkpoint *ck;
         rc = dcp_open(srcp, 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
+        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = read_planner_data(srcp, &s.paths, err)) < 0)
+            dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
-        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, err);
+        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, &s.paths, opt, err);
     } else if (from == DCP_FORMAT_SAFETENSORS) {
         rc = open_safetensors_file(srcp, &s.ck, err);
     } else {
         rc = dcpi_err(err, ENOTDIR, "%s: a DCP checkpoint is a folder", srcp);
     }
-    if (rc < 0)
+    if (rc < 0) {
+        kp_free(&s.paths);
         return -1;
-    if (nskipped && opt->skipped)
-        opt->skipped(opt->skipped_ctx, "(torch.save source)", "non-tensor values that are not plain data");
+    }
 
     /* The selection, and what safetensors cannot hold. */
     size_t n = dcp_num_entries(s.ck), nsel = 0, nitems = 0;
@@ -914,7 +1082,7 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
             rc = dcpi_err(err, ESTALE, "%s: the checkpoint changed while it was read", srcp);
             break;
         }
-        if (!key_selected(opt->keys, e->key))
+        if (!dcp_key_matches(opt->keys, e->key))
             continue;
         if (to == DCP_FORMAT_SAFETENSORS && (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))) {
             if (opt->skipped)
@@ -928,9 +1096,10 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
         *it = (dcp_item){.key = e->key, .kind = e->kind, .dtype = e->dtype, .ndim = e->ndim, .shape = e->shape,
                          .tag = i};
         if (e->kind == DCP_KIND_TENSOR) {
-            it->nbytes = dcp_entry_numel(e) * dcp_dtype_size(e->dtype);
             s.base[i] = s.total;
-            s.total += it->nbytes;
+            if (!dcpi_mul_u64(dcp_entry_numel(e), dcp_dtype_size(e->dtype), &it->nbytes) ||
+                !dcpi_add_u64(s.total, it->nbytes, &s.total))
+                rc = dcpi_err(err, EFBIG, "%s: %s: the total size overflows", srcp, e->key);
         } else {
             rc = bytes_len(&s, i, e, &it->nbytes, err);
         }
@@ -938,11 +1107,16 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     if (rc == 0 && opt->keys && nsel == 0)
         rc = dcpi_err(err, ENOENT, "%s: no key matches '%s'", srcp, opt->keys);
 
-    /* The temporary name: beside dst, hidden, unique to this process. */
-    char tmp[4200];
+    /* Single files: the writers go through a temporary name and a rename
+     * that never replaces. Folders: written under a temporary name beside
+     * dst, hidden, unique to this process, then renamed the same way. */
     const char *slash = strrchr(dst, '/');
-    snprintf(tmp, sizeof tmp, "%.*s.%s.tmp-%ld", slash ? (int)(slash - dst + 1) : 0, dst, slash ? slash + 1 : dst,
-             (long)getpid());
+    int single = to == DCP_FORMAT_TORCH_SAVE || (to == DCP_FORMAT_SAFETENSORS && has_suffix(dst, ".safetensors"));
+    int sync = !(opt->flags & DCP_WRITE_NO_SYNC);
+    unsigned wflags = opt->flags | DCP_WRITE_NO_REPLACE;
+    char tmp[4200] = "";
+    if (rc == 0 && !single)
+        rc = dcpw_tmp_name(dst, tmp, sizeof tmp, err);
     if (rc == 0) {
         switch (to) {
         case DCP_FORMAT_DCP:
@@ -952,12 +1126,12 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
             char root[256];
             const char *b = slash ? slash + 1 : dst, *dot = strrchr(b, '.');
             snprintf(root, sizeof root, "%.*s", dot && dot != b ? (int)(dot - b) : (int)strlen(b), b);
-            rc = dcp_write_torch_save(tmp, root, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            rc = dcp_write_torch_save(dst, root, items, nitems, wflags, &s.source, NULL, NULL, err);
             break;
         }
         case DCP_FORMAT_SAFETENSORS:
-            if (has_suffix(dst, ".safetensors"))
-                rc = dcp_write_safetensors(tmp, items, nitems, opt->flags, &s.source, NULL, NULL, err);
+            if (single)
+                rc = dcp_write_safetensors(dst, items, nitems, wflags, &s.source, NULL, NULL, err);
             else
                 rc = write_shards(&s, tmp, items, nitems, opt->max_shard_size, err);
             break;
@@ -965,11 +1139,13 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
             rc = dcpi_err(err, EINVAL, "%s: unknown output format", dst);
         }
     }
-    if (rc == 0 && rename(tmp, dst) < 0)
-        rc = dcpi_err(err, errno, "%s: cannot rename %s into place: %s", dst, tmp, strerror(errno));
+    if (rc == 0 && !single && sync)
+        rc = dcpw_fsync_dir(tmp, err);
+    if (rc == 0 && !single)
+        rc = dcpw_rename(tmp, dst, 1, sync, err);
     if (rc == 0 && s.done < s.total && opt->progress)   /* the last bytes went by kernel copy */
         opt->progress(opt->progress_ctx, s.total, s.total);
-    if (rc < 0)
+    if (rc < 0 && tmp[0])
         remove_tmp(tmp);
     free(sel);
     free(items);
@@ -977,5 +1153,6 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     side_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);
+    kp_free(&s.paths);
     return rc;
 }

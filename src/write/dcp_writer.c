@@ -4,6 +4,7 @@
  * model (keys, chunk boxes, where each blob went) stays in memory and becomes
  * the protocol-4 .metadata pickle at the end, streamed to .metadata.tmp and
  * renamed, so a reader never sees a half-written checkpoint. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -37,6 +38,8 @@ typedef struct wkey {
     const int64_t *shape;
     wchunk *chunks;                   /* bytes items: one, sizes/offsets NULL */
     size_t n, cap;
+    const dcp_path_part *path;        /* arena; NULL: (key,) */
+    size_t npath;
 } wkey;
 
 typedef struct rankfile {
@@ -63,11 +66,45 @@ struct dcp_ckpt_writer {
     int finished;
 };
 
+/* 1 (err filled) when the folder holds anything or cannot be listed, 0 when empty. */
+static int folder_not_empty(int dirfd, const char *dir, dcp_error *err)
+{
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        dcpi_err(err, e, "%s: cannot list the checkpoint folder: %s", dir, strerror(e));
+        return 1;
+    }
+    rewinddir(d);
+    struct dirent *de;
+    const char *found = NULL;
+    char name[256];
+    while ((de = readdir(d))) {
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(name, sizeof name, "%s", de->d_name);
+            found = name;
+            break;
+        }
+    }
+    closedir(d);
+    if (found)
+        dcpi_err(err, ENOTEMPTY, "%s: the folder is not empty (it holds %s): a checkpoint is written only into "
+                 "a new or empty folder", dir, found);
+    return found != NULL;
+}
+
 int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err)
 {
     *out = NULL;
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST)
-        return dcpi_err(err, errno, "%s: cannot create the checkpoint folder: %s", dir, strerror(errno));
+    int existed = 0;
+    if (mkdir(dir, 0777) < 0) {
+        if (errno != EEXIST)
+            return dcpi_err(err, errno, "%s: cannot create the checkpoint folder: %s", dir, strerror(errno));
+        existed = 1;
+    }
     dcp_ckpt_writer *w = calloc(1, sizeof *w);
     if (!w)
         return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
@@ -89,6 +126,12 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writ
     if (fstatat(w->dirfd, ".metadata", &st, 0) == 0) {
         dcp_ckpt_free(w);
         return dcpi_err(err, EEXIST, "%s: already holds a checkpoint (.metadata exists)", dir);
+    }
+    /* An existing folder must be empty: never write into someone's files
+     * (a rank-local checkpoint, a Hugging Face folder, a save in progress). */
+    if (existed && folder_not_empty(w->dirfd, dir, err)) {
+        dcp_ckpt_free(w);
+        return -1;
     }
     *out = w;
     return 0;
@@ -170,7 +213,7 @@ static int rank_file(dcp_ckpt_writer *w, int rank, rankfile **out, dcp_error *er
     if (r->fd < 0) {
         snprintf(r->name, sizeof r->name, "__%d_0.distcp", rank);
         snprintf(r->what, sizeof r->what, "%s", r->name);
-        int fd = openat(w->dirfd, r->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        int fd = openat(w->dirfd, r->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0)
             return dcpi_err(err, errno, "%s/%s: cannot create: %s", w->dir, r->name, strerror(errno));
         if (zw_out_init(&r->out, fd, 0, r->what, err) < 0) {
@@ -277,6 +320,43 @@ int dcp_ckpt_add_bytes(dcp_ckpt_writer *w, const char *key, int rank, uint64_t l
     if (zw_pump(&r->out, NULL, src, tag, len, w->piece, PIECE, &w->bytes, 0, NULL, NULL, err) < 0)
         return dcpi_err_prefix(err, "%s: %s", w->dir, key);
     return add_chunk_record(w, k, &c, err);
+}
+
+int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *parts, size_t n, dcp_error *err)
+{
+    uint64_t idx;
+    size_t kl = strlen(key);
+    if (!dcpi_strmap_get(&w->index, key, kl, &idx))
+        return dcpi_err(err, EINVAL, "%s: %s: path of an undeclared key", w->dir, key);
+    if (n == 0 || n > 4096)
+        return dcpi_err(err, EINVAL, "%s: %s: a path of %zu parts", w->dir, key, n);
+    /* The parts joined with dots must give the key back. */
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        const char *s = parts[i].str;
+        size_t len = parts[i].len;
+        if (!s) {
+            len = (size_t)snprintf(num, sizeof num, "%" PRId64, parts[i].index);
+            s = num;
+        }
+        if ((i && (at >= kl || key[at++] != '.')) || len > kl - at || memcmp(key + at, s, len))
+            return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
+        at += len;
+    }
+    if (at != kl)
+        return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
+    dcp_path_part *copy = dcpi_arena_alloc(&w->arena, n * sizeof *copy);
+    if (!copy)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", w->dir);
+    for (size_t i = 0; i < n; i++) {
+        copy[i] = parts[i];
+        if (parts[i].str && !(copy[i].str = dcpi_arena_strndup(&w->arena, parts[i].str, parts[i].len)))
+            return dcpi_err(err, ENOMEM, "%s: out of memory", w->dir);
+    }
+    w->keys[idx].path = copy;
+    w->keys[idx].npath = n;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- finish */
@@ -402,26 +482,28 @@ static void write_metadata(dcp_ckpt_writer *w, pw *p)
     }
     pw_dict_end(p);
 
-    /* planner_data: the key's path, one element per dotted part. */
+    /* planner_data: each key's path in the nesting it was flattened from;
+     * (key,) for a key given without one. */
     field(p, "planner_data");
     pw_dict_begin(p);
     for (size_t i = 0; i < w->nkeys; i++) {
-        const char *key = w->keys[i].key;
+        const wkey *k = &w->keys[i];
         pw_dict_key(p);
-        pw_cstr(p, key);
-        size_t parts = 1;
-        for (const char *c = key; *c; c++)
-            parts += *c == '.';
-        pw_tuple_begin(p, parts);
-        for (const char *s = key;;) {
-            const char *dot = strchr(s, '.');
-            size_t n = dot ? (size_t)(dot - s) : strlen(s);
-            pw_str_shared(p, s, n);
-            if (!dot)
-                break;
-            s = dot + 1;
+        pw_cstr(p, k->key);
+        if (!k->npath) {
+            pw_tuple_begin(p, 1);
+            pw_cstr(p, k->key);
+            pw_tuple_end(p, 1);
+            continue;
         }
-        pw_tuple_end(p, parts);
+        pw_tuple_begin(p, k->npath);
+        for (size_t j = 0; j < k->npath; j++) {
+            if (k->path[j].str)
+                pw_str_shared(p, k->path[j].str, k->path[j].len);
+            else
+                pw_int(p, k->path[j].index);
+        }
+        pw_tuple_end(p, k->npath);
     }
     pw_dict_end(p);
 
@@ -506,7 +588,7 @@ int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err)
         if (sync && fsync(f->fd) < 0)
             return dcpi_err(err, errno, "%s/%s: fsync: %s", w->dir, f->name, strerror(errno));
     }
-    int fd = openat(w->dirfd, ".metadata.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    int fd = openat(w->dirfd, ".metadata.tmp", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0)
         return dcpi_err(err, errno, "%s/.metadata.tmp: cannot create: %s", w->dir, strerror(errno));
     char what[4096];

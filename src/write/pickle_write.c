@@ -533,8 +533,11 @@ void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const 
     int64_t s = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
-        s *= shape[d] > 1 ? shape[d] : 1;
-        numel *= (uint64_t)shape[d];
+        if (shape[d] < 0 || __builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s) ||
+            !dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > INT64_MAX / 16) {
+            fail(w, EOVERFLOW, "tensor shape too large (its strides or element count overflow)");
+            return;
+        }
     }
     pw_global(w, "torch._utils", storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     size_t nargs = storage ? 6 : 7;

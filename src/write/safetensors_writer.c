@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "safetensors.h"
 #include "zip_write.h"
@@ -46,17 +47,23 @@ static int st_header(const dcp_item *items, size_t n, const char *what, unsigned
             rc = dcpi_err(err, EINVAL, "%s: %s: duplicate or reserved tensor name", what, it->key);
             break;
         }
+        uint64_t end;
+        if (!dcpi_add_u64(off, it->nbytes, &end) || end > INT64_MAX) {
+            rc = dcpi_err(err, EFBIG, "%s: %s: data offsets overflow (%" PRIu64 " + %" PRIu64 " bytes)", what, it->key,
+                          off, it->nbytes);
+            break;
+        }
         json_t *t = json_object(), *shape = json_array(), *offs = json_array();
         for (int d = 0; d < it->ndim; d++)
             json_array_append_new(shape, json_integer(it->shape[d]));
         json_array_append_new(offs, json_integer((json_int_t)off));
-        json_array_append_new(offs, json_integer((json_int_t)(off + it->nbytes)));
+        json_array_append_new(offs, json_integer((json_int_t)end));
         json_object_set_new(t, "dtype", json_string(dts));
         json_object_set_new(t, "shape", shape);
         json_object_set_new(t, "data_offsets", offs);
         if (json_object_set_new(root, it->key, t) < 0)
             rc = dcpi_err(err, ENOMEM, "%s: %s: cannot add to the header", what, it->key);
-        off += it->nbytes;
+        off = end;
     }
     char *js = rc == 0 ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
@@ -93,10 +100,11 @@ int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, uns
     uint64_t hlen, total;
     if (st_header(items, n, path, &hdr, &hlen, &total, err) < 0)
         return -1;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
+    int fd;
+    char tmp[4200];
+    if (dcpw_tmp_create(path, tmp, sizeof tmp, &fd, err) < 0) {
         free(hdr);
-        return dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
+        return -1;
     }
     zw_out out;
     unsigned char *piece = aligned_alloc(4096, PIECE);
@@ -116,6 +124,10 @@ int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, uns
         rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
     if (close(fd) < 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    if (rc == 0)
+        rc = dcpw_rename(tmp, path, !!(flags & DCP_WRITE_NO_REPLACE), !(flags & DCP_WRITE_NO_SYNC), err);
+    if (rc < 0)
+        unlink(tmp);
     free(piece);
     free(hdr);
     return rc;
@@ -168,7 +180,12 @@ int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_ent
     for (size_t i = 0; i < m; i++) {
         l->tensors[i].offset = off;
         l->tensors[i].length = items[i].nbytes;
-        off += items[i].nbytes;
+        if (!dcpi_add_u64(off, items[i].nbytes, &off)) {
+            dcpi_err(err, EFBIG, "%s: %s: the virtual file's size overflows", dcp_path(ck), items[i].key);
+            free(items);
+            dcp_st_view_free(l);
+            return -1;
+        }
     }
     l->ntensors = m;
     l->size = off;

@@ -12,12 +12,12 @@
 #include <unistd.h>
 
 #include "dcp_write.h"
+#include "atomic.h"
 #include "internal.h"
 #include "pickle_write.h"
 #include "zip_write.h"
 
 #define PIECE (1u << 20)              /* bytes at a time: stays in L2 between read, CRC and write */
-#define BYTES_ITEM_MAX (1ull << 30)   /* a bytes item is pickled whole */
 
 /* A tree of dotted key parts for DCP_WRITE_NESTED: children in first-seen order. */
 typedef struct tnode {
@@ -82,7 +82,7 @@ static int value(ctx *c, pw *p, size_t i, const char *storage_key)
         pw_torch_tensor(p, it->dtype, it->ndim, it->shape, storage_key);
         return 0;
     }
-    if (it->nbytes > BYTES_ITEM_MAX)
+    if (it->nbytes > DCP_WRITE_BYTES_MAX)   /* checked up front; kept for the allocation below */
         return dcpi_err(c->err, EFBIG, "%s: %s: bytes item of %" PRIu64 " bytes is too large", c->path, it->key,
                         it->nbytes);
     unsigned char *b = malloc(it->nbytes ? it->nbytes : 1);
@@ -190,6 +190,15 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
         return dcpi_err(err, ENOMEM, "%s: out of memory", path);
     int rc = 0;
     size_t ntensors = 0;
+    /* Bytes items are pickled whole into data.pkl, which is built in memory
+     * before any data is written: bound their total before reading any. */
+    uint64_t bytes_total = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (items[i].kind != DCP_KIND_TENSOR &&
+            (!dcpi_add_u64(bytes_total, items[i].nbytes, &bytes_total) || bytes_total > DCP_WRITE_BYTES_MAX))
+            rc = dcpi_err(err, EFBIG,
+                          "%s: %s: bytes items would total more than %llu bytes (they are held in memory in data.pkl)",
+                          path, items[i].key, (unsigned long long)DCP_WRITE_BYTES_MAX);
     for (size_t i = 0; i < n && rc == 0; i++) {
         if (items[i].kind != DCP_KIND_TENSOR)
             continue;
@@ -208,11 +217,9 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
     int fd = -1;
     zw_out out = {.fd = -1};
     zw z = {0};
-    if (rc == 0) {
-        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (fd < 0)
-            rc = dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
-    }
+    char tmp[4200] = "";
+    if (rc == 0)
+        rc = dcpw_tmp_create(path, tmp, sizeof tmp, &fd, err);
     if (rc == 0)
         rc = zw_out_init(&out, fd, 0, path, err);
     if (rc == 0)
@@ -244,6 +251,10 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
         rc = dcpi_err(err, errno, "%s: fsync: %s", path, strerror(errno));
     if (fd >= 0 && close(fd) < 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: close: %s", path, strerror(errno));
+    if (rc == 0)
+        rc = dcpw_rename(tmp, path, !!(flags & DCP_WRITE_NO_REPLACE), !(flags & DCP_WRITE_NO_SYNC), err);
+    if (rc < 0 && fd >= 0)
+        unlink(tmp);
     zw_free(&z);
     zw_out_free(&out);
     free(c.piece);

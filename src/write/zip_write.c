@@ -266,8 +266,10 @@ int zw_record_data(zw *z, const void *p, size_t n, dcp_error *err)
 
 int zw_record_end(zw *z, dcp_error *err)
 {
+    if (!z->open || z->n == 0)
+        return dcpi_err(err, EINVAL, "%s: no record open", z->out->what);
     zw_entry *e = &z->e[z->n - 1];
-    if (!z->open || z->rec_done != z->rec_size)
+    if (z->rec_done != z->rec_size)
         return dcpi_err(err, EINVAL, "%s: %s: %llu of %llu bytes written", z->out->what, e->name,
                         (unsigned long long)z->rec_done, (unsigned long long)z->rec_size);
     z->open = 0;

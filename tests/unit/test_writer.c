@@ -106,7 +106,25 @@ static void check_roundtrip(int proto)
         ck_assert_int_eq(b->type, PK_BYTES);
         ck_assert(b->u.s.len == sizeof raw && !memcmp(b->u.s.p, raw, sizeof raw));
     } else {
+        /* _codecs.encode(text, 'latin1'): the text's code points are the bytes. */
         ck_assert(pk_is_global(pk_call_global(b), "_codecs", "encode"));
+        const char *text, *enc;
+        size_t tl;
+        ck_assert(pk_str(pk_item(b->u.call.args, 0), &text, &tl));
+        ck_assert(pk_str(pk_item(b->u.call.args, 1), &enc, NULL) && !strcmp(enc, "latin1"));
+        unsigned char dec[16];
+        size_t dn = 0;
+        for (size_t i = 0; i < tl && dn < sizeof dec; i++) {
+            unsigned char ch = (unsigned char)text[i];
+            if (ch < 0x80) {
+                dec[dn++] = ch;
+            } else {
+                ck_assert(ch == 0xc2 || ch == 0xc3);
+                ck_assert(i + 1 < tl);
+                dec[dn++] = (unsigned char)(((ch & 3) << 6) | ((unsigned char)text[++i] & 0x3f));
+            }
+        }
+        ck_assert(dn == sizeof raw && !memcmp(dec, raw, sizeof raw));
     }
     ck_assert_uint_eq(pk_len(pk_dict_get(root, "big")), 2500);
     ck_assert_uint_eq(pk_len(pk_dict_get(root, "one")), 1);
@@ -126,7 +144,7 @@ START_TEST(pickle_tensor)
 {
     pw w;
     pw_init(&w, 2, -1, "test");
-    const int64_t shape[] = {3, 0, 5};
+    const int64_t shape[] = {3, 2, 5};
     pw_torch_tensor(&w, DCP_FLOAT8_E4M3FN, 3, shape, "7");
     dcp_error err;
     ck_assert(pw_finish(&w, &err) == 0);
@@ -136,9 +154,28 @@ START_TEST(pickle_tensor)
     ck_assert(pk_is_global(pk_call_global(root), "torch._utils", "_rebuild_tensor_v3"));
     const pk_node *args = root->u.call.args, *stride = pk_item(args, 3);
     int64_t v;
-    ck_assert(pk_int(pk_item(stride, 0), &v) && v == 5);   /* torch: max(size, 1) */
+    ck_assert(pk_int(pk_item(stride, 0), &v) && v == 10);
     ck_assert(pk_int(pk_item(stride, 1), &v) && v == 5);
+    ck_assert(pk_int(pk_item(stride, 2), &v) && v == 1);
     ck_assert(pk_is_global(pk_item(args, 6), "torch", "float8_e4m3fn"));
+    /* The shared parser reads it back: UntypedStorage counts bytes, 30 here. */
+    dcpi_rebuild rb;
+    char why[256];
+    ck_assert_msg(dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) == 0, "%s", why);
+    ck_assert_uint_eq(rb.storage_bytes, 30);
+    ck_assert(rb.dtype == DCP_FLOAT8_E4M3FN && rb.ndim == 3 && rb.storage_key_len == 1 && rb.storage_key[0] == '7');
+    ck_assert(dcpi_torch_rebuild_check_view(&rb, why, sizeof why) == 0);
+    pk_free(doc);
+    pw_free(&w);
+
+    /* A typed storage counts elements; an empty dimension keeps torch's max(size, 1) strides. */
+    pw_init(&w, 2, -1, "test");
+    const int64_t empty[] = {3, 0, 5};
+    pw_torch_tensor(&w, DCP_FLOAT32, 3, empty, "0");
+    ck_assert(pw_finish(&w, &err) == 0);
+    ck_assert(pk_parse(w.buf, w.len, "test", &doc, &root, &err) == 0);
+    ck_assert(dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) == 0);
+    ck_assert(rb.storage_bytes == 0 && rb.stride[0] == 5 && rb.stride[1] == 5);
     pk_free(doc);
     pw_free(&w);
 }
@@ -567,20 +604,213 @@ START_TEST(dcp_writer_errors)
     struct stat st;
     snprintf(meta, sizeof meta, "%s/.metadata", dir);
     ck_assert(stat(meta, &st) < 0);
+    /* The abandoned folder holds __0_0.distcp: it is not written into again. */
+    char data[400];
+    snprintf(data, sizeof data, "%s/__0_0.distcp", dir);
+    ck_assert(stat(data, &st) == 0);
+    off_t size = st.st_size;
+    ck_assert(dcp_ckpt_create(dir, NULL, &w, &err) < 0 && w == NULL);
+    ck_assert_msg(strstr(err.msg, "not empty") && strstr(err.msg, "__0_0.distcp"), "%s", err.msg);
+    ck_assert(stat(data, &st) == 0 && st.st_size == size);
 }
 END_TEST
 
+static uint64_t splitmix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The bytes follow dcp-synth(1)'s formula: checked against values computed
+ * by tests/interop/writer_synth_expect.py and against the formula here. */
 START_TEST(synth_formula)
 {
-    /* word 0 of key 0, seed 0: mix(mix(0) + G). */
+    static const unsigned char k00[16] = {0xaf, 0xcd, 0x1d, 0x7b, 0x39, 0xa8, 0x20, 0xe2,
+                                          0xf4, 0x65, 0xb9, 0xa1, 0x6a, 0x9e, 0x78, 0x6e};
+    static const unsigned char k53[16] = {0x60, 0xa0, 0xad, 0xb9, 0x81, 0x90, 0xbb, 0x57,
+                                          0xe2, 0xa1, 0x87, 0x88, 0xe8, 0xb6, 0x31, 0xa0};
     unsigned char b[16];
     dcp_synth_fill(0, 0, DCP_UINT8, 0, b, 16);
+    ck_assert(!memcmp(b, k00, 16));
+    dcp_synth_fill(5, 3, DCP_FLOAT32, 0, b, 16);
+    ck_assert(!memcmp(b, k53, 16));
     unsigned char c[5];
-    dcp_synth_fill(0, 0, DCP_UINT8, 3, c, 5);   /* any offset gives the same bytes */
-    ck_assert(!memcmp(b + 3, c, 5));
-    dcp_synth_fill(0, 0, DCP_BOOL, 0, b, 16);
+    dcp_synth_fill(5, 3, DCP_FLOAT32, 3, c, 5);   /* any offset gives the same bytes */
+    ck_assert(!memcmp(k53 + 3, c, 5));
+    dcp_synth_fill(5, 3, DCP_BOOL, 0, b, 16);      /* bool: the lowest bit of each byte */
     for (int i = 0; i < 16; i++)
-        ck_assert(b[i] <= 1);
+        ck_assert_int_eq(b[i], k53[i] & 1);
+    /* Far into a key: word j = mix(base + (j+1) G), little-endian. */
+    const uint64_t G = 0x9E3779B97F4A7C15ull, seed = 77, key = 123456, j = 1000003;
+    uint64_t base = splitmix(seed + key * G), w = splitmix(base + (j + 1) * G);
+    unsigned char far[8];
+    dcp_synth_fill(seed, key, DCP_INT64, j * 8, far, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(far[i], (unsigned char)(w >> (8 * i)));
+}
+END_TEST
+
+static int refuse_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)ctx, (void)tag, (void)off, (void)buf, (void)len;
+    return dcpi_err(err, EIO, "fill called");
+}
+
+/* Sizes that overflow are refused up front with EFBIG naming the key;
+ * nothing is read and no file is left. */
+START_TEST(size_overflow)
+{
+    const int64_t shape[] = {(int64_t)1 << 62};
+    dcp_item items[3];
+    const char *keys[] = {"k0", "k1", "k2"};
+    for (int i = 0; i < 3; i++)
+        items[i] = (dcp_item){.key = keys[i], .kind = DCP_KIND_TENSOR, .dtype = DCP_UINT8, .ndim = 1,
+                              .shape = shape, .nbytes = (uint64_t)1 << 62, .tag = (uint64_t)i};
+    char path[400];
+    snprintf(path, sizeof path, "%s/o.safetensors", tmpdir);
+    dcp_source src = {.fill = refuse_fill};
+    dcp_error err;
+    ck_assert(dcp_write_safetensors(path, items, 3, DCP_WRITE_NO_SYNC, &src, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EFBIG);
+    ck_assert_msg(strstr(err.msg, "k1: data offsets overflow"), "%s", err.msg);
+    struct stat st;
+    ck_assert(stat(path, &st) < 0);
+
+    /* A shape whose strides overflow int64 (torch.save's pickle of a chunk). */
+    pw w;
+    pw_init(&w, 2, -1, "test");
+    const int64_t big[] = {(int64_t)1 << 40, (int64_t)1 << 40, 4};
+    pw_torch_tensor(&w, DCP_FLOAT32, 3, big, "0");
+    ck_assert(pw_finish(&w, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "overflow"), "%s", err.msg);
+    pw_free(&w);
+
+    /* Ending a record when none is open is an error, not a read before the array. */
+    zw_out o;
+    zw z;
+    ck_assert(zw_out_init(&o, -1, 0, "mem", &err) == 0);
+    zw_begin(&z, &o, "archive", &err);
+    ck_assert(zw_record_end(&z, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "no record open"), "%s", err.msg);
+    zw_free(&z);
+    zw_out_free(&o);
+}
+END_TEST
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert(f && fputs(text, f) >= 0 && fclose(f) == 0);
+}
+
+static int file_is(const char *path, const char *text)
+{
+    char buf[64] = "";
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return n == strlen(text) && !memcmp(buf, text, n);
+}
+
+static int only_entries(const char *dir, int want)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq %d", dir, want);
+    return system(cmd) == 0;
+}
+
+/* The single-file writers replace path only when complete: a failure part
+ * way leaves the old file and no temporary; NO_REPLACE keeps an existing one. */
+START_TEST(atomic_outputs)
+{
+    const int64_t shape[] = {4};
+    float vals[4] = {1, 2, 3, 4};
+    dcp_item item = {.key = "w", .kind = DCP_KIND_TENSOR, .dtype = DCP_FLOAT32, .ndim = 1, .shape = shape,
+                     .nbytes = sizeof vals};
+    dcp_source bad = {.fill = refuse_fill}, good = {.fill = mem_fill, .ctx = vals};
+    char st[400], pt[400];
+    snprintf(st, sizeof st, "%s/a.safetensors", tmpdir);
+    snprintf(pt, sizeof pt, "%s/a.pt", tmpdir);
+    write_text(st, "old safetensors");
+    write_text(pt, "old pt");
+    dcp_error err;
+    ck_assert(dcp_write_safetensors(st, &item, 1, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "fill called"), "%s", err.msg);
+    ck_assert(dcp_write_torch_save(pt, NULL, &item, 1, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert(file_is(st, "old safetensors") && file_is(pt, "old pt"));
+    ck_assert(only_entries(tmpdir, 2));
+    ck_assert(dcp_write_safetensors(st, &item, 1, DCP_WRITE_NO_REPLACE, &good, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EEXIST);
+    ck_assert(dcp_write_torch_save(pt, NULL, &item, 1, DCP_WRITE_NO_REPLACE, &good, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EEXIST);
+    ck_assert(file_is(st, "old safetensors") && file_is(pt, "old pt"));
+    ck_assert(only_entries(tmpdir, 2));
+    /* Complete: replaced (the safetensors data ends with the 16 bytes). */
+    ck_assert_msg(dcp_write_safetensors(st, &item, 1, 0, &good, NULL, NULL, &err) == 0, "%s", err.msg);
+    ck_assert_msg(dcp_write_torch_save(pt, NULL, &item, 1, 0, &good, NULL, NULL, &err) == 0, "%s", err.msg);
+    ck_assert(only_entries(tmpdir, 2));
+    FILE *f = fopen(st, "rb");
+    float tail[4];
+    ck_assert(f && fseek(f, -16, SEEK_END) == 0 && fread(tail, 1, 16, f) == 16);
+    fclose(f);
+    ck_assert(!memcmp(tail, vals, 16));
+}
+END_TEST
+
+/* dcp_format_guess as dcp_write.h says: a folder of only *.safetensors. */
+START_TEST(format_guess)
+{
+    char d[400], f[500];
+    snprintf(d, sizeof d, "%s/hf", tmpdir);
+    ck_assert(mkdir(d, 0755) == 0);
+    snprintf(f, sizeof f, "%s/model.safetensors", d);
+    write_text(f, "x");
+    ck_assert_int_eq(dcp_format_guess(d), DCP_FORMAT_SAFETENSORS);
+    snprintf(f, sizeof f, "%s/__0_0.distcp", d);
+    write_text(f, "x");
+    ck_assert_int_eq(dcp_format_guess(d), DCP_FORMAT_DCP);
+    ck_assert_int_eq(dcp_format_guess("x.pt"), DCP_FORMAT_TORCH_SAVE);
+    ck_assert_int_eq(dcp_format_guess("x.safetensors"), DCP_FORMAT_SAFETENSORS);
+}
+END_TEST
+
+/* Bytes items are held in memory: their total is bounded before any is read. */
+START_TEST(bytes_total_cap)
+{
+    dcp_item items[3] = {
+        {.key = "small", .kind = DCP_KIND_BYTES, .nbytes = 100},
+        {.key = "big1", .kind = DCP_KIND_BYTES, .nbytes = 600u << 20},
+        {.key = "big2", .kind = DCP_KIND_BYTES, .nbytes = 600u << 20},
+    };
+    dcp_source bad = {.fill = refuse_fill};
+    char pt[400];
+    snprintf(pt, sizeof pt, "%s/b.pt", tmpdir);
+    dcp_error err;
+    ck_assert(dcp_write_torch_save(pt, NULL, items, 3, DCP_WRITE_NO_SYNC, &bad, NULL, NULL, &err) < 0);
+    ck_assert_int_eq(err.code, EFBIG);
+    ck_assert_msg(strstr(err.msg, "big2: bytes items would total more than 1073741824 bytes"), "%s", err.msg);
+    ck_assert(only_entries(tmpdir, 0));
+}
+END_TEST
+
+/* One key selection for dcp ls/convert and dcpload. */
+START_TEST(key_matches)
+{
+    ck_assert(dcp_key_matches(NULL, "anything"));
+    ck_assert(dcp_key_matches("model", "model"));
+    ck_assert(dcp_key_matches("model", "model.layer.weight"));
+    ck_assert(!dcp_key_matches("model", "modelx.weight"));
+    ck_assert(!dcp_key_matches("model.layer", "model.layers.0"));
+    ck_assert(dcp_key_matches("model.*", "model.a.b"));        /* '*' crosses dots */
+    ck_assert(!dcp_key_matches("model.*", "model"));
+    ck_assert(dcp_key_matches("*.weight", "enc.0.weight"));
+    ck_assert(dcp_key_matches("enc.[01].w", "enc.1.w"));
+    ck_assert(!dcp_key_matches("enc.?", "enc.1.w"));           /* a pattern is not a prefix */
+    ck_assert(!dcp_key_matches("", ".x"));
+    ck_assert(!dcp_key_matches("", "x"));
 }
 END_TEST
 
@@ -612,6 +842,11 @@ int main(void)
     tcase_add_test(t, dcp_writer_errors);
     tcase_add_test(t, synth_formula);
     tcase_add_test(t, parse_size);
+    tcase_add_test(t, size_overflow);
+    tcase_add_test(t, atomic_outputs);
+    tcase_add_test(t, key_matches);
+    tcase_add_test(t, bytes_total_cap);
+    tcase_add_test(t, format_guess);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);

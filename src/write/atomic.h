@@ -1,0 +1,27 @@
+/* Outputs that appear complete or not at all: a temporary name beside the
+ * destination, fsync, rename (optionally refusing to replace), fsync of the
+ * folder. */
+#ifndef DCP_WRITE_ATOMIC_H
+#define DCP_WRITE_ATOMIC_H
+
+#include <stddef.h>
+
+#include "dcp.h"
+
+/* "<dir>/.<name>.tmp-<pid>-<n>" for path "<dir>/<name>" (no trailing '/').
+ * Returns 0, or -1 (ENAMETOOLONG) with err filled. */
+int dcpw_tmp_name(const char *path, char *tmp, size_t cap, dcp_error *err);
+
+/* Create a temporary file beside path (O_EXCL), its name in tmp. */
+int dcpw_tmp_create(const char *path, char *tmp, size_t cap, int *fd, dcp_error *err);
+
+/* Rename tmp to path. no_replace: fail with EEXIST if path exists
+ * (renameat2 RENAME_NOREPLACE; where the filesystem lacks it, link+unlink
+ * for files, a check then rename for folders, which has a window). sync:
+ * fsync path's folder afterwards. */
+int dcpw_rename(const char *tmp, const char *path, int no_replace, int sync, dcp_error *err);
+
+/* fsync a folder by path. */
+int dcpw_fsync_dir(const char *dir, dcp_error *err);
+
+#endif
