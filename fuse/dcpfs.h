@@ -158,6 +158,8 @@ struct dfs_ckpt {
 
 /* ----------------------------------------------------------- the filesystem */
 
+struct dfs_dh;   /* ops.c: an open directory */
+
 struct dfs {
     struct dfs_options opt;
     char *source;              /* realpath of SOURCE */
@@ -177,6 +179,8 @@ struct dfs {
     struct fuse_session *se;
     const char *mountpoint;
     struct dcp_catalog *catalog;   /* -o verify: where recorded digests are */
+    pthread_mutex_t dh_lock;   /* guards open_dirs */
+    struct dfs_dh *open_dirs;  /* opendir handles (freed at unmount if never released) */
 };
 
 /* tree.c: nodes, the inode map and key trees */
@@ -240,6 +244,9 @@ void dfs_read_fini(void);   /* frees the calling thread's buffers */
 
 /* ops.c */
 extern const struct fuse_lowlevel_ops dfs_ops;
+/* Free the directory handles the kernel did not release before the session
+ * ended (a directory still open at unmount). */
+void dfs_close_dirs(struct dfs *fs);
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */

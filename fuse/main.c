@@ -250,6 +250,7 @@ int main(int argc, char *argv[])
     pthread_mutex_init(&fs.scan_lock, NULL);
     pthread_mutex_init(&fs.list_lock, NULL);
     pthread_mutex_init(&fs.alloc_lock, NULL);
+    pthread_mutex_init(&fs.dh_lock, NULL);
 
     if (fuse_opt_parse(&args, &fs.opt, dfs_optspec, opt_proc) < 0)
         goto out0;
@@ -357,6 +358,7 @@ out2:
     fuse_session_destroy(se);
 out1:
     dfs_read_fini();
+    dfs_close_dirs(&fs);
     dfs_free_all(&fs);
     dcp_catalog_close(fs.catalog);
 out0:

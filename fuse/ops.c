@@ -22,6 +22,7 @@
 #define FS(req) ((struct dfs *)fuse_req_userdata(req))
 
 struct dfs_dh {
+    struct dfs_dh *prev, *next;  /* fs->open_dirs */
     struct dfs_node *node;
     struct dfs_node **kids;     /* snapshot at opendir: offsets stay stable */
     size_t nkids;
@@ -321,6 +322,21 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
 /* ------------------------------------------------------------ directories */
 
+/* Unlink a directory handle from fs->open_dirs and free it. */
+static void close_dir(struct dfs *fs, struct dfs_dh *d)
+{
+    pthread_mutex_lock(&fs->dh_lock);
+    if (d->prev)
+        d->prev->next = d->next;
+    else
+        fs->open_dirs = d->next;
+    if (d->next)
+        d->next->prev = d->prev;
+    pthread_mutex_unlock(&fs->dh_lock);
+    free(d->kids);
+    free(d);
+}
+
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct dfs *fs = FS(req);
@@ -349,10 +365,14 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fi->cache_readdir = 1;   /* a checkpoint's listing never changes */
         fi->keep_cache = 1;
     }
-    if (fuse_reply_open(req, fi) == -ENOENT) {
-        free(d->kids);
-        free(d);
-    }
+    pthread_mutex_lock(&fs->dh_lock);
+    d->next = fs->open_dirs;
+    if (d->next)
+        d->next->prev = d;
+    fs->open_dirs = d;
+    pthread_mutex_unlock(&fs->dh_lock);
+    if (fuse_reply_open(req, fi) == -ENOENT)   /* interrupted: the kernel will not release it */
+        close_dir(fs, d);
 }
 
 static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_info *fi, int plus)
@@ -414,11 +434,15 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 {
     (void)ino;
     struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh;
-    if (d) {
-        free(d->kids);
-        free(d);
-    }
+    if (d)
+        close_dir(FS(req), d);
     fuse_reply_err(req, 0);
+}
+
+void dfs_close_dirs(struct dfs *fs)
+{
+    while (fs->open_dirs)
+        close_dir(fs, fs->open_dirs);
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)
