@@ -14,6 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "dcp_write.h"
 #include "dcp_integrity.h"
 #include "planner_ck.h"
 
@@ -571,6 +572,62 @@ START_TEST(model_cache_round_trip)
 }
 END_TEST
 
+/* Checkpoints written by the project's own DCP writer, whose volume check
+ * lets an overlap that leaves a gap of the same size through: rows [0,2)
+ * and [1,3) of a 4x4 tensor. verify names the overlap; a plain gap is
+ * refused by the writer already. */
+static int fill_iota(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
+{
+    (void)ctx, (void)tag, (void)err;
+    for (size_t i = 0; i < len; i++)
+        ((unsigned char *)buf)[i] = (unsigned char)(off + i);
+    return 0;
+}
+
+static int write_rows(const char *dir, const int64_t (*rows)[2], int n, dcp_error *err)
+{
+    const int64_t shape[2] = {4, 4};
+    dcp_source src = {.fill = fill_iota};
+    dcp_ckpt_writer *w = NULL;
+    int rc = dcp_ckpt_create(dir, NULL, &w, err);
+    if (rc == 0)
+        rc = dcp_ckpt_add_tensor(w, "w", DCP_FLOAT32, 2, shape, err);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const int64_t off[2] = {rows[i][0], 0}, size[2] = {rows[i][1] - rows[i][0], 4};
+        rc = dcp_ckpt_add_chunk(w, "w", i, off, size, &src, (uint64_t)i, NULL, err);
+    }
+    if (rc == 0)
+        rc = dcp_ckpt_finish(w, err);
+    dcp_ckpt_free(w);
+    return rc;
+}
+
+START_TEST(verify_writer_built_overlap_and_gap)
+{
+    make_tmpdir();
+    char dir[4200], msg[1024] = "";
+    dcp_error err;
+    snprintf(dir, sizeof dir, "%s/overlap", tmpdir);
+    const int64_t overlap[2][2] = {{0, 2}, {1, 3}};
+    ck_assert_msg(write_rows(dir, overlap, 2, &err) == 0, "%s", err.msg);
+    dcp_checkpoint *ck;
+    ck_assert_msg(dcp_open(dir, DCP_OPEN_DEFAULT, &ck, &err) == 0, "%s", err.msg);
+    uint64_t n = 0;
+    ck_assert_int_eq(dcp_verify_structure(ck, last_problem, msg, &n, &err), 0);
+    ck_assert_uint_ge(n, 1);
+    ck_assert_msg(strstr(msg, "w: chunks [0:2,0:4] and [1:2,0:4] overlap"), "%s", msg);
+    dcp_close(ck);
+
+    snprintf(dir, sizeof dir, "%s/gap", tmpdir);
+    const int64_t gap[2][2] = {{0, 2}, {3, 4}};
+    ck_assert_int_lt(write_rows(dir, gap, 2, &err), 0);
+    ck_assert_msg(strstr(err.msg, "w"), "%s", err.msg);
+    strcat(dir, "/.metadata");
+    ck_assert_int_eq(access(dir, F_OK), -1);   /* refused: no checkpoint left behind */
+    rm_tmpdir();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("catalog");
@@ -578,6 +635,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, coverage_matches_reference);
     tcase_add_test(tc, coverage_large_grid);
+    tcase_add_test(tc, verify_writer_built_overlap_and_gap);
     tcase_add_test(tc, digests_record_verify_export_import);
     tcase_add_test(tc, verify_read_error_mid_blob);
     tcase_add_test(tc, sidecar_hostile);
