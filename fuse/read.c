@@ -426,16 +426,7 @@ static void read_layout(fuse_req_t req, struct dfs *fs, struct dfs_ckpt *ck, con
         rc = add_mem(&r, 0, n);
         pos += n;
     }
-    /* The first segment that ends past pos. */
-    size_t lo = 0, hi = lay->nsegs;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (lay->segs[mid].offset + lay->segs[mid].length <= pos)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (size_t i = lo; rc == 0 && i < lay->nsegs && pos < end; i++) {
+    for (size_t i = dcp_st_view_find(lay->segs, lay->nsegs, pos); rc == 0 && i < lay->nsegs && pos < end; i++) {
         const dcp_st_view_tensor *s = &lay->segs[i];
         if (s->offset > pos) {
             dfs_log(LOG_ERR, "%s: a hole before %s in a virtual file's layout", ck->path, s->entry->key);

@@ -177,6 +177,10 @@ typedef struct dcp_st_view {
 int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_entry *e), void *sctx,
                         dcp_st_view **out, dcp_error *err);
 void dcp_st_view_free(dcp_st_view *l);
+/* The index of the first of n tensors (ascending, contiguous offsets) whose
+ * bytes reach past off; n when none does. For servers that answer a read of
+ * the virtual file their own way (dcpfs splices the pieces). */
+size_t dcp_st_view_find(const dcp_st_view_tensor *t, size_t n, uint64_t off);
 /* Bytes [off, off+len) of the virtual file into buf (clamped at its end;
  * *got = bytes produced). Any alignment; thread-safe given one plan per thread. */
 int dcp_st_view_read(dcp_checkpoint *ck, const dcp_st_view *l, uint64_t off, void *buf, size_t len,

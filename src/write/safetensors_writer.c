@@ -233,6 +233,19 @@ static int tensor_bytes(dcp_checkpoint *ck, const dcp_st_view_tensor *t, uint64_
     return 0;
 }
 
+size_t dcp_st_view_find(const dcp_st_view_tensor *t, size_t n, uint64_t off)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (t[mid].offset + t[mid].length <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 int dcp_st_view_read(dcp_checkpoint *ck, const dcp_st_view *l, uint64_t off, void *buf, size_t len, size_t *got,
                      dcp_plan *plan, dcp_error *err)
 {
@@ -249,16 +262,7 @@ int dcp_st_view_read(dcp_checkpoint *ck, const dcp_st_view *l, uint64_t off, voi
         dst += n;
         off += n;
     }
-    /* The first tensor whose range reaches past off. */
-    size_t lo = 0, hi = l->ntensors;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (l->tensors[mid].offset + l->tensors[mid].length <= off)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    for (size_t i = lo; i < l->ntensors && off < end; i++) {
+    for (size_t i = dcp_st_view_find(l->tensors, l->ntensors, off); i < l->ntensors && off < end; i++) {
         const dcp_st_view_tensor *t = &l->tensors[i];
         uint64_t a = off - t->offset, b = (end < t->offset + t->length ? end : t->offset + t->length) - t->offset;
         if (b > a && tensor_bytes(ck, t, a, b, dst, plan, err) < 0)

@@ -827,6 +827,21 @@ START_TEST(parse_size)
 }
 END_TEST
 
+/* The first tensor of a virtual safetensors file whose bytes reach past an
+ * offset: empty tensors are passed over, the end gives n. */
+START_TEST(st_view_find)
+{
+    const dcp_st_view_tensor t[] = {{NULL, 100, 10}, {NULL, 110, 0}, {NULL, 110, 20}, {NULL, 130, 5}};
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 0), 0);
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 109), 0);
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 110), 2);
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 129), 2);
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 130), 3);
+    ck_assert_uint_eq(dcp_st_view_find(t, 4, 135), 4);
+    ck_assert_uint_eq(dcp_st_view_find(t, 0, 0), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("writer");
@@ -847,6 +862,7 @@ int main(void)
     tcase_add_test(t, key_matches);
     tcase_add_test(t, bytes_total_cap);
     tcase_add_test(t, format_guess);
+    tcase_add_test(t, st_view_find);
     suite_add_tcase(s, t);
     SRunner *r = srunner_create(s);
     srunner_run_all(r, CK_NORMAL);
