@@ -546,6 +546,23 @@ int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, d
     return rc;
 }
 
+/* An empty set for n chunks of nd dimensions, in one allocation: the
+ * chunks, their record slots, then offsets and sizes (2*nd per chunk) and
+ * strides (nd per chunk). NULL on ENOMEM. */
+static dcpi_chunkset *chunkset_new(size_t idx, size_t n, size_t nd)
+{
+    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
+    dcpi_chunkset *s = calloc(1, bytes);
+    if (!s)
+        return NULL;
+    s->idx = idx;
+    s->bytes = bytes;
+    s->chunks = (dcp_chunk *)(s + 1);
+    s->records = (dcpi_record_slot *)(s->chunks + n);
+    s->strides = (int64_t *)(s->records + n) + 2 * n * nd;
+    return s;
+}
+
 /* Decode a chunk list into a new set (*out); every box must lie inside the
  * shape. -1: the row is damaged (a checksum or a bound failed); -2: out of
  * memory, which says nothing about the row. */
@@ -560,16 +577,10 @@ static int decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, con
     /* each chunk takes at least 6 bytes: bounds the allocation */
     if (n > len / 6 + 1)
         return -1;
-    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
-    dcpi_chunkset *s = calloc(1, bytes);
+    dcpi_chunkset *s = chunkset_new(idx, n, nd);
     if (!s)
         return -2;
-    s->idx = idx;
-    s->bytes = bytes;
-    s->chunks = (dcp_chunk *)(s + 1);
-    s->records = (dcpi_record_slot *)(s->chunks + n);
     int64_t *dims = (int64_t *)(s->records + n);
-    s->strides = dims + 2 * n * nd;
     for (size_t c = 0; c < n; c++) {
         int64_t *off = dims + 2 * c * nd, *sz = off + nd;
         if (get_dims(&r, off, (int)nd) < 0 || get_dims(&r, sz, (int)nd) < 0)
@@ -602,16 +613,10 @@ static dcpi_chunkset *copy_parsed(dcp_checkpoint *ck, size_t idx)
     const dcp_entry *e = &ck->entries[idx];
     const dcp_chunk *src = ck->lazy->parsed->priv[idx].chunks;
     size_t n = e->nchunks, nd = (size_t)e->ndim;
-    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
-    dcpi_chunkset *s = calloc(1, bytes);
+    dcpi_chunkset *s = chunkset_new(idx, n, nd);
     if (!s)
         return NULL;
-    s->idx = idx;
-    s->bytes = bytes;
-    s->chunks = (dcp_chunk *)(s + 1);
-    s->records = (dcpi_record_slot *)(s->chunks + n);
     int64_t *dims = (int64_t *)(s->records + n);
-    s->strides = dims + 2 * n * nd;
     for (size_t c = 0; c < n; c++) {
         int64_t *off = dims + 2 * c * nd, *sz = off + nd;
         if (nd) {
