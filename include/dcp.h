@@ -291,6 +291,15 @@ int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_e
  * decoded and checked) into buf, and place fetched bytes into a region buffer
  * applying dest_stride and flags. */
 int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err);
+/* For callers that read ahead (the MPI loader): dcp_op_fetch_cached reads
+ * the part of an op's source bytes already in the page cache, from its
+ * start, without waiting for storage (preadv2 RWF_NOWAIT), and returns how
+ * many bytes it placed in buf (0 for decoded ops, on kernels or file systems
+ * without RWF_NOWAIT, and on any error: dcp_op_fetch then reads the rest and
+ * reports). dcp_op_prefetch advises the kernel to start reading an op's
+ * source from storage (POSIX_FADV_WILLNEED); decoded ops are left alone. */
+uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf);
+void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op);
 /* dtype (plan->dtype) gives BSWAP's unit (dcp_dtype_swap_unit) and what NEG
  * and CONJ mean: NEG negates float16/bfloat16/float32/float64, complex (both
  * halves) and integer elements, CONJ negates complex imaginary halves; other

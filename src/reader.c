@@ -394,6 +394,41 @@ int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void 
     return dcpi_pread_full(ck, op->file, buf, (size_t)op->length, op->src_offset, op_key(e), err);
 }
 
+uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
+{
+    int fd;
+    uint64_t fsize;
+    dcp_error e;
+    if (op->flags & DCP_OP_DECODED || op->length > SIZE_MAX ||
+        fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
+        return 0;
+    uint64_t done = 0;
+    if (check_range(ck, op->file, "", op->src_offset, op->length, &e) == 0) {
+        while (done < op->length) {
+            uint64_t want = op->length - done;
+            struct iovec v = {(char *)buf + done, want > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)want};
+            ssize_t n = preadv2(fd, &v, 1, (off_t)(op->src_offset + done), RWF_NOWAIT);
+            if (n <= 0)   /* EAGAIN: not cached; EOPNOTSUPP, EINVAL: cannot tell; 0: end of file */
+                break;
+            done += (uint64_t)n;
+        }
+    }
+    fd_release(ck, op->file);
+    return done;
+}
+
+void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op)
+{
+    int fd;
+    uint64_t fsize;
+    dcp_error e;
+    if (op->flags & DCP_OP_DECODED || op->src_offset > (uint64_t)INT64_MAX ||
+        op->length > (uint64_t)INT64_MAX || fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
+        return;
+    (void)posix_fadvise(fd, (off_t)op->src_offset, (off_t)op->length, POSIX_FADV_WILLNEED);
+    fd_release(ck, op->file);
+}
+
 /* ------------------------------------------------------------ executing */
 
 /* The bounce buffer for strided and flagged ops: one per thread, grown up to

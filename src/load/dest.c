@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef HAVE_CUDA
 #include <cuda_runtime.h>
@@ -109,8 +110,15 @@ void *ldi_staging_alloc(ldi_dest *d, size_t n)
 #else
     (void)d;
 #endif
+    /* 2 MiB-aligned in huge pages: node peers copy units out of it through
+     * process_vm_readv, which pins each source page (see dcpload's host_alloc) */
+    size_t huge = (size_t)2 << 20;
     void *p = NULL;
-    return posix_memalign(&p, 4096, n) == 0 ? p : NULL;
+    if (posix_memalign(&p, n < huge ? 4096 : huge, n) != 0)
+        return NULL;
+    if (n >= huge)
+        (void)madvise(p, n, MADV_HUGEPAGE);
+    return p;
 }
 
 void ldi_staging_free(ldi_dest *d, void *p)

@@ -192,12 +192,51 @@ static int free_slot(struct exec *x, unsigned from, unsigned to)
     return -1;
 }
 
+/* The read of unit u: a source range of a file or of a decoded blob. */
+static dcp_op unit_op(const struct exec *x, const ldi_unit *u)
+{
+    const ldi_space *sp = &x->g->spaces[u->space];
+    dcp_op op = {0};
+    op.file = sp->file;
+    op.flags = sp->decoded ? DCP_OP_DECODED : 0;
+    op.blob = sp->blob;
+    op.src_offset = u->off;
+    op.length = u->len;
+    op.elem_size = 1;
+    op.dest_stride = 1;
+    return op;
+}
+
+/* Read unit k of this rank's reads into buf. The bytes already cached are
+ * taken first without waiting; when some are not, the kernel is asked to
+ * start reading the next unit before this one's rest is read: otherwise,
+ * when the I/O thread waits for a CPU after each read (ranks copying
+ * replicated bytes), the device sits idle in between. With the shard files
+ * evicted, a replicated load on 4 ranks took 1.7 s instead of 2.2 and a
+ * load on 1 rank 1.4-2.1 s instead of 2.2-3.5 (noisy virtual disk; deeper
+ * advice gained nothing); advising every unit cost 5-8% on a warm page
+ * cache, hence the cached read first. */
+static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, dcp_error *e)
+{
+    const ldi_unit *u = &x->g->units[x->reads[k]];
+    dcp_op op = unit_op(x, u);
+    uint64_t got = dcp_op_fetch_cached(x->ck, &op, buf);
+    if (got == op.length)
+        return 0;
+    if (k + 1 < x->nreads) {
+        dcp_op next = unit_op(x, &x->g->units[x->reads[k + 1]]);
+        dcp_op_prefetch(x->ck, &next);
+    }
+    op.src_offset += got;
+    op.length -= got;
+    return dcp_op_fetch(x->ck, x->g->spaces[u->space].e, &op, buf + got, e);
+}
+
 /* Read unit k of this rank's reads into its target. Called with the lock
  * held when a read slot is needed and free; drops the lock while reading. */
 static void io_unit(struct exec *x, size_t k)
 {
     const ldi_unit *u = &x->g->units[x->reads[k]];
-    const ldi_space *sp = &x->g->spaces[u->space];
     size_t n;
     const ldi_frag *f = my_frags(x, u, &n);
     unsigned char *buf;
@@ -219,17 +258,8 @@ static void io_unit(struct exec *x, size_t k)
     double t0 = ldi_now();
     dcp_error e = {0};
     int rc = 0;
-    if (!failed) {   /* after a failure keep the protocol going, skip the reads */
-        dcp_op op = {0};
-        op.file = sp->file;
-        op.flags = sp->decoded ? DCP_OP_DECODED : 0;
-        op.blob = sp->blob;
-        op.src_offset = u->off;
-        op.length = u->len;
-        op.elem_size = 1;
-        op.dest_stride = 1;
-        rc = dcp_op_fetch(x->ck, sp->e, &op, buf, &e);
-    }
+    if (!failed)   /* after a failure keep the protocol going, skip the reads */
+        rc = fetch_unit(x, k, buf, &e);
     double t1 = ldi_now();
     int finished = 0;
     if (rc == 0 && !failed && io_only(x, u)) {

@@ -290,6 +290,8 @@ void ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root
  * and with more ranks and I/O threads than cores (or other jobs on them) a
  * spinning rank takes the time the ranks it waits for need to read or copy. */
 int ldi_wait(int n, MPI_Request *reqs, MPI_Status *stat);
+#define LDI_NAP_AFTER 200e-6   /* seconds of yielding before ldi_wait naps */
+#define LDI_NAP_NS 50000L      /* one nap */
 /* The collectives of a call, nonblocking and completed with ldi_wait (with
  * 4 ranks on 2 cores a blocking allgather measured 15 ms, this 3 ms). */
 int ldi_allreduce_int(const int *in, int *out, MPI_Op op, MPI_Comm comm);

@@ -1,7 +1,8 @@
 /* Reader tests: placement flags (byte swap, negation, conjugation), short
  * files and missing files with their messages, preadv batches and bounce
- * pieces, the fd cache under a low RLIMIT_NOFILE, and 8 threads executing
- * plans on one checkpoint at once. */
+ * pieces, the fd cache under a low RLIMIT_NOFILE, 8 threads executing
+ * plans on one checkpoint at once, and the cached read and prefetch advice
+ * of the loader. */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "planner_ck.h"
@@ -461,6 +463,77 @@ START_TEST(test_fd_cache)
 }
 END_TEST
 
+/* dcp_op_fetch_cached takes the cached prefix of an op's bytes (all of a
+ * file just written, where the kernel can tell), never past the end of the
+ * file, nothing of decoded ops or missing files; dcp_op_prefetch is advice
+ * that never fails a later read. */
+START_TEST(test_cached_and_prefetch)
+{
+    const size_t size = (size_t)1 << 20;
+    unsigned char *data = malloc(size), *buf = malloc(size);
+    uint64_t s = 7;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named, absent on disk */
+    tck_finish(ck);
+    /* can this kernel and file system tell what is cached? */
+    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    struct iovec v = {buf, 4096};
+    int can_tell = preadv2(fd, &v, 1, 0, RWF_NOWAIT) > 0;
+    close(fd);
+
+    dcp_op op = {0};
+    op.src_offset = 100;
+    op.length = 500000;
+    op.elem_size = op.dest_stride = 1;
+    memset(buf, 0, size);
+    uint64_t got = dcp_op_fetch_cached(ck, &op, buf);
+    ck_assert_uint_le(got, op.length);
+    if (can_tell)
+        ck_assert_uint_eq(got, op.length);
+    ck_assert_int_eq(memcmp(buf, data + 100, (size_t)got), 0);
+
+    op.src_offset = size - 10;   /* past the end: at most the 10 bytes there */
+    op.length = 100;
+    got = dcp_op_fetch_cached(ck, &op, buf);
+    ck_assert_uint_le(got, 10);
+    if (can_tell)
+        ck_assert_uint_eq(got, 10);
+    ck_assert_int_eq(memcmp(buf, data + size - 10, (size_t)got), 0);
+
+    op.src_offset = UINT64_MAX - 4;   /* beyond any file */
+    ck_assert_uint_eq(dcp_op_fetch_cached(ck, &op, buf), 0);
+    dcp_op_prefetch(ck, &op);
+    op.src_offset = 0;
+    op.file = 1;   /* missing */
+    ck_assert_uint_eq(dcp_op_fetch_cached(ck, &op, buf), 0);
+    dcp_op_prefetch(ck, &op);
+    op.file = 9;   /* no such index */
+    ck_assert_uint_eq(dcp_op_fetch_cached(ck, &op, buf), 0);
+    dcp_op_prefetch(ck, &op);
+    op.file = 0;
+    op.flags = DCP_OP_DECODED;   /* a decoded blob: never read here */
+    ck_assert_uint_eq(dcp_op_fetch_cached(ck, &op, buf), 0);
+    dcp_op_prefetch(ck, &op);
+
+    /* advice, then the read it was for */
+    op.flags = 0;
+    op.src_offset = 4096;
+    op.length = size - 4096;
+    dcp_op_prefetch(ck, &op);
+    dcp_error err;
+    memset(buf, 0, size);
+    ck_assert_msg(dcp_op_fetch(ck, NULL, &op, buf, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(memcmp(buf, data + 4096, size - 4096), 0);
+    tck_free(ck);
+    free(data);
+    free(buf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("reader");
@@ -471,6 +544,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_batches_and_pieces);
     tcase_add_test(t, test_threads);
     tcase_add_test(t, test_fd_cache);
+    tcase_add_test(t, test_cached_and_prefetch);
     suite_add_tcase(s, t);
     return s;
 }
