@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,8 +89,10 @@ int main(int argc, char **argv)
     }
     size_t cap = into_dest ? (size_t)(hi - lo) : request;
     unsigned char *buf = NULL;
-    if (posix_memalign((void **)&buf, 4096, cap ? cap : 1) != 0)
+    /* 2 MiB-aligned in huge pages, as dcpload allocates its destinations */
+    if (posix_memalign((void **)&buf, (size_t)2 << 20, cap ? cap : 1) != 0)
         return die("cannot allocate the buffer");
+    (void)madvise(buf, cap, MADV_HUGEPAGE);
     memset(buf, 0xA5, cap);
 
     MPI_Barrier(MPI_COMM_WORLD);
