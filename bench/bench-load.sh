@@ -27,17 +27,22 @@
 #   torch       PyTorch's torch.distributed.checkpoint.load on N gloo ranks
 #               into preallocated tensors of the same layout (DTensors
 #               sharded on dim 0 for rows, whole tensors for replicate).
-#   ... (cold)  raw and dcpload again with the shard files' pages evicted from
-#               the page cache before each run (fsync + posix_fadvise
-#               DONTNEED; no root needed): storage is read, not memory copied.
-#               Only with DCPFS_BENCH_COLD=1: on the development VM the
-#               host caches its virtual disk, and the same raw read of the
-#               evicted files took 0.75 s to 3.3 s from one run to the next.
+#   ... (storage) raw and dcpload again reading storage: the shard files'
+#               pages evicted before each run (fsync + posix_fadvise
+#               DONTNEED), and their reads limited to DCPFS_BENCH_STORAGE_BPS
+#               bytes per second (default 1000000000) by a cgroup (v1 blkio
+#               or v2 io; needs root), as a device or network file system of
+#               that speed would. On the development VM the host caches the
+#               virtual disk, and an unlimited read of the evicted files took
+#               0.75 s to 3.3 s from one run to the next; the limit makes the
+#               storage one thing. DCPFS_BENCH_STORAGE_BPS=0: evicted, no
+#               limit; =off: no storage lines. dcp-way too (its ranks'
+#               reads of the same bytes meet in the node's page cache).
 # Every line: wall seconds (barrier to barrier, slowest rank), CPU seconds
 # (user+system, summed over ranks), unique bytes per second, bytes read from
 # storage (dcpload: its statistics; torch: rchar of /proc/self/io; raw: what
 # it read), and the ratio to raw (raw seconds / tool seconds: > 1 is faster).
-# Warm page cache for all but the cold lines (the checkpoint was just written and is read first).
+# Warm page cache for all but the storage lines (the checkpoint was just written and is read first).
 # Destinations of raw and dcpload are 2 MiB-aligned in transparent huge pages
 # (madvise); torch's too (THP_MEM_ALLOC_ENABLE=1).
 # Targets (issue 6): dcpload >= 0.85x the raw read; bytes read == unique bytes.
@@ -47,7 +52,7 @@ DCP="$top_builddir/dcp"
 DCPLOAD="$top_builddir/dcpload"
 RAW="$top_builddir/bench/load_raw"
 REPS="${DCPFS_BENCH_REPS:-3}"
-COLD="${DCPFS_BENCH_COLD:-0}"
+BPS="${DCPFS_BENCH_STORAGE_BPS:-1000000000}"
 RANKS="${DCPFS_BENCH_RANKS:-1 2 4}"
 SIZE="${DCPFS_BENCH_LOAD_BYTES:-2147483648}"
 MPIEXEC="${MPIEXEC:-mpiexec.mpich}"
@@ -58,7 +63,7 @@ command -v "$MPIEXEC" >/dev/null 2>&1 || { say "bench-load: no mpiexec ($MPIEXEC
 BASE="${DCPFS_BENCH_DIR:-${TMPDIR:-/tmp}/dcpfs-bench}"
 mkdir -p "$BASE"
 DIR=$(mktemp -d "$BASE/load.XXXXXX")
-trap 'rm -rf "$DIR"' EXIT
+trap 'rm -rf "$DIR"; [ -z "$CG" ] || rmdir "$CG" 2>/dev/null || true' EXIT
 CK="$DIR/ckpt"
 if ! "$DCP" synth "$CK" --total "$SIZE" --shape 4096,4096 --dtype float32 --ranks 4 --shard rows \
     >"$DIR/synth.log" 2>&1; then
@@ -71,12 +76,39 @@ files=("$CK"/*.distcp)
 cat "${files[@]}" >/dev/null   # warm the page cache for everyone
 
 mpi() { timeout -k 10 900 "$MPIEXEC" -launcher fork -n "$@"; }
-# cold CMD...: evict the shard files from the page cache, then run CMD
-cold() {
+# The storage lines' cgroup: reads of the checkpoint's device limited to BPS.
+CG=""
+storage_setup() {
+    [ "$BPS" != off ] || return 1
+    [ "$BPS" != 0 ] || return 0
+    [ "$(id -u)" = 0 ] || { say "bench-load: storage lines skipped: limiting reads needs root (DCPFS_BENCH_STORAGE_BPS=0: evicted files, no limit)"; return 1; }
+    local dev
+    dev=$(findmnt -no MAJ:MIN -T "$DIR" 2>/dev/null | tr -d ' ') || dev=""
+    [ -n "$dev" ] && [ -e "/sys/dev/block/$dev" ] || { say "bench-load: storage lines skipped: $DIR is on no block device"; return 1; }
+    [ ! -e "/sys/dev/block/$dev/partition" ] || dev=$(cat "/sys/dev/block/$dev/../dev")
+    if [ -d /sys/fs/cgroup/blkio ]; then
+        CG=/sys/fs/cgroup/blkio/dcpfs-bench.$$
+        mkdir "$CG" && echo "$dev $BPS" >"$CG/blkio.throttle.read_bps_device" && return 0
+    elif grep -qw io /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+        echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+        CG=/sys/fs/cgroup/dcpfs-bench.$$
+        mkdir "$CG" && echo "$dev rbps=$BPS" >"$CG/io.max" && return 0
+    fi
+    say "bench-load: storage lines skipped: no cgroup read limit could be set"
+    [ -z "$CG" ] || rmdir "$CG" 2>/dev/null || true
+    CG=""
+    return 1
+}
+# storage CMD...: evict the shard files from the page cache, then run CMD (a
+# function too) in a subshell inside the limiting cgroup
+storage() {
     python3 -c 'import os, sys
 for f in sys.argv[1:]:
     fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "${files[@]}"
-    "$@"
+    (
+        [ -z "$CG" ] || echo "$BASHPID" >"$CG/cgroup.procs"
+        "$@"
+    )
 }
 
 # best REPS CMD...: the run of least wall time of a command printing "SECONDS BYTES_READ CPU_SECONDS"
@@ -112,6 +144,11 @@ line() {
         "$(rate "$UNIQUE" "$4")" "$(gib "$5")" "${7:-}"
 }
 
+have_storage=0
+if storage_setup; then
+    have_storage=1
+    if [ -n "$CG" ]; then storage_what="evicted, reads limited to $(rate "$BPS" 1) GB/s"; else storage_what="evicted, no limit"; fi
+fi
 say "bench-load: $(gib "$UNIQUE") GiB of tensors in ${#files[@]} shard files, $(nproc) CPUs, best of $REPS, warm page cache, load average $(cut -d' ' -f1 /proc/loadavg)"
 for n in $RANKS; do
     read -r raw_s raw_b raw_c < <(best mpi "$n" "$RAW" --dest "${files[@]}")
@@ -143,16 +180,19 @@ for n in $RANKS; do
             fi
             line "$n" "$layout" "$tool" "$s" "$b" "$c" "$notes"
         done
-        [ "$COLD" = 1 ] || continue
-        read -r cr_s cr_b cr_c < <(best cold mpi "$n" "$RAW" --dest "${files[@]}")
-        line "$n" "$layout" raw-cold "$cr_s" "$cr_b" "$cr_c" "(raw with the shard files evicted before each run)"
-        read -r s b c < <(best cold dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout")
-        r=$(ratio "$cr_s" "$s")
-        line "$n" "$layout" dcpload-cold "$s" "$b" "$c" \
-            "$r x raw-cold; target >= 0.85x raw: $(met "$r" 0.85); read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")"
+        [ "$have_storage" = 1 ] || continue
+        read -r sr_s sr_b sr_c < <(best storage mpi "$n" "$RAW" --dest "${files[@]}")
+        line "$n" "$layout" raw-stor "$sr_s" "$sr_b" "$sr_c" "(raw reading storage: $storage_what)"
+        read -r s b c < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout")
+        r=$(ratio "$sr_s" "$s")
+        line "$n" "$layout" dcpload-stor "$s" "$b" "$c" \
+            "$r x raw-stor; target >= 0.85x raw: $(met "$r" 0.85); read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")"
+        read -r s b c < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent)
+        line "$n" "$layout" dcp-way-stor "$s" "$b" "$c" "$(ratio "$sr_s" "$s") x raw-stor; preads $(ratio "$b" "$UNIQUE") x unique (repeats of the same bytes are served by the node's page cache)"
     done
 done
 say "GB/s: unique tensor bytes / wall time. read: bytes fetched from storage (dcpload: its statistics;"
 say "torch: rchar; raw: pread). x raw: raw seconds / tool seconds, higher is better. A replicated load on N"
 say "ranks must write N times the bytes into rank memory, so on a warm page cache it is bound by memory"
-say "copies, not storage: compare it with raw-all too (the README explains)."
+say "copies, not storage: compare it with raw-all too (the README explains). -stor lines read storage"
+say "(evicted files, reads limited by a cgroup): where the raw read of the unique bytes is the bound."
