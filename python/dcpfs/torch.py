@@ -1,0 +1,264 @@
+"""torch.distributed.checkpoint integration: a StorageReader backed by libdcp.
+
+:class:`Reader` lets ``torch.distributed.checkpoint.load`` read a checkpoint
+through libdcp instead of pickle: the ``.metadata`` is parsed by libdcp (no
+pickle is executed for it), so every format libdcp reads loads, including
+PyTorch 1.13 saves that newer torch cannot read itself. Tensors are read box
+by box straight from the shard files into the destination tensors (only the
+bytes of each box are read, never whole records); resharding (any number of
+ranks, FSDP2 / DTensor placements) is done by torch's own load planner::
+
+    import torch.distributed.checkpoint as dcp
+    import dcpfs.torch
+
+    model = build_model()                      # e.g. FSDP2 fully_shard()ed
+    sd = {"model": model.state_dict()}
+    dcp.load(sd, storage_reader=dcpfs.torch.Reader("/ckpt/step_1000"))
+    model.load_state_dict(sd["model"])
+
+    # or the read-once collective loader (every byte read by one rank only):
+    dcpfs.torch.load(sd, "/ckpt/step_1000")
+
+Non-tensor items are still restored with ``torch.load`` by torch's planner
+(``LoadPlanner.load_bytes``), as with torch's own reader.
+"""
+from __future__ import annotations
+
+import io
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch.distributed.checkpoint import StorageReader
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+import dcpfs
+
+__all__ = ["Reader", "load", "torch_dtype"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a libdcp dtype name ("bfloat16" -> torch.bfloat16)."""
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise dcpfs.DcpError(22, f"dtype {name!r} has no torch equivalent in torch {torch.__version__}")
+    return dt
+
+
+class Reader(StorageReader):
+    """A ``torch.distributed.checkpoint.StorageReader`` reading through libdcp.
+
+    Use it wherever torch's ``FileSystemReader`` is used::
+
+        dcp.load(state_dict, storage_reader=dcpfs.torch.Reader(path))
+
+    Args:
+        path: the checkpoint folder (global ``.metadata``, rank-local
+            ``__R.metadata`` files, or anything else :func:`dcpfs.open` opens).
+        catalog: use libdcp's catalog (a later open of the same unchanged
+            checkpoint is served from it instead of parsing ``.metadata``).
+        threads: read the items of a plan on this many threads (libdcp
+            releases the GIL while it reads); 1 reads them in order on the
+            calling thread.
+
+    The checkpoint is opened once, lazily, by the first call that needs it
+    (``read_metadata``), and closed at the end of ``read_data``, by
+    ``reset`` or :meth:`close`.
+    """
+
+    def __init__(self, path: PathLike, *, catalog: bool = True, threads: int = 1) -> None:
+        super().__init__()
+        self.path: str = os.fspath(path)
+        self.catalog = catalog
+        self.threads = max(1, int(threads))
+        self.load_id = uuid.uuid4().hex
+        self.rank: Optional[int] = None
+        self._ck: Optional[Any] = None
+        self._lock = threading.Lock()
+
+    # -- the checkpoint ---------------------------------------------------
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The checkpoint folder (torch logs it and passes it to its hooks)."""
+        return self.path
+
+    def _open(self):
+        with self._lock:
+            if self._ck is None:
+                self._ck = dcpfs.open(self.path, catalog=self.catalog)
+            return self._ck
+
+    def close(self) -> None:
+        """Close the checkpoint (it is opened again when needed)."""
+        with self._lock:
+            ck, self._ck = self._ck, None
+        if ck is not None:
+            ck.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- StorageReader ----------------------------------------------------
+
+    def reset(self, checkpoint_id: Optional[PathLike] = None) -> None:
+        """Start a new load (of ``checkpoint_id`` when given)."""
+        self.close()
+        if checkpoint_id:
+            self.path = os.fspath(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """torch's ``Metadata``, built from libdcp's model of the checkpoint.
+
+        Tensors become ``TensorStorageMetadata`` (dtype, global shape, one
+        ``ChunkStorageMetadata`` per stored chunk), other items
+        ``BytesStorageMetadata``. ``storage_data`` is a small dict describing
+        the checkpoint (``read_data`` needs nothing from it: libdcp locates
+        every chunk itself), ``planner_data`` is None (torch's default
+        planner does not use it for loading).
+
+        A ``rank=`` argument (torch asks again for rank-local
+        ``__R.metadata`` after a failure) changes nothing: libdcp opens a
+        folder of rank-local metadata files as one checkpoint already.
+        """
+        ck = self._open()
+        sdm = {}
+        for key in ck.keys():
+            info = ck.info(key)
+            if info.kind == "bytes":
+                sdm[key] = BytesStorageMetadata()
+                continue
+            chunks = [ChunkStorageMetadata(offsets=torch.Size(c.offsets), sizes=torch.Size(c.sizes))
+                      for c in info.chunks]
+            sdm[key] = TensorStorageMetadata(
+                properties=TensorProperties(dtype=torch_dtype(info.dtype)),
+                size=torch.Size(info.shape),
+                chunks=chunks,
+            )
+        meta = dict(getattr(ck, "meta", None) or {})
+        storage_data = {"reader": "dcpfs", "path": self.path}
+        storage_data.update({k: meta[k] for k in ("generation", "serialization", "layout") if k in meta})
+        return Metadata(
+            state_dict_metadata=sdm,
+            planner_data=None,
+            storage_data=storage_data,
+            storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id),
+            version=None,
+        )
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        """Nothing to set up beyond noting the rank."""
+        self.rank = kwargs.get("rank")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        """Read every item of ``plan``: bytes items through
+        ``planner.load_bytes``, tensor boxes straight into
+        ``planner.resolve_tensor(item)`` (through a temporary of the stored
+        dtype when the target is not contiguous or of another dtype, then
+        copied and cast into it), each committed with
+        ``planner.commit_tensor``. Returns a completed future; errors raise
+        (``dcpfs.DcpError`` naming file, key and reason)."""
+        ck = self._open()
+        try:
+            tensor_items = []
+            for item in plan.items:
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(ck.read_bytes(item.storage_index.fqn)))
+                else:
+                    tensor_items.append(item)
+            if self.threads > 1 and len(tensor_items) > 1:
+                self._read_tensors_threaded(ck, tensor_items, planner)
+            else:
+                for item in tensor_items:
+                    target = planner.resolve_tensor(item).detach()
+                    _read_box(ck, item, target)
+                    planner.commit_tensor(item, target)
+        finally:
+            self.close()
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_tensors_threaded(self, ck, items: List[ReadItem], planner: LoadPlanner) -> None:
+        # The planner is called on this thread only; the reads (and casts)
+        # run on the pool, where libdcp and torch release the GIL.
+        targets = [planner.resolve_tensor(item).detach() for item in items]
+        with ThreadPoolExecutor(min(self.threads, len(items))) as pool:
+            for f in [pool.submit(_read_box, ck, it, t) for it, t in zip(items, targets)]:
+                f.result()
+        for item, target in zip(items, targets):
+            planner.commit_tensor(item, target)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
+        """True when libdcp can open ``checkpoint_id`` as a checkpoint."""
+        try:
+            path = os.fspath(checkpoint_id)
+        except TypeError:
+            return False
+        if not os.path.exists(path):
+            return False
+        try:
+            with dcpfs.open(path):
+                return True
+        except (OSError, ValueError):
+            return False
+
+
+def _box(item: ReadItem) -> Tuple[Tuple[int, int], ...]:
+    """The item's box in the global tensor: its chunk's offsets plus the
+    offsets inside the chunk, and the lengths."""
+    chunk = item.storage_index.offset
+    starts: Sequence[int] = chunk if chunk is not None else (0,) * len(item.lengths)
+    return tuple((int(c) + int(o), int(n)) for c, o, n in zip(starts, item.storage_offsets, item.lengths))
+
+
+def _read_box(ck, item: ReadItem, target: torch.Tensor) -> None:
+    """Fill ``target`` with the item's box of its stored tensor."""
+    key = item.storage_index.fqn
+    box = _box(item)
+    if tuple(target.shape) != tuple(int(n) for n in item.lengths):
+        raise dcpfs.DcpError(22, f"{ck_path(ck)}: {key}: the destination has shape {tuple(target.shape)}, "
+                                 f"the read of box {box} has {tuple(item.lengths)}")
+    if target.numel() == 0:
+        return
+    stored = torch_dtype(ck.info(key).dtype)
+    if target.dtype == stored and target.is_contiguous():
+        ck.read(key, box=box, out=target)
+    else:
+        tmp = torch.empty(tuple(target.shape), dtype=stored, device=target.device
+                          if target.device.type == "cuda" else "cpu")
+        ck.read(key, box=box, out=tmp)
+        target.copy_(tmp)
+
+
+def ck_path(ck) -> str:
+    return getattr(ck, "path", "checkpoint")
+
+
+from ._collective import load  # noqa: E402  (the read-once collective loader)
