@@ -71,20 +71,23 @@ class Reader(StorageReader):
             ``__R.metadata`` files, or anything else :func:`dcpfs.open` opens).
         catalog: use libdcp's catalog (a later open of the same unchanged
             checkpoint is served from it instead of parsing ``.metadata``).
-        threads: read the items of a plan on this many threads (libdcp
-            releases the GIL while it reads); 1 reads them in order on the
-            calling thread.
+        threads: read the tensor items of a plan on this many threads
+            (libdcp releases the GIL while it reads; the planner is only
+            called on the calling thread); 1 reads them in order on the
+            calling thread. Default: the CPUs this process may run on, at
+            most 4 (on a 2-CPU machine 2 threads read a warm 256 MiB
+            checkpoint about 1.3-1.5x faster than 1).
 
     The checkpoint is opened once, lazily, by the first call that needs it
     (``read_metadata``), and closed at the end of ``read_data``, by
     ``reset`` or :meth:`close`.
     """
 
-    def __init__(self, path: PathLike, *, catalog: bool = True, threads: int = 1) -> None:
+    def __init__(self, path: PathLike, *, catalog: bool = True, threads: Optional[int] = None) -> None:
         super().__init__()
         self.path: str = os.fspath(path)
         self.catalog = catalog
-        self.threads = max(1, int(threads))
+        self.threads = max(1, int(threads)) if threads is not None else _default_threads()
         self.load_id = uuid.uuid4().hex
         self.rank: Optional[int] = None
         self._ck: Optional[Any] = None
@@ -125,7 +128,7 @@ class Reader(StorageReader):
             self.path = os.fspath(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    def read_metadata(self, *args: Any, **options: Any) -> Metadata:
         """torch's ``Metadata``, built from libdcp's model of the checkpoint.
 
         Tensors become ``TensorStorageMetadata`` (dtype, global shape, one
@@ -135,9 +138,12 @@ class Reader(StorageReader):
         every chunk itself), ``planner_data`` is None (torch's default
         planner does not use it for loading).
 
-        A ``rank=`` argument (torch asks again for rank-local
-        ``__R.metadata`` after a failure) changes nothing: libdcp opens a
-        folder of rank-local metadata files as one checkpoint already.
+        libdcp opens a folder of rank-local ``__R.metadata`` files as one
+        checkpoint, so there is no per-rank fallback: the keyword arguments
+        are not named ``kwargs`` on purpose, as torch asks a reader whose
+        ``read_metadata`` has a parameter of that name a second time, for
+        ``rank=`` (state_dict_loader.py, ``_load_state_dict``), which would
+        only repeat the same error. ``options`` are ignored.
         """
         ck = self._open()
         sdm = {}
@@ -228,6 +234,14 @@ class Reader(StorageReader):
                 return True
         except (OSError, ValueError):
             return False
+
+
+def _default_threads() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(4, n))
 
 
 def _box(item: ReadItem) -> Tuple[Tuple[int, int], ...]:
