@@ -329,6 +329,25 @@ def test_validate_and_metadata(tmp_path):
     assert [tuple(c.offsets) for c in t.chunks] == [(0, 0), (20, 0)]
     assert type(md.state_dict_metadata["epoch"]).__name__ == "BytesStorageMetadata"
     assert md.storage_data["reader"] == "dcpfs"
+    # the same model without the catalog
+    md2 = dcpfs.torch.Reader(ck, catalog=False).read_metadata()
+    assert md2.state_dict_metadata == md.state_dict_metadata
+
+
+def test_reset_and_reuse(tmp_path):
+    """dcp.load(checkpoint_id=...) resets the reader onto that folder; a
+    reader serves one load after another."""
+    for i in (1, 2):
+        dcp.save({"v": torch.full((3,), float(i))}, checkpoint_id=tmp_path / str(i))
+    reader = dcpfs.torch.Reader(tmp_path / "does-not-exist")
+    for i in (1, 2):
+        got = {"v": torch.zeros(3)}
+        dcp.load(got, checkpoint_id=tmp_path / str(i), storage_reader=reader)
+        _same(got["v"], torch.full((3,), float(i)), f"load {i}")
+        assert reader.checkpoint_id == str(tmp_path / str(i))
+    got = {"v": torch.zeros(3)}
+    dcp.load(got, storage_reader=reader)           # again, same folder
+    _same(got["v"], torch.full((3,), 2.0), "again")
 
 
 # -- (d) hostile inputs on 2 ranks -----------------------------------------
