@@ -28,4 +28,5 @@ include tests/writer.mk
 include tests/catalog.mk
 include tests/fuse.mk
 include tests/load.mk
+include tests/python.mk
 include tests/fuzz/local.mk

@@ -1,0 +1,571 @@
+"""dcpfs: read PyTorch Distributed Checkpoints with libdcp, without torch.load.
+
+A checkpoint (a DCP folder with ``.metadata``, rank-local ``__R.metadata``
+files, a Hugging Face safetensors layout, a Megatron-Core ``torch_dist``
+folder, or a single torch.save / safetensors file) opens as a read-only
+mapping from state-dict keys to tensors. Any box of any tensor is read
+straight from the shard files into the destination -- a new numpy array, or
+a numpy array or torch tensor you pass as ``out`` -- whatever the sharding it
+was saved with: only the bytes of the box are read, never whole records.
+
+    >>> import dcpfs
+    >>> with dcpfs.open("step_1000") as ck:
+    ...     ck.keys()[:2]                       # metadata order
+    ['model.embed.weight', 'model.layers.0.attn.qkv.weight']
+    ...     ck.info("model.embed.weight")
+    EntryInfo(key='model.embed.weight', kind='tensor', dtype='float32', shape=(37, 16), ...)
+    ...     w = ck.read("model.embed.weight")               # numpy, shape (37, 16)
+    ...     rows = ck.read("model.embed.weight", [(8, 4), (0, 16)])   # (start, length)
+    ...     rows = ck.read("model.embed.weight", [slice(8, 12), slice(None)])
+    ...     ck.read("optim.step", out=torch.empty((), dtype=torch.int64))
+    ...     ck.read_bytes("extra.epoch")                  # a bytes item: torch.save bytes
+
+Reading into torch: ``out`` may be a contiguous CPU tensor (filled in
+place through its data pointer) or a CUDA tensor (read through pinned host
+memory in pieces of at most 64 MiB and copied up). ``out``'s dtype must be
+the stored one and its number of elements the box's.
+
+dtypes numpy lacks (bfloat16, the float8 types, complex32, quantized and bit
+types) come back from ``read()`` as their raw bits in unsigned integers of
+the same size: ``uint16`` for bfloat16, ``uint8`` for float8, ``uint32`` for
+complex32 -- as dcpfs's ``-o view=npy`` presents them. Reinterpret them with
+``torch.from_numpy(a).view(torch.bfloat16)``, or pass ``out=`` a torch tensor
+of the real dtype, which receives them natively.
+
+Errors are :class:`DcpError` (an OSError carrying libdcp's errno and its
+message, which names the file, the key and the reason); an unknown key is
+:class:`DcpKeyError`, also a KeyError. A Checkpoint may be read from many
+threads at once (the GIL is released while libdcp reads).
+
+The first open of a checkpoint folder stores its parsed metadata in the
+catalog ($XDG_CACHE_HOME/dcpfs/catalog.sqlite, or ``catalog_path``), so later
+opens read one small record instead of parsing ``.metadata`` again;
+``catalog=False`` parses every time and writes nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno as _errno
+import math
+import operator
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Literal, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._native import ffi as _ffi, lib as _lib
+
+__version__ = "0.1.0"
+
+__all__ = ["open", "Checkpoint", "EntryInfo", "Chunk", "DcpError", "DcpKeyError", "__version__"]
+
+# CUDA destinations are filled through pinned host buffers of at most this many bytes.
+_CUDA_PIECE_BYTES = 64 << 20
+
+
+# ---------------------------------------------------------------- errors
+
+class DcpError(OSError):
+    """An error from libdcp (or found before calling it): ``errno`` is an errno
+    value (ENOENT, EIO, EINVAL, ...) and ``strerror`` the message, which names
+    the file, the key and the reason."""
+
+
+class DcpKeyError(DcpError, KeyError):
+    """No such key in the checkpoint (``errno`` is ENOENT; ``key`` the key)."""
+
+    def __init__(self, code: int, message: str, key: Any = None) -> None:
+        super().__init__(code, message)
+        self.key = key
+
+    def __str__(self) -> str:  # OSError's form, not KeyError's repr
+        return OSError.__str__(self)
+
+
+def _text(p: Any) -> Optional[str]:
+    return None if p == _ffi.NULL else _ffi.string(p).decode("utf-8", "surrogateescape")
+
+
+def _raise(err: Any, cls: type = DcpError) -> None:
+    msg = _ffi.string(err.msg).decode("utf-8", "replace") or "libdcp failed without a message"
+    raise cls(err.code or _errno.EIO, msg)
+
+
+# ---------------------------------------------------------------- results
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One stored box of a tensor: where it starts and how large it is, per dimension."""
+    offsets: Tuple[int, ...]
+    sizes: Tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EntryInfo:
+    """A key's header.
+
+    kind: "tensor" or "bytes" (a non-tensor value, stored as torch.save bytes).
+    dtype: the torch dtype name ("float32", "bfloat16"); None for bytes items.
+    shape: the global shape (() for 0-d tensors and bytes items).
+    chunks: the stored boxes, in metadata order (() for bytes items).
+    nbytes: bytes read() gives for the whole tensor (numel x element size), or
+        read_bytes() gives for a bytes item.
+    """
+    key: str
+    kind: Literal["tensor", "bytes"]
+    dtype: Optional[str]
+    shape: Tuple[int, ...]
+    chunks: Tuple[Chunk, ...]
+    nbytes: int
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (0 for 0-d tensors and bytes items)."""
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a 0-d tensor; 0 for bytes items)."""
+        return math.prod(self.shape) if self.kind == "tensor" else 0
+
+
+# ---------------------------------------------------------------- dtypes
+
+def _numpy_dtype(dt: int) -> np.dtype:
+    """read()'s numpy dtype for a libdcp dtype: numpy's own, else unsigned ints of
+    the same size holding the raw bits (as dcpfs's npy view)."""
+    d = _lib.dcp_dtype_numpy(dt)
+    if d != _ffi.NULL:
+        return np.dtype(_ffi.string(d).decode())
+    size = _lib.dcp_dtype_size(dt)
+    return np.dtype({1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}.get(size, f"|V{size}"))
+
+
+def _dtype_name(dt: int) -> str:
+    return _text(_lib.dcp_dtype_name(dt)) or f"dtype#{dt}"
+
+
+Box = Optional[Sequence[Union[Tuple[int, int], slice]]]
+
+
+def _resolve_box(where: str, shape: Tuple[int, ...], box: Box) -> Tuple[list, list]:
+    """(offsets, lengths) of box over shape, checked: every value is an int in range."""
+    n = len(shape)
+    if box is None:
+        return [0] * n, list(shape)
+    if isinstance(box, (str, bytes, slice)) or not hasattr(box, "__len__"):
+        raise TypeError(f"{where}: box must be a sequence with one (start, length) pair or "
+                        f"slice per dimension, not {type(box).__name__}")
+    items = list(box)
+    if len(items) != n:
+        raise ValueError(f"{where}: the box has {len(items)} dimension(s), the tensor {n} "
+                         f"(shape {list(shape)})")
+    offsets, lengths = [], []
+    for d, (item, size) in enumerate(zip(items, shape)):
+        if isinstance(item, slice):
+            if item.step is not None and operator.index(item.step) != 1:
+                raise ValueError(f"{where}: dimension {d}: slice step {item.step}: only step 1 can be read")
+            start, stop, _ = item.indices(size)     # numpy's resolution of negative/None bounds
+            offsets.append(start)
+            lengths.append(max(0, stop - start))
+            continue
+        try:
+            start, length = item
+            start, length = operator.index(start), operator.index(length)
+        except (TypeError, ValueError):
+            raise TypeError(f"{where}: dimension {d}: expected a (start, length) pair of ints or a "
+                            f"slice, not {item!r}") from None
+        if start < 0 or length < 0 or start + length > size:
+            raise DcpError(_errno.EINVAL, f"{where}: box start {start} length {length} lies outside "
+                                          f"dimension {d} of size {size}")
+        offsets.append(start)
+        lengths.append(length)
+    return offsets, lengths
+
+
+# ---------------------------------------------------------------- checkpoint
+
+class Checkpoint:
+    """An open checkpoint: a read-only mapping from keys to tensors and bytes items.
+
+    Made by :func:`dcpfs.open`; a context manager (``with dcpfs.open(p) as ck``).
+    Safe to share between threads; close() waits for reads in progress.
+    """
+
+    def __init__(self, _ptr: Any, _path: str) -> None:
+        if not isinstance(_ptr, _ffi.CData):
+            raise TypeError("Checkpoint objects are made by dcpfs.open()")
+        self._ck = _ptr
+        self._path = _path
+        self._cond = threading.Condition()
+        self._active = 0
+        self._closing = False
+        self._keys: Optional[list] = None
+
+    # -- lifetime
+
+    @contextmanager
+    def _use(self) -> Iterator[Any]:
+        with self._cond:
+            if self._ck is None or self._closing:
+                raise ValueError(f"{self._path}: the checkpoint is closed")
+            self._active += 1
+        try:
+            yield self._ck
+        finally:
+            with self._cond:
+                self._active -= 1
+                if not self._active:
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Close the checkpoint (after reads in progress in other threads end). Idempotent."""
+        with self._cond:
+            if self._ck is None or self._closing:
+                return
+            self._closing = True
+            while self._active:
+                self._cond.wait()
+            ck, self._ck = self._ck, None
+        _lib.dcp_close(ck)
+
+    @property
+    def _ptr(self) -> Any:
+        """The dcp_checkpoint * (for dcpfs's own modules, which call libdcp directly).
+        Valid until close(); raises ValueError once closed."""
+        ck = self._ck
+        if ck is None or self._closing:
+            raise ValueError(f"{self._path}: the checkpoint is closed")
+        return ck
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._ck is None or self._closing
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        ck = getattr(self, "_ck", None)
+        if ck is not None:
+            self._ck = None
+            _lib.dcp_close(ck)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} keys"
+        return f"<dcpfs.Checkpoint {self._path!r} ({state})>"
+
+    # -- the model
+
+    @property
+    def path(self) -> str:
+        """The checkpoint's path, as libdcp opened it."""
+        return self._path
+
+    @property
+    def meta(self) -> dict:
+        """What libdcp recognised (dcp_info): generation, serialization, layout,
+        version, checkpoint_id, save_id (str or None), has_planner_data, megatron
+        (bool), metadata_bytes (int), from_catalog (bool: the model was served by
+        the catalog) and files (the data files, relative paths)."""
+        with self._use() as ck:
+            info = _lib.dcp_get_info(ck)
+            out: dict = {}
+            if info != _ffi.NULL:
+                for f in ("generation", "serialization", "layout", "version", "checkpoint_id", "save_id"):
+                    out[f] = _text(getattr(info, f))
+                out["has_planner_data"] = bool(info.has_planner_data)
+                out["megatron"] = bool(info.megatron)
+                out["metadata_bytes"] = int(info.metadata_bytes)
+            out["from_catalog"] = bool(_lib.dcp_from_catalog(ck))
+            out["files"] = [_text(_lib.dcp_file_name(ck, i)) for i in range(_lib.dcp_num_files(ck))]
+            return out
+
+    def keys(self) -> list:
+        """Every key, in metadata order (a new list)."""
+        if self._keys is None:
+            with self._use() as ck:
+                keys = []
+                for i in range(_lib.dcp_num_entries(ck)):
+                    e = _lib.dcp_entry_at(ck, i)
+                    if e == _ffi.NULL:
+                        raise DcpError(_errno.ESTALE, f"{self._path}: entry {i} cannot be read: "
+                                                      "the checkpoint changed since it was opened")
+                    keys.append(_text(e.key))
+                self._keys = keys
+        return list(self._keys)
+
+    def __len__(self) -> int:
+        with self._use() as ck:
+            return int(_lib.dcp_num_entries(ck))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str) or "\0" in key:
+            return False
+        with self._use() as ck:
+            return _lib.dcp_find(ck, key.encode("utf-8", "surrogateescape")) != _ffi.NULL
+
+    def _find(self, ck: Any, key: str) -> Any:
+        if not isinstance(key, str):
+            raise TypeError(f"{self._path}: keys are str, not {type(key).__name__}")
+        if "\0" not in key:
+            kb = key.encode("utf-8", "surrogateescape")
+            e = _lib.dcp_find(ck, kb)
+            if e != _ffi.NULL:
+                return e
+            # NULL is also "cannot answer" (the checkpoint changed): dcp_seek tells them apart.
+            err = _ffi.new("dcp_error *")
+            out = _ffi.new("const dcp_entry **")
+            if _lib.dcp_seek(ck, kb, out, err) < 0:
+                _raise(err)
+        raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint", key)
+
+    def info(self, key: str) -> EntryInfo:
+        """The header of key: kind, dtype, shape, chunks and nbytes (see EntryInfo)."""
+        with self._use() as ck:
+            e = self._find(ck, key)
+            err = _ffi.new("dcp_error *")
+            nb = _ffi.new("uint64_t *")
+            if _lib.dcp_entry_nbytes(ck, e, nb, err) < 0:
+                _raise(err)
+            if e.kind != _lib.DCP_KIND_TENSOR:
+                return EntryInfo(key, "bytes", None, (), (), int(nb[0]))
+            ndim = e.ndim
+            shape = tuple(int(e.shape[i]) for i in range(ndim))
+            chunks = _ffi.new("const dcp_chunk **")
+            if _lib.dcp_entry_chunks(ck, e, chunks, err) < 0:
+                _raise(err)
+            try:
+                cl = []
+                for j in range(e.nchunks):
+                    c = chunks[0][j]
+                    cl.append(Chunk(tuple(int(c.offsets[i]) for i in range(ndim)),
+                                    tuple(int(c.sizes[i]) for i in range(ndim))))
+            finally:
+                _lib.dcp_release_chunks(ck, e)
+            return EntryInfo(key, "tensor", _dtype_name(e.dtype), shape, tuple(cl), int(nb[0]))
+
+    # -- reading
+
+    def read(self, key: str, box: Box = None, out: Any = None) -> Any:
+        """Read tensor `key`, or one box of it.
+
+        box: None for the whole tensor, or one item per dimension, each a
+            ``(start, length)`` pair or a ``slice`` with step 1 (None/negative
+            bounds resolved as numpy does). A pair outside the shape raises
+            DcpError (EINVAL).
+        out: None, or where to put the elements (C order): a writable
+            C-contiguous numpy array whose dtype is the one read() would return,
+            or a contiguous torch.Tensor on the CPU or a CUDA device with the
+            stored dtype; its number of elements must be the box's (its shape
+            may differ). A wrong dtype raises TypeError, a wrong size or a
+            non-contiguous, read-only or conj/neg view ValueError.
+
+        Returns a new C-contiguous numpy array of the box's shape (0-d for a
+        0-d tensor) -- bfloat16, float8 and complex32 as unsigned ints of the
+        same size holding the raw bits -- or ``out``. Bytes items raise
+        TypeError (use read_bytes).
+        """
+        with self._use() as ck:
+            e = self._find(ck, key)
+            where = f"{self._path}: {key}"
+            if e.kind != _lib.DCP_KIND_TENSOR:
+                raise TypeError(f"{where}: a bytes item, not a tensor: read it with read_bytes()")
+            dt = e.dtype
+            esz = int(_lib.dcp_dtype_size(dt))
+            shape = tuple(int(e.shape[i]) for i in range(e.ndim))
+            offsets, lengths = _resolve_box(where, shape, box)
+            numel = math.prod(lengths)
+            nbytes = numel * esz
+            if out is None:
+                arr = np.empty(lengths, dtype=_numpy_dtype(dt))
+                if nbytes:
+                    self._read_into(ck, e, offsets, lengths, _ffi.from_buffer(arr, require_writable=True), nbytes)
+                return arr
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(out, torch.Tensor):
+                self._read_torch(ck, e, where, offsets, lengths, numel, esz, out, torch)
+                return out
+            if not isinstance(out, np.ndarray):
+                raise TypeError(f"{where}: out must be a numpy.ndarray or a torch.Tensor, "
+                                f"not {type(out).__name__}")
+            want = _numpy_dtype(dt)
+            if out.dtype != want:
+                raise TypeError(f"{where}: out has dtype {out.dtype}, the tensor is {_dtype_name(dt)} "
+                                f"(read() gives numpy {want})")
+            if out.size != numel:
+                raise ValueError(f"{where}: out has {out.size} elements, the box {list(lengths)} has {numel}")
+            if not out.flags.c_contiguous:
+                raise ValueError(f"{where}: out is not C-contiguous")
+            if not out.flags.writeable:
+                raise ValueError(f"{where}: out is read-only")
+            if nbytes:
+                self._read_into(ck, e, offsets, lengths, _ffi.from_buffer(out, require_writable=True), nbytes)
+            return out
+
+    def _read_into(self, ck: Any, e: Any, offsets: list, lengths: list, dest: Any, nbytes: int) -> None:
+        """Plan the box and read it into dest (nbytes bytes), in C order."""
+        err = _ffi.new("dcp_error *")
+        plan = _ffi.new("dcp_plan *")
+        if lengths:
+            offs = _ffi.new("int64_t[]", offsets)
+            lens = _ffi.new("int64_t[]", lengths)
+        else:
+            offs = lens = _ffi.NULL
+        _lib.dcp_plan_init(plan)
+        try:
+            if _lib.dcp_plan_region(ck, e, offs, lens, plan, err) < 0:
+                _raise(err)
+            if plan.nbytes != nbytes:
+                raise DcpError(_errno.EIO, f"{self._path}: {_text(e.key)}: the plan covers {plan.nbytes} "
+                                           f"bytes, the box {nbytes}")
+            if _lib.dcp_plan_execute(ck, plan, dest, err) < 0:
+                _raise(err)
+        finally:
+            _lib.dcp_plan_free(plan)
+
+    def _read_torch(self, ck: Any, e: Any, where: str, offsets: list, lengths: list, numel: int,
+                    esz: int, out: Any, torch: Any) -> None:
+        name = _dtype_name(e.dtype)
+        want = getattr(torch, name, None)
+        if want is None or out.dtype != want:
+            raise TypeError(f"{where}: out has dtype {out.dtype}, the tensor is {name}")
+        if out.layout != torch.strided:
+            raise ValueError(f"{where}: out has layout {out.layout}: only dense (strided) tensors can be filled")
+        if out.numel() != numel:
+            raise ValueError(f"{where}: out has {out.numel()} elements, the box {list(lengths)} has {numel}")
+        if not out.is_contiguous():
+            raise ValueError(f"{where}: out is not contiguous: pass a contiguous tensor "
+                             "(for example out.contiguous(), then copy back)")
+        if out.is_conj() or out.is_neg():
+            raise ValueError(f"{where}: out is a conj or neg view: its memory does not hold its values")
+        nbytes = numel * esz
+        dev = out.device.type
+        if dev == "cpu":
+            if nbytes:
+                self._read_into(ck, e, offsets, lengths, _ffi.cast("void *", out.data_ptr()), nbytes)
+        elif dev == "cuda":
+            if nbytes:
+                self._read_cuda(ck, e, offsets, lengths, esz, out, torch)
+        else:
+            raise ValueError(f"{where}: out is on device {out.device}: only cpu and cuda tensors can be filled")
+
+    def _read_cuda(self, ck: Any, e: Any, offsets: list, lengths: list, esz: int, out: Any, torch: Any) -> None:
+        """Fill a CUDA tensor through two pinned host buffers: read one piece while the
+        previous one is copied up."""
+        pieces = list(_pieces(offsets, lengths, esz, _CUDA_PIECE_BYTES))
+        cap = max(p[3] for p in pieces)
+        flat = out.view(-1)
+        with torch.cuda.device(out.device):
+            stream = torch.cuda.current_stream()
+            bufs = [torch.empty(cap, dtype=out.dtype, pin_memory=True) for _ in range(min(2, len(pieces)))]
+            done: list = [None] * len(bufs)
+            try:
+                for i, (po, pl, start, count) in enumerate(pieces):
+                    b = i % len(bufs)
+                    if done[b] is not None:
+                        done[b].synchronize()     # its last copy has left the buffer
+                    host = bufs[b]
+                    self._read_into(ck, e, po, pl, _ffi.cast("void *", host.data_ptr()), count * esz)
+                    flat[start:start + count].copy_(host[:count], non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                    done[b] = ev
+            finally:
+                stream.synchronize()
+
+    def read_bytes(self, key: str) -> bytes:
+        """The stored bytes of a bytes item (a non-tensor value: torch.save bytes,
+        ``torch.load(io.BytesIO(b), weights_only=False)`` gives the value back).
+        Tensors raise TypeError (use read)."""
+        with self._use() as ck:
+            e = self._find(ck, key)
+            if e.kind != _lib.DCP_KIND_BYTES:
+                raise TypeError(f"{self._path}: {key}: a tensor, not a bytes item: read it with read()")
+            err = _ffi.new("dcp_error *")
+            buf = _ffi.new("void **")
+            n = _ffi.new("uint64_t *")
+            if _lib.dcp_read_entry(ck, e, buf, n, err) < 0:
+                _raise(err)
+            try:
+                return _ffi.unpack(_ffi.cast("char *", buf[0]), n[0]) if n[0] else b""
+            finally:
+                _lib.free(buf[0])
+
+
+def _pieces(offsets: list, lengths: list, esz: int, limit: int) -> Iterator[Tuple[list, list, int, int]]:
+    """Split a box into sub-boxes of at most `limit` bytes (at least one element)
+    that are each contiguous in the box's C-order buffer: (offsets, lengths,
+    first element, element count)."""
+    n = len(lengths)
+    numel = math.prod(lengths)
+    if numel * esz <= limit or n == 0:
+        yield list(offsets), list(lengths), 0, numel
+        return
+    # k: the first dimension from which the inner block fits; j = k - 1 is split in runs of rows.
+    k, inner = n, 1
+    while k > 0 and inner * lengths[k - 1] * esz <= limit:
+        k -= 1
+        inner *= lengths[k]
+    j = k - 1
+    rows = max(1, limit // (inner * esz))
+    outer_shape = lengths[:j]
+    for flat_outer, idx in enumerate(np.ndindex(*outer_shape) if j else [()]):
+        base = flat_outer * lengths[j] * inner
+        for s in range(0, lengths[j], rows):
+            cnt = min(rows, lengths[j] - s)
+            po = [offsets[d] + idx[d] for d in range(j)] + [offsets[j] + s] + list(offsets[k:])
+            pl = [1] * j + [cnt] + list(lengths[k:])
+            yield po, pl, base + s * inner, cnt * inner
+
+
+# ---------------------------------------------------------------- open
+
+def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
+         catalog_path: Optional[str] = None) -> Checkpoint:
+    """Open a checkpoint: a folder (global ``.metadata``, rank-local ``__R.metadata``
+    files, a Hugging Face safetensors layout, a Megatron-Core folder) or a single
+    torch.save (.pt/.pth) or safetensors file.
+
+    catalog: serve the folder's model from the catalog (libdcp's DCP_OPEN_CATALOG;
+        parsed once, stored, reused while ``.metadata`` is unchanged). False
+        parses ``.metadata`` and writes nothing. Single files never use it.
+    catalog_path: the catalog file (default $XDG_CACHE_HOME/dcpfs/catalog.sqlite,
+        else ~/.cache/dcpfs/catalog.sqlite).
+
+    Raises DcpError naming the file and the reason when it cannot be opened.
+    """
+    p = os.fspath(path)
+    pb = os.fsencode(p)
+    if b"\0" in pb:
+        raise ValueError("embedded null byte in the checkpoint path")
+    err = _ffi.new("dcp_error *")
+    out = _ffi.new("dcp_checkpoint **")
+    if os.path.isfile(pb):
+        # A single torch.save or safetensors file, as `dcp` opens one.
+        rc = _lib.dcp_open_file(pb, _lib.DCP_FORMAT_AUTO, out, _ffi.NULL, err)
+    else:
+        opts = _ffi.new("dcp_open_options *")
+        opts.flags = _lib.DCP_OPEN_CATALOG if catalog else _lib.DCP_OPEN_DEFAULT
+        cat = _ffi.NULL
+        if catalog_path is not None:
+            cb = os.fsencode(os.fspath(catalog_path))
+            if b"\0" in cb:
+                raise ValueError("embedded null byte in the catalog path")
+            cat = _ffi.new("char[]", cb)
+        opts.catalog = cat
+        rc = _lib.dcp_open_ex(pb, opts, out, err)
+    if rc < 0:
+        _raise(err)
+    ck = out[0]
+    return Checkpoint(ck, _text(_lib.dcp_path(ck)) or p)

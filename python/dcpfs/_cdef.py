@@ -1,0 +1,177 @@
+"""The C declarations of libdcp that dcpfs._native binds (cffi, API mode).
+
+Read at build time by _build.py (by path: the package is not importable then).
+cffi's API mode compiles a C module that includes the real headers, so the C
+compiler checks every declaration below against them: a struct ending in
+"...;" has its layout (field offsets, size) taken from the header, an enum
+ending in "..." its values, and "[...]" an array length.
+
+HEADERS: the #include lines given to set_source.
+CDEF: the declarations given to cdef.
+"""
+
+HEADERS = """
+#include <stdlib.h>
+#include <dcp.h>
+#include <dcp_write.h>
+"""
+
+CDEF = """
+/* ---------------------------------------------------------------- libc */
+void free(void *ptr);
+
+/* ---------------------------------------------------------------- errors */
+#define DCP_ERRMSG_MAX ...
+
+typedef struct dcp_error {
+    int code;
+    char msg[...];
+    ...;
+} dcp_error;
+
+int dcp_key_matches(const char *pattern, const char *key);
+
+/* ---------------------------------------------------------------- dtypes */
+typedef enum dcp_dtype {
+    DCP_DTYPE_INVALID,
+    DCP_FLOAT64, DCP_FLOAT32, DCP_FLOAT16, DCP_BFLOAT16,
+    DCP_COMPLEX128, DCP_COMPLEX64, DCP_COMPLEX32,
+    DCP_INT64, DCP_INT32, DCP_INT16, DCP_INT8,
+    DCP_UINT64, DCP_UINT32, DCP_UINT16, DCP_UINT8,
+    DCP_BOOL,
+    DCP_FLOAT8_E4M3FN, DCP_FLOAT8_E5M2, DCP_FLOAT8_E4M3FNUZ, DCP_FLOAT8_E5M2FNUZ,
+    DCP_FLOAT8_E8M0FNU, DCP_FLOAT4_E2M1FN_X2,
+    DCP_QINT8, DCP_QUINT8, DCP_QINT32, DCP_QUINT4X2, DCP_QUINT2X4,
+    DCP_BITS8, DCP_BITS16, DCP_BITS1X8, DCP_BITS2X4, DCP_BITS4X2,
+    DCP_DTYPE_COUNT,
+    ...
+} dcp_dtype;
+
+const char *dcp_dtype_name(dcp_dtype dt);
+size_t dcp_dtype_size(dcp_dtype dt);
+dcp_dtype dcp_dtype_from_name(const char *name);
+const char *dcp_dtype_numpy(dcp_dtype dt);
+
+/* ---------------------------------------------------------------- model */
+typedef enum dcp_kind { DCP_KIND_TENSOR, DCP_KIND_BYTES, ... } dcp_kind;
+
+typedef struct dcp_blob {
+    uint32_t file;
+    uint32_t transforms;
+    uint64_t offset;
+    uint64_t length;
+    ...;
+} dcp_blob;
+
+typedef struct dcp_chunk {
+    const int64_t *offsets;
+    const int64_t *sizes;
+    dcp_blob blob;
+    int has_blob;
+    ...;
+} dcp_chunk;
+
+typedef struct dcp_entry {
+    const char *key;
+    dcp_kind kind;
+    dcp_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    size_t nchunks;
+    dcp_blob blob;
+    int has_blob;
+    ...;
+} dcp_entry;
+
+typedef struct dcp_info {
+    const char *generation;
+    const char *serialization;
+    const char *layout;
+    const char *version;
+    const char *checkpoint_id;
+    const char *save_id;
+    int has_planner_data;
+    int megatron;
+    uint64_t metadata_bytes;
+    ...;
+} dcp_info;
+
+typedef struct dcp_checkpoint dcp_checkpoint;
+
+#define DCP_OPEN_DEFAULT ...
+#define DCP_OPEN_CATALOG ...
+
+typedef struct dcp_open_options {
+    unsigned flags;
+    const char *catalog;
+    ...;
+} dcp_open_options;
+
+int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err);
+int dcp_from_catalog(const dcp_checkpoint *ck);
+void dcp_close(dcp_checkpoint *ck);
+
+const char *dcp_path(const dcp_checkpoint *ck);
+const dcp_info *dcp_get_info(const dcp_checkpoint *ck);
+size_t dcp_num_entries(const dcp_checkpoint *ck);
+
+const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
+const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
+int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err);
+
+int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err);
+void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e);
+
+size_t dcp_num_files(const dcp_checkpoint *ck);
+const char *dcp_file_name(const dcp_checkpoint *ck, uint32_t file);
+
+uint64_t dcp_entry_numel(const dcp_entry *e);
+int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_error *err);
+
+/* ---------------------------------------------------------------- planner */
+typedef struct dcp_op {
+    uint32_t file;
+    uint32_t flags;
+    uint64_t src_offset;
+    uint64_t length;
+    uint64_t dest_offset;
+    uint64_t dest_stride;
+    uint32_t elem_size;
+    uint32_t chunk;
+    dcp_blob blob;
+    ...;
+} dcp_op;
+
+typedef struct dcp_plan {
+    const dcp_entry *entry;
+    dcp_op *ops;
+    size_t nops;
+    size_t cap;
+    uint64_t nbytes;
+    int zero_fill;
+    dcp_dtype dtype;
+    ...;
+} dcp_plan;
+
+void dcp_plan_init(dcp_plan *plan);
+void dcp_plan_reset(dcp_plan *plan);
+void dcp_plan_free(dcp_plan *plan);
+
+int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e,
+                    const int64_t *offsets, const int64_t *lengths,
+                    dcp_plan *plan, dcp_error *err);
+int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e,
+                   uint64_t offset, uint64_t length,
+                   dcp_plan *plan, dcp_error *err);
+
+/* ---------------------------------------------------------------- reader */
+int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_error *err);
+int dcp_read_entry(dcp_checkpoint *ck, const dcp_entry *e, void **buf, uint64_t *len, dcp_error *err);
+
+/* ---------------------------------------------------------------- single files (dcp_write.h) */
+typedef enum dcp_format {
+    DCP_FORMAT_AUTO, DCP_FORMAT_DCP, DCP_FORMAT_TORCH_SAVE, DCP_FORMAT_SAFETENSORS, ...
+} dcp_format;
+
+int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err);
+"""
