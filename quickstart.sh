@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES="build-essential autoconf automake libtool pkg-config libfuse3-dev fuse3 libmpich-dev mpich
-          libsqlite3-dev libxxhash-dev libzstd-dev libjansson-dev zlib1g-dev libdeflate-dev check attr python3"
+          libsqlite3-dev libxxhash-dev libzstd-dev libjansson-dev zlib1g-dev libdeflate-dev check attr python3 python3-pip python3-dev"
 missing=$(for p in $PACKAGES; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then
     echo "== installing:" $missing
@@ -13,10 +13,22 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 
+# The Python package (python/) and the PyTorch interop tier: a CPU build of PyTorch, pinned
+# (an unpinned torch is a multi-GB CUDA build). Debian's python3 is "externally managed"
+# (PEP 668): pip installs into it anyway, as a fresh machine for dcpfs.
+if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zstandard' 2>/dev/null; then
+    echo "== pip install torch==2.13.0 numpy safetensors zstandard cffi setuptools pytest"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q torch==2.13.0 numpy safetensors zstandard \
+        cffi setuptools pytest || echo "pip install failed: the Python package and its tests will skip"
+fi
+
 echo "== building"
 [ -x configure ] || autoreconf -fi >/dev/null
 mkdir -p build
 (cd build && { [ -f Makefile ] || ../configure -q; } && make -j"$(nproc)" >/dev/null)
+
+# The Python package, built against this build tree (as make check builds it).
+sh tests/python_build.sh "$PWD" "$PWD/build" || true
 
 SAMPLE=tests/fixtures/05_mixed_2ranks/ckpt
 echo "== dcp info $SAMPLE"
@@ -34,4 +46,16 @@ if [ -x build/dcpfs ] && [ -e /dev/fuse ]; then
     getfattr -d "$mnt/enc/weight" 2>/dev/null || true
     echo "-- the bytes of enc.weight through the mount equal dcp cat:"
     cmp "$mnt/enc/weight" <(build/dcp cat "$SAMPLE" enc.weight) && echo "   identical"
+fi
+
+if [ -d build/python-pkg/dcpfs ]; then
+    echo "== python3 -c 'import dcpfs; ...'   (PYTHONPATH=build/python-pkg)"
+    PYTHONPATH=build/python-pkg python3 -c '
+import dcpfs
+with dcpfs.open("'"$SAMPLE"'") as ck:
+    print(ck.keys())
+    print(ck.info("enc.weight"))
+    print(ck.read("enc.weight", [(0, 2), slice(0, 4)]))'
+else
+    echo "== the Python package was not built: $(cat build/python-pkg.skip 2>/dev/null)"
 fi

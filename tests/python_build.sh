@@ -12,7 +12,7 @@
 set -eu
 src=$1 build=$2
 out=$build/python-pkg
-rm -rf "$out" "$out.tmp" "$out.skip" "$out.log"
+rm -rf "$out.tmp" "$out.skip"
 
 reason=
 if ! command -v python3 >/dev/null 2>&1; then
@@ -26,6 +26,7 @@ fi
 if [ -n "$reason" ]; then
     echo "python package not built: $reason" >&2
     echo "$reason" >"$out.skip"
+    rm -rf "$out"
     exit 0
 fi
 
@@ -44,6 +45,7 @@ if ! PKG_CONFIG_PATH="$build${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" PIP_ROOT_USER
     rm -rf "$out.tmp"
     exit 1
 fi
-mv "$out.tmp" "$out"
+rm -rf "$out"
+mv "$out.tmp" "$out"      # the old package stays usable until here
 echo "python package built into $out in $(( $(date +%s) - start )) s" >"$out.log.tmp"
 cat "$out.log" >>"$out.log.tmp"; mv "$out.log.tmp" "$out.log"
