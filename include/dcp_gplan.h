@@ -167,8 +167,8 @@ typedef struct dcp_gunit {
 } dcp_gunit;
 
 /* A broadcast group: n sorted ranks at group_ranks + rank0, the reader among
- * them. The transport makes its communicator (every rank of a group, in
- * group order, so overlapping creations cannot deadlock). */
+ * them. The transport creates one communicator per group, in group order on
+ * every rank, so overlapping creations cannot deadlock. */
 typedef struct dcp_ggroup {
     size_t rank0, n;         /* into dcp_gplan.group_ranks */
 } dcp_ggroup;

@@ -19,9 +19,9 @@
  * 4. Per unit, the bytes each other rank needs (its spans) are delivered by
  *    a point-to-point message, or, to ranks on other nodes needing the same
  *    spans, by one broadcast among them (MPICH's broadcast within a node
- *    measured slower than messages). Optionally a rank on the
- *    reader's node copies its bytes out of the reader's staging buffer in
- *    node shared memory instead (one copy; two small tokens).
+ *    measured slower than messages). Optionally a rank on the reader's node
+ *    copies its bytes out of the reader's staging buffer in node shared
+ *    memory instead (one copy; two small tokens).
  * 5. The global order interleaves the readers' units round-robin, so every
  *    reader works at once; all ranks post their transfers in that order.
  */
