@@ -1,6 +1,6 @@
 # libdcp: the core. No FUSE, MPI or CUDA here.
 lib_LTLIBRARIES += libdcp.la
-include_HEADERS += include/dcp.h
+include_HEADERS += include/dcp.h include/dcp_gplan.h
 noinst_HEADERS += src/internal.h src/pickle.h
 libdcp_la_SOURCES = \
 	src/util.c \
@@ -14,7 +14,9 @@ libdcp_la_SOURCES = \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
 	src/planner.c \
-	src/reader.c
+	src/reader.c \
+	src/gplan.c
 libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread
 libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
 libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -export-symbols-regex '^dcp_'
+dist_man_MANS += man/dcp_gplan.3

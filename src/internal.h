@@ -161,6 +161,9 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
 /* Check a relative path from metadata: not empty, not absolute, no "..". */
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
+/* The checkpoint's name in messages: its folder, or its file when it is a
+ * single torch.save or safetensors file (libdcpload's ldi_name alike). */
+const char *dcpi_ck_name(const dcp_checkpoint *ck);
 
 /* The model cache (integrity/modelcache.c). Serve an empty ck from the
  * catalog (0) or fail (-1, ck partly filled: discard it); store a parsed

@@ -369,6 +369,16 @@ const dcp_info *dcp_get_info(const dcp_checkpoint *ck) { return &ck->info; }
 size_t dcp_num_entries(const dcp_checkpoint *ck) { return ck->nentries; }
 size_t dcp_num_files(const dcp_checkpoint *ck) { return ck->nfiles; }
 
+const char *dcpi_ck_name(const dcp_checkpoint *ck)
+{
+    static _Thread_local char buf[4352];
+    if (ck->info.layout && !strcmp(ck->info.layout, "single file") && ck->nfiles == 1) {
+        snprintf(buf, sizeof buf, "%s/%s", ck->path, ck->files[0]);
+        return buf;
+    }
+    return ck->path;
+}
+
 /* Lookups fill a served model's tables behind a const pointer: a cache. */
 static dcp_checkpoint *cache_of(const dcp_checkpoint *ck) { return (dcp_checkpoint *)ck; }
 

@@ -10,14 +10,3 @@ check_PROGRAMS += tests/load_api
 tests_load_api_SOURCES = tests/load_api.c
 tests_load_api_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS)
 tests_load_api_LDADD = libdcpload.la libdcp.la $(MPI_LIBS)
-
-# The global plan without MPI (Check): the same on every rank, units within
-# the staging size, fragments covering every op once. It reaches loader
-# internals (ldi_*), which libdcpload.so does not export, so it links the
-# loader's objects.
-check_PROGRAMS += tests/unit/test_gplan
-TESTS += tests/unit/test_gplan
-tests_unit_test_gplan_SOURCES = tests/unit/test_gplan.c
-tests_unit_test_gplan_CFLAGS = $(UNIT_TEST_FLAGS) $(MPI_CFLAGS)
-tests_unit_test_gplan_LDADD = $(libdcpload_la_OBJECTS) libdcp.la $(libdcpload_la_LIBADD) $(CHECK_LIBS)
-EXTRA_tests_unit_test_gplan_DEPENDENCIES = libdcpload.la

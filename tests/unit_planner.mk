@@ -15,3 +15,14 @@ tests_unit_test_reader_SOURCES = tests/unit/test_reader.c
 tests_unit_test_reader_CFLAGS = $(UNIT_TEST_FLAGS)
 tests_unit_test_reader_LDADD = $(UNIT_PLANNER_LDADD)
 EXTRA_tests_unit_test_reader_DEPENDENCIES = libdcp.la
+
+# libdcp's global load plan (Check, dcp_gplan.h): the request codec against
+# hostile blocks, the same plan on every rank, units within the staging
+# size, fragments covering every op once, and the plan run in one process
+# (packed deliveries, placed fragments) giving dcp_plan_execute's bytes.
+# Public API only, so it links libdcp.la (no MPI).
+check_PROGRAMS += tests/unit/test_gplan
+TESTS += tests/unit/test_gplan
+tests_unit_test_gplan_SOURCES = tests/unit/test_gplan.c
+tests_unit_test_gplan_CFLAGS = $(UNIT_TEST_FLAGS)
+tests_unit_test_gplan_LDADD = libdcp.la $(CHECK_LIBS)

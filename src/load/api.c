@@ -127,8 +127,11 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     int me, n;
     MPI_Comm_rank(c, &me);
     MPI_Comm_size(c, &n);
-    ldi_reqs reqs = {0};
-    ldi_gplan g = {0};
+    dcp_greqs reqs = {0};
+    dcp_gplan g = {0};
+    MPI_Comm groups[DCP_GPLAN_MAX_GROUPS];   /* the plan's broadcast groups (ldi_groups_create) */
+    for (size_t i = 0; i < DCP_GPLAN_MAX_GROUPS; i++)
+        groups[i] = MPI_COMM_NULL;
     ldi_nodes nd = {.comm = MPI_COMM_NULL};
     int rc = -1;
 
@@ -176,27 +179,28 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
         goto out;
     }
 
-    ldi_plan_opts po = {.unit_max = o.staging_bytes,
-                        .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0,
-                        .node = nd.node,
-                        .shm = (o.flags & DCP_LOAD_SHM) != 0,
-                        .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
-    lrc = ldi_gplan_build(ck, &reqs, n, me, &po, &g, err);
+    dcp_gplan_opts po = {.unit_max = o.staging_bytes,
+                         .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0,
+                         .node = nd.node,
+                         .shm = (o.flags & DCP_LOAD_SHM) != 0,
+                         .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
+    lrc = dcp_gplan_build(ck, &reqs, n, me, &po, &g, err);
     if ((rc = ldi_agree(c, lrc, err)) < 0)
         goto out;
-    ldi_gplan_groups(c, &g);
+    ldi_groups_create(c, &g, groups);
     double t2 = ldi_now();
     st.seconds_plan = t2 - t1;
     st.bytes_unique = g.unique_bytes;
 
     ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
-                        .node = nd.comm, .node_rank = nd.node_rank};
+                        .node = nd.comm, .node_rank = nd.node_rank, .groups = groups};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;
 out:
-    ldi_gplan_free(&g);   /* zeroed, or freed and zeroed on a failed build */
-    ldi_reqs_free(&reqs);
+    ldi_groups_free(&g, groups);   /* those created (all MPI_COMM_NULL until then) */
+    dcp_gplan_free(&g);   /* zeroed, or freed and zeroed on a failed build */
+    dcp_greqs_free(&reqs);
     ldi_nodes_free(&nd);
     MPI_Comm_free(&c);
     st.seconds_total = ldi_now() - t0;

@@ -1,8 +1,8 @@
 /* The final copy into a rank's destination buffers: host memory through
- * dcp_op_place, or CUDA device memory through cudaMemcpyAsync (strided ops:
- * cudaMemcpy2DAsync) from pinned staging buffers on a few streams. Only this
- * file knows CUDA, and only when HAVE_CUDA is defined; everything before the
- * final copy is shared by both paths. */
+ * libdcp's dcp_gfrag_place, or CUDA device memory through cudaMemcpyAsync
+ * (strided ops: cudaMemcpy2DAsync) from pinned staging buffers on a few
+ * streams. Only this file knows CUDA, and only when HAVE_CUDA is defined;
+ * everything before the final copy is shared by both paths. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -198,7 +198,7 @@ static int cuda_place(ldi_dest *d, const dcp_op *sub, const unsigned char *src, 
 }
 #endif
 
-int ldi_dest_place(ldi_dest *d, const ldi_gplan *g, const ldi_reqs *r, const ldi_frag *f, size_t n,
+int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
                    const unsigned char *buf, int slot, dcp_error *err)
 {
     int rc = 0, used_cuda = 0;
@@ -206,16 +206,19 @@ int ldi_dest_place(ldi_dest *d, const ldi_gplan *g, const ldi_reqs *r, const ldi
     cudaStream_t s = d->cuda ? d->streams[d->next++ % LDI_NSTREAMS] : 0;
 #endif
     for (size_t i = 0; i < n; i++) {
-        const ldi_gop *o = &g->gops[f[i].gop];
-        const ldi_req *q = &r->v[o->req];
-        dcp_op sub = ldi_frag_op(g, &f[i]);
-        if (q->mem == DCP_LOAD_HOST) {
-            dcp_op_place(&sub, buf + f[i].img, q->dest, o->dtype);
+        const dcp_greq *q = &r->v[g->gops[f[i].gop].req];
+        if (q->mem == DCP_LOAD_HOST) {   /* a run of host fragments: libdcp places them */
+            size_t j = i + 1;
+            while (j < n && r->v[g->gops[f[j].gop].req].mem == DCP_LOAD_HOST)
+                j++;
+            dcp_gfrag_place(g, r, f + i, j - i, buf);
+            i = j - 1;
             continue;
         }
 #ifdef HAVE_CUDA
         used_cuda = 1;
-        if (rc == 0 && cuda_place(d, &sub, buf + f[i].img, q->dest, o->dtype, s, err) < 0)
+        dcp_op sub = dcp_gfrag_op(g, &f[i]);
+        if (rc == 0 && cuda_place(d, &sub, buf + f[i].img, q->dest, g->gops[f[i].gop].dtype, s, err) < 0)
             rc = -1;
 #else
         if (rc == 0)
@@ -258,7 +261,7 @@ int ldi_dest_fence(ldi_dest *d, int slot, dcp_error *err)
     return 0;
 }
 
-int ldi_dest_zero(ldi_dest *d, const ldi_req *q, dcp_error *err)
+int ldi_dest_zero(ldi_dest *d, const dcp_greq *q, dcp_error *err)
 {
     if (!q->nbytes)
         return 0;

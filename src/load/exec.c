@@ -38,7 +38,7 @@ struct pend {
     int role;
     int slot;                  /* staging slot, -1 when direct */
     unsigned char *buf;
-    const ldi_frag *frags;     /* receiver: this rank's fragments */
+    const dcp_gfrag *frags;    /* receiver: this rank's fragments */
     size_t nfrags;
     int token;                 /* shm: the reader's staging slot, sent as a token */
     int reader;
@@ -49,9 +49,10 @@ struct pend {
 
 struct exec {
     MPI_Comm comm;
+    const MPI_Comm *groups;    /* per broadcast group of the plan */
     dcp_checkpoint *ck;
-    const ldi_reqs *r;
-    const ldi_gplan *g;
+    const dcp_greqs *r;
+    const dcp_gplan *g;
     ldi_dest *dest;
     dcp_load_stats *st;
     int me;
@@ -98,37 +99,29 @@ struct exec {
 
 /* ------------------------------------------------------------ helpers */
 
-static const ldi_frag *my_frags(const struct exec *x, const ldi_unit *u, size_t *n)
+static const dcp_gfrag *my_frags(const struct exec *x, const dcp_gunit *u, size_t *n)
 {
-    const ldi_frag *f = x->g->frags + u->frag0;
-    size_t i = 0;
-    while (i < u->nfrag && f[i].rank < x->me)
-        i++;
-    size_t j = i;
-    while (j < u->nfrag && f[j].rank == x->me)
-        j++;
-    *n = j - i;
-    return f + i;
+    return dcp_gunit_frags(x->g, u, x->me, n);
 }
 
 /* Do these fragments fill [0, total) of the rank's buffer for the unit and
  * land contiguously in one host destination, untransformed? Then the unit's
  * bytes can go straight there; *dest is where byte 0 goes. */
-static int direct_target(const struct exec *x, const ldi_frag *f, size_t n, uint64_t total,
+static int direct_target(const struct exec *x, const dcp_gfrag *f, size_t n, uint64_t total,
                          unsigned char **dest)
 {
     if (!n)
         return 0;
     uint32_t req = x->g->gops[f[0].gop].req;
-    const ldi_req *q = &x->r->v[req];
+    const dcp_greq *q = &x->r->v[req];
     if (q->mem != DCP_LOAD_HOST || f[0].img != 0)
         return 0;
-    uint64_t img = 0, pos = ldi_frag_dest(x->g, &f[0]), start = pos;
+    uint64_t img = 0, pos = dcp_gfrag_dest(x->g, &f[0]), start = pos;
     for (size_t i = 0; i < n; i++) {
         const dcp_op *op = &x->g->gops[f[i].gop].op;
         if (x->g->gops[f[i].gop].req != req || op->flags & (DCP_OP_BSWAP | DCP_OP_CONJ | DCP_OP_NEG) ||
             (op->dest_stride != op->elem_size && f[i].len != op->elem_size) || f[i].img != img ||
-            ldi_frag_dest(x->g, &f[i]) != pos)
+            dcp_gfrag_dest(x->g, &f[i]) != pos)
             return 0;
         img += f[i].len;
         pos += f[i].len;
@@ -140,24 +133,24 @@ static int direct_target(const struct exec *x, const ldi_frag *f, size_t n, uint
 }
 
 /* Node peers copy this unit out of the reader's staging slot. */
-static int has_shm(const struct exec *x, const ldi_unit *u)
+static int has_shm(const struct exec *x, const dcp_gunit *u)
 {
     for (size_t i = 0; i < u->ndlv; i++)
-        if (x->g->dlvs[u->dlv0 + i].kind == LDI_SHM)
+        if (x->g->dlvs[u->dlv0 + i].kind == DCP_GDLV_SHM)
             return 1;
     return 0;
 }
 
 /* Where this rank reads unit u: straight into its destination (1, *dest
  * set), or into a staging slot (0). */
-static int read_direct(const struct exec *x, const ldi_unit *u, unsigned char **dest)
+static int read_direct(const struct exec *x, const dcp_gunit *u, unsigned char **dest)
 {
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
+    const dcp_gfrag *f = my_frags(x, u, &n);
     return !has_shm(x, u) && direct_target(x, f, n, u->len, dest);
 }
 
-static int all_host(const struct exec *x, const ldi_frag *f, size_t n)
+static int all_host(const struct exec *x, const dcp_gfrag *f, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (x->r->v[x->g->gops[f[i].gop].req].mem != DCP_LOAD_HOST)
@@ -167,10 +160,10 @@ static int all_host(const struct exec *x, const ldi_frag *f, size_t n)
 
 /* A unit this rank reads that nobody else needs, all host: the I/O thread
  * finishes it alone. */
-static int io_only(const struct exec *x, const ldi_unit *u)
+static int io_only(const struct exec *x, const dcp_gunit *u)
 {
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
+    const dcp_gfrag *f = my_frags(x, u, &n);
     return u->ndlv == 0 && n == u->nfrag && all_host(x, f, n);
 }
 
@@ -192,53 +185,22 @@ static int free_slot(struct exec *x, unsigned from, unsigned to)
     return -1;
 }
 
-/* The read of unit u: a source range of a file or of a decoded blob. */
-static dcp_op unit_op(const struct exec *x, const ldi_unit *u)
-{
-    const ldi_space *sp = &x->g->spaces[u->space];
-    dcp_op op = {0};
-    op.file = sp->file;
-    op.flags = sp->decoded ? DCP_OP_DECODED : 0;
-    op.blob = sp->blob;
-    op.src_offset = u->off;
-    op.length = u->len;
-    op.elem_size = 1;
-    op.dest_stride = 1;
-    return op;
-}
-
-/* Read unit k of this rank's reads into buf. The bytes already cached are
- * taken first without waiting; when some are not, the kernel is asked to
- * start reading the next unit before this one's rest is read: otherwise,
- * when the I/O thread waits for a CPU after each read (ranks copying
- * replicated bytes), the device sits idle in between. With the shard files
- * evicted, a replicated load on 4 ranks took 1.7 s instead of 2.2 and a
- * load on 1 rank 1.4-2.1 s instead of 2.2-3.5 (noisy virtual disk; deeper
- * advice gained nothing); advising every unit cost 5-8% on a warm page
- * cache, hence the cached read first. */
+/* Read unit k of this rank's reads into buf: the cached bytes first, the
+ * next unit advised when some are missing (dcp_gunit_read). */
 static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, dcp_error *e)
 {
-    const ldi_unit *u = &x->g->units[x->reads[k]];
-    dcp_op op = unit_op(x, u);
-    uint64_t got = dcp_op_fetch_cached(x->ck, &op, buf);
-    if (got == op.length)
-        return 0;
-    if (k + 1 < x->nreads) {
-        dcp_op next = unit_op(x, &x->g->units[x->reads[k + 1]]);
-        dcp_op_prefetch(x->ck, &next);
-    }
-    op.src_offset += got;
-    op.length -= got;
-    return dcp_op_fetch(x->ck, x->g->spaces[u->space].e, &op, buf + got, e);
+    const dcp_gunit *u = &x->g->units[x->reads[k]];
+    const dcp_gunit *next = k + 1 < x->nreads ? &x->g->units[x->reads[k + 1]] : NULL;
+    return dcp_gunit_read(x->ck, x->g, u, next, buf, e);
 }
 
 /* Read unit k of this rank's reads into its target. Called with the lock
  * held when a read slot is needed and free; drops the lock while reading. */
 static void io_unit(struct exec *x, size_t k)
 {
-    const ldi_unit *u = &x->g->units[x->reads[k]];
+    const dcp_gunit *u = &x->g->units[x->reads[k]];
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
+    const dcp_gfrag *f = my_frags(x, u, &n);
     unsigned char *buf;
     int slot = -1;
     if (!read_direct(x, u, &buf)) {
@@ -431,7 +393,7 @@ static struct pend *push(struct exec *x)
     return p;
 }
 
-static int group_root(const ldi_gplan *g, const ldi_group *gr, int rank)
+static int group_root(const dcp_gplan *g, const dcp_ggroup *gr, int rank)
 {
     const int *r = g->group_ranks + gr->rank0;
     for (size_t i = 0; i < gr->n; i++)
@@ -457,7 +419,7 @@ static void inline_io(struct exec *x, size_t k)
 /* Unit ui, read by this rank as reads[k]: send it on. */
 static int as_reader(struct exec *x, size_t ui, size_t k)
 {
-    const ldi_unit *u = &x->g->units[ui];
+    const dcp_gunit *u = &x->g->units[ui];
     /* wait for the I/O side */
     for (;;) {
         if (x->threaded)
@@ -491,22 +453,22 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     if (has_shm(x, u))
         MPI_Win_sync(x->win);   /* the slot's bytes (read by the I/O thread) before the tokens */
     for (size_t i = 0; i < u->ndlv; i++) {
-        const ldi_dlv *d = &x->g->dlvs[u->dlv0 + i];
-        const ldi_span *s = x->g->spans + d->cov0;
-        if (d->kind == LDI_SHM) {
+        const dcp_gdlv *d = &x->g->dlvs[u->dlv0 + i];
+        const dcp_gspan *s = x->g->spans + d->cov0;
+        if (d->kind == DCP_GDLV_SHM) {
             /* the answer's receive first, then the token */
             MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq++]);
             MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes;
             continue;
         }
-        if (d->kind == LDI_P2P) {
+        if (d->kind == DCP_GDLV_P2P) {
             ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, x->span_len, x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes;
         } else {
-            const ldi_group *gr = &x->g->groups[d->group];
-            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), gr->comm, x->span_len,
-                             x->span_disp, &p->reqs[p->nreq++]);
+            const dcp_ggroup *gr = &x->g->groups[d->group];
+            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), x->groups[d->group],
+                             x->span_len, x->span_disp, &p->reqs[p->nreq++]);
             x->st->bytes_sent += d->bytes * (gr->n - 1);
             x->st->broadcasts++;
         }
@@ -515,7 +477,7 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     x->deliver_seconds += ldi_now() - t0;
     /* this rank's own share, unless it was read in place */
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
+    const dcp_gfrag *f = my_frags(x, u, &n);
     if (n) {
         for (size_t i = 0; i < n; i++)
             x->st->bytes_local += f[i].len;
@@ -531,11 +493,11 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
 }
 
 /* The delivery of unit u that reaches this rank, or NULL. */
-static const ldi_dlv *my_delivery(const struct exec *x, const ldi_unit *u)
+static const dcp_gdlv *my_delivery(const struct exec *x, const dcp_gunit *u)
 {
     for (size_t i = 0; i < u->ndlv; i++) {
-        const ldi_dlv *c = &x->g->dlvs[u->dlv0 + i];
-        if (c->kind != LDI_BCAST ? c->peer == x->me
+        const dcp_gdlv *c = &x->g->dlvs[u->dlv0 + i];
+        if (c->kind != DCP_GDLV_BCAST ? c->peer == x->me
                                  : group_root(x->g, &x->g->groups[c->group], x->me) >= 0)
             return c;
     }
@@ -544,13 +506,13 @@ static const ldi_dlv *my_delivery(const struct exec *x, const ldi_unit *u)
 
 /* Does this rank receive unit u into a staging slot (not straight into its
  * destination, nor out of a node peer's slot)? *bytes: the image size. */
-static int recv_staged(const struct exec *x, const ldi_unit *u, uint64_t *bytes)
+static int recv_staged(const struct exec *x, const dcp_gunit *u, uint64_t *bytes)
 {
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
-    const ldi_dlv *d = u->reader != x->me && n ? my_delivery(x, u) : NULL;
+    const dcp_gfrag *f = my_frags(x, u, &n);
+    const dcp_gdlv *d = u->reader != x->me && n ? my_delivery(x, u) : NULL;
     unsigned char *buf;
-    if (!d || d->kind == LDI_SHM || direct_target(x, f, n, d->bytes, &buf))
+    if (!d || d->kind == DCP_GDLV_SHM || direct_target(x, f, n, d->bytes, &buf))
         return 0;
     *bytes = d->bytes;
     return 1;
@@ -559,13 +521,13 @@ static int recv_staged(const struct exec *x, const ldi_unit *u, uint64_t *bytes)
 /* Unit ui, needed by this rank from another reader. */
 static int as_receiver(struct exec *x, size_t ui)
 {
-    const ldi_unit *u = &x->g->units[ui];
-    const ldi_dlv *d = my_delivery(x, u);
+    const dcp_gunit *u = &x->g->units[ui];
+    const dcp_gdlv *d = my_delivery(x, u);
     if (!d)
         return 0;   /* cannot happen: every receiving rank has a delivery */
     size_t n;
-    const ldi_frag *f = my_frags(x, u, &n);
-    if (d->kind == LDI_SHM) {   /* a token now, a copy out of the reader's slot when it arrives */
+    const dcp_gfrag *f = my_frags(x, u, &n);
+    if (d->kind == DCP_GDLV_SHM) {   /* a token now, a copy out of the reader's slot when it arrives */
         struct pend *p = push(x);
         p->unit = ui;
         p->role = ROLE_SHM;
@@ -603,11 +565,12 @@ static int as_receiver(struct exec *x, size_t ui)
     p->frags = f;
     p->nfrags = n;
     double t0 = ldi_now();
-    if (d->kind == LDI_P2P) {
+    if (d->kind == DCP_GDLV_P2P) {
         MPI_Irecv(buf, (int)d->bytes, MPI_BYTE, u->reader, 0, x->comm, &p->reqs[p->nreq++]);
     } else {
-        const ldi_group *gr = &x->g->groups[d->group];
-        MPI_Ibcast(buf, (int)d->bytes, MPI_BYTE, group_root(x->g, gr, u->reader), gr->comm, &p->reqs[p->nreq++]);
+        const dcp_ggroup *gr = &x->g->groups[d->group];
+        MPI_Ibcast(buf, (int)d->bytes, MPI_BYTE, group_root(x->g, gr, u->reader), x->groups[d->group],
+                   &p->reqs[p->nreq++]);
     }
     x->deliver_seconds += ldi_now() - t0;
     x->st->bytes_received += d->bytes;
@@ -650,12 +613,13 @@ static int shared_pool(struct exec *x, MPI_Comm node, dcp_error *err)
     return 0;
 }
 
-int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
+int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const dcp_gplan *g,
                 const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err)
 {
     struct exec x;
     memset(&x, 0, sizeof x);
     x.comm = comm;
+    x.groups = o->groups;
     x.ck = ck;
     x.r = reqs;
     x.g = g;
@@ -679,7 +643,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     uint64_t rmax = 0, vmax = 0, bytes;
     unsigned char *direct;
     for (size_t i = 0; i < g->nunits; i++) {
-        const ldi_unit *u = &g->units[i];
+        const dcp_gunit *u = &g->units[i];
         if (u->reader == x.me && !read_direct(&x, u, &direct)) {
             staged_reads++;
             rmax = u->len > rmax ? u->len : rmax;
@@ -706,11 +670,11 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     x.maxreq = 1;
     size_t maxspans = 1;
     for (size_t i = 0; i < g->nunits; i++) {
-        const ldi_unit *u = &g->units[i];
+        const dcp_gunit *u = &g->units[i];
         size_t nr = 0;
         for (size_t k = 0; k < u->ndlv; k++) {
-            const ldi_dlv *d = &g->dlvs[u->dlv0 + k];
-            nr += d->kind == LDI_SHM ? 2 : 1;
+            const dcp_gdlv *d = &g->dlvs[u->dlv0 + k];
+            nr += d->kind == DCP_GDLV_SHM ? 2 : 1;
             if (u->reader == x.me && d->ncov > maxspans)
                 maxspans = d->ncov;
         }
@@ -768,7 +732,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const l
     /* walk the units in the global order */
     k = 0;
     for (size_t i = 0; i < g->nunits; i++) {
-        const ldi_unit *u = &g->units[i];
+        const dcp_gunit *u = &g->units[i];
         if (u->reader == x.me) {
             size_t mine = k++;
             if (!io_only(&x, u))

@@ -23,7 +23,7 @@ static int cmp_op_blob(const void *a, const void *b)
 }
 
 /* One request: its ops grouped by record; each record read whole once. */
-static int load_one(dcp_checkpoint *ck, const ldi_req *q, dcp_plan *p, dcp_load_stats *st, dcp_error *err)
+static int load_one(dcp_checkpoint *ck, const dcp_greq *q, dcp_plan *p, dcp_load_stats *st, dcp_error *err)
 {
     int rc = q->e->kind == DCP_KIND_BYTES ? dcp_plan_bytes(ck, q->e, 0, q->nbytes, p, err)
                                           : dcp_plan_region(ck, q->e, q->off, q->len, p, err);
@@ -102,7 +102,7 @@ static int load_one(dcp_checkpoint *ck, const ldi_req *q, dcp_plan *p, dcp_load_
     return rc;
 }
 
-int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_stats *st,
+int ldi_independent(dcp_checkpoint *ck, const dcp_greqs *reqs, int me, dcp_load_stats *st,
                     dcp_error *err)
 {
     dcp_plan p;
@@ -110,7 +110,7 @@ int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_s
     int rc = 0;
     double t0 = ldi_now();
     for (size_t i = reqs->first[me]; i < reqs->first[me + 1] && rc == 0; i++) {
-        const ldi_req *q = &reqs->v[i];
+        const dcp_greq *q = &reqs->v[i];
         if (q->mem != DCP_LOAD_HOST)
             rc = ldi_err(err, ENOTSUP, "%s: %s: the independent mode loads into host memory only",
                          ldi_name(ck), q->e->key);

@@ -1,16 +1,19 @@
 /* libdcpload internals, shared by the loader's source files. Not installed.
  *
- * The flow of dcp_load (api.c):
+ * The global plan itself is libdcp's (dcp_gplan.h: requests, units,
+ * fragments, deliveries, the global order), shared with other transports;
+ * this library executes it over MPI. The flow of dcp_load (api.c):
  *   request.c   validate this rank's regions, agree on errors, allgather every
- *               rank's requests (key, box, dtype) and resolve them;
- *   gplan.c     every rank plans every request with the core planner and builds
- *               the same global plan: units (source byte ranges read by one
- *               reader rank), fragments (which part of which op each rank needs
- *               from a unit) and deliveries (p2p or broadcast);
+ *               rank's call header and encoded requests (dcp_greqs_encode),
+ *               compare the headers and decode the requests
+ *               (dcp_greqs_decode);
+ *   api.c       every rank builds the same plan (dcp_gplan_build);
+ *   groups.c    the broadcast groups' sub-communicators (ldi_groups_create);
  *   exec.c      run it: an I/O thread reads this rank's units into staging
- *               buffers (or straight into the destination), the main thread
- *               posts sends, broadcasts and receives in the global order;
- *   dest.c      the final copy: host memcpy/dcp_op_place, or CUDA copies.
+ *               buffers (or straight into the destination) with
+ *               dcp_gunit_read, the main thread posts sends, broadcasts and
+ *               receives in the global order;
+ *   dest.c      the final copy: host dcp_gfrag_place, or CUDA copies.
  */
 #ifndef DCP_LOAD_INTERNAL_H
 #define DCP_LOAD_INTERNAL_H
@@ -22,10 +25,9 @@
 #include <mpi.h>
 
 #include "dcp.h"
+#include "dcp_gplan.h"
 #include "dcp_load.h"
 
-#define LDI_MAX_NDIM 64
-#define LDI_MAX_SUBCOMMS 64                  /* distinct broadcast groups; more go p2p */
 #define LDI_MSG_MAX ((uint64_t)1 << 30)      /* the largest staging size: a unit is one MPI message */
 #define LDI_STAGING_DEFAULT ((size_t)16 << 20)
 #define LDI_NSTAGING_DEFAULT 4u
@@ -49,26 +51,6 @@ const char *ldi_name(const dcp_checkpoint *ck);
 
 /* ---------------------------------------------------------------- requests */
 
-/* One region request of one rank, the same on every rank after the exchange. */
-typedef struct ldi_req {
-    int rank;
-    const dcp_entry *e;
-    dcp_dtype dtype;         /* the plan's dtype (stored) */
-    int ndim;
-    int64_t *off, *len;      /* into the request table's storage */
-    uint64_t nbytes;
-    /* filled on the owning rank only */
-    void *dest;
-    int mem;                 /* dcp_load_mem */
-} ldi_req;
-
-typedef struct ldi_reqs {
-    ldi_req *v;
-    size_t n;
-    int64_t *dims;           /* 2*ndim values per request */
-    size_t *first;           /* first[r]: index of rank r's first request; size nranks+1 */
-} ldi_reqs;
-
 /* What every rank of a call must pass alike: the options after defaults and
  * the checkpoint's identity (ldi_identity). Sent ahead of the requests. */
 typedef struct ldi_call {
@@ -88,130 +70,19 @@ int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t
  * than rank 0; resolve the requests against ck. Local failures (a peer's key
  * unknown here) are returned as -1, not agreed. */
 int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const ldi_call *call, const dcp_load_region *regions,
-                 size_t n, ldi_reqs *out, dcp_error *err);
-void ldi_reqs_free(ldi_reqs *r);
+                 size_t n, dcp_greqs *out, dcp_error *err);
 
 /* ---------------------------------------------------------------- global plan */
 
-/* A source stream: a data file, or one decoded (zstd) blob of it. */
-typedef struct ldi_space {
-    uint32_t file;
-    int decoded;
-    dcp_blob blob;           /* decoded spaces: the blob */
-    const dcp_entry *e;      /* an entry reading it, for messages */
-} ldi_space;
-
-/* One op of one rank's request. */
-typedef struct ldi_gop {
-    dcp_op op;
-    uint32_t req;            /* index into ldi_reqs.v */
-    uint32_t space;
-    int rank;
-    dcp_dtype dtype;         /* the plan's element type, for dcp_op_place */
-} ldi_gop;
-
-/* The part [src, src+len) of op gop a rank needs from a unit; img is where
- * those bytes are in the buffer that rank holds for the unit (the reader: the
- * unit read at offset 0; a receiver: the packed image of its delivery). */
-typedef struct ldi_frag {
-    uint32_t gop;
-    int rank;
-    uint64_t src, len;
-    uint64_t img;
-} ldi_frag;
-
-/* Bytes [a, b) of a unit, relative to its start. */
-typedef struct ldi_span {
-    uint64_t a, b;
-} ldi_span;
-
-enum { LDI_P2P = 1, LDI_BCAST = 2, LDI_SHM = 3 };
-
-/* One delivery of a unit from its reader: the packed spans (cov) go to one
- * rank (p2p) or to a group (a broadcast on sub-communicator `group`); or a
- * rank on the reader's node copies its fragments straight out of the
- * reader's staging buffer in node shared memory (shm: no spans; the rank's
- * fragments keep their offsets in the unit). */
-typedef struct ldi_dlv {
-    int kind;
-    int peer;                /* p2p, shm: the receiving rank */
-    int group;               /* bcast: index into ldi_gplan.groups */
-    uint64_t bytes;          /* image size: sum of spans */
-    size_t cov0, ncov;       /* into ldi_gplan.spans */
-} ldi_dlv;
-
-typedef struct ldi_unit {
-    uint32_t space;
-    uint64_t off, len;       /* source range */
-    int reader;
-    uint64_t seq;            /* position in the global order */
-    size_t frag0, nfrag;     /* fragments sorted by (rank, src) */
-    size_t dlv0, ndlv;
-} ldi_unit;
-
-/* A broadcast group: sorted ranks of comm, the reader among them. */
-typedef struct ldi_group {
-    size_t rank0, n;         /* into ldi_gplan.group_ranks */
-    MPI_Comm comm;           /* created for members, MPI_COMM_NULL elsewhere */
-} ldi_group;
-
-typedef struct ldi_gplan {
-    int nranks, me;
-    ldi_space *spaces;
-    size_t nspaces;
-    ldi_gop *gops;
-    size_t ngops;
-    unsigned char *zero;     /* per request: parts are covered by no chunk, zero it first */
-    ldi_unit *units;         /* in global order (seq) */
-    size_t nunits;
-    ldi_frag *frags;
-    size_t nfrags;
-    ldi_dlv *dlvs;
-    size_t ndlvs;
-    ldi_span *spans;
-    size_t nspans;
-    ldi_group *groups;
-    size_t ngroups;
-    int *group_ranks;
-    size_t ngroup_ranks;
-    uint64_t unique_bytes;
-    uint64_t *load;          /* bytes each rank reads */
-    int has_shm;             /* some delivery is through shared memory */
-} ldi_gplan;
-
-typedef struct ldi_plan_opts {
-    uint64_t unit_max;       /* largest unit: the staging buffer size */
-    int no_bcast;
-    const int *node;         /* per rank: its node (the ranks sharing memory) */
-    int shm;                 /* ranks on the reader's node copy out of its shared staging */
-    int bcast_local;         /* broadcast groups also on the reader's node */
-} ldi_plan_opts;
-
-/* Build the global plan from the exchanged requests. Deterministic: every
- * rank computes the same plan. Local (no MPI). */
-int ldi_gplan_build(dcp_checkpoint *ck, const ldi_reqs *reqs, int nranks, int me,
-                    const ldi_plan_opts *o, ldi_gplan *g, dcp_error *err);
-/* Collective: create the sub-communicators of the groups this rank is in
- * (MPI errors are fatal on comm, so this cannot fail half-way). */
-void ldi_gplan_groups(MPI_Comm comm, ldi_gplan *g);
-void ldi_gplan_free(ldi_gplan *g);
-
-/* Where fragment f lands in its request's buffer (bytes from its start). */
-static inline uint64_t ldi_frag_dest(const ldi_gplan *g, const ldi_frag *f)
-{
-    const dcp_op *op = &g->gops[f->gop].op;
-    return op->dest_offset + (f->src - op->src_offset) / op->elem_size * op->dest_stride;
-}
-
-/* The op of f restricted to f's bytes. */
-static inline dcp_op ldi_frag_op(const ldi_gplan *g, const ldi_frag *f)
-{
-    dcp_op sub = g->gops[f->gop].op;
-    sub.dest_offset = ldi_frag_dest(g, f);
-    sub.src_offset = f->src;
-    sub.length = f->len;
-    return sub;
-}
+/* Collective: create the sub-communicators of the plan's broadcast groups
+ * this rank is in (comms[i] for group i; MPI_COMM_NULL where this rank is no
+ * member; a group of every rank is comm itself). A plan has at most
+ * DCP_GPLAN_MAX_GROUPS groups, so comms needs no allocation and this cannot
+ * fail locally; MPI errors are fatal on comm, so the creations cannot fail
+ * half-way either. */
+void ldi_groups_create(MPI_Comm comm, const dcp_gplan *g, MPI_Comm comms[DCP_GPLAN_MAX_GROUPS]);
+/* Free them (before the plan: g tells which are comm itself). */
+void ldi_groups_free(const dcp_gplan *g, MPI_Comm comms[DCP_GPLAN_MAX_GROUPS]);
 
 /* ---------------------------------------------------------------- destinations */
 
@@ -232,11 +103,11 @@ void ldi_staging_unregister(ldi_dest *d, void *p);
 /* Place fragments from buf (f->img is the offset of each) into their
  * requests' destinations. For CUDA, copies from buf run on a stream and
  * ldi_dest_fence(slot) waits until buf may be reused; slot -1 waits at once. */
-int ldi_dest_place(ldi_dest *d, const ldi_gplan *g, const ldi_reqs *r, const ldi_frag *f, size_t n,
+int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
                    const unsigned char *buf, int slot, dcp_error *err);
 int ldi_dest_fence(ldi_dest *d, int slot, dcp_error *err);
 /* Zero a request's buffer (plans with uncovered parts). */
-int ldi_dest_zero(ldi_dest *d, const ldi_req *q, dcp_error *err);
+int ldi_dest_zero(ldi_dest *d, const dcp_greq *q, dcp_error *err);
 /* Wait for every outstanding copy. */
 int ldi_dest_finish(ldi_dest *d, dcp_error *err);
 /* CUDA at run time, local: the device of node-local rank `local` (modulo the
@@ -253,6 +124,7 @@ typedef struct ldi_exec_opts {
     unsigned nstaging;
     int device;              /* CUDA device for this rank's CUDA regions */
     MPI_Comm node;           /* the ranks sharing this rank's memory (plans with shm deliveries) */
+    const MPI_Comm *groups;  /* per broadcast group of the plan: ldi_groups_create */
     const int *node_rank;    /* per rank of comm: its rank in its node communicator */
 } ldi_exec_opts;
 
@@ -270,11 +142,11 @@ int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err);
 int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err);
 void ldi_nodes_free(ldi_nodes *nd);
 
-int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const ldi_reqs *reqs, const ldi_gplan *g,
+int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const dcp_gplan *g,
                 const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err);
 
 /* Every rank reads its own needs, whole records (DCP_LOAD_INDEPENDENT). */
-int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_stats *st,
+int ldi_independent(dcp_checkpoint *ck, const dcp_greqs *reqs, int me, dcp_load_stats *st,
                     dcp_error *err);
 
 /* ---------------------------------------------------------------- MPI helpers */
@@ -282,9 +154,9 @@ int ldi_independent(dcp_checkpoint *ck, const ldi_reqs *reqs, int me, dcp_load_s
 /* Send (broadcast) the spans of buf as one message: contiguous, or an
  * hindexed datatype built in len and disp (room for ns values each). Every
  * span is at most LDI_MSG_MAX bytes (a unit's size). */
-void ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
+void ldi_isend_spans(const unsigned char *buf, const dcp_gspan *s, size_t ns, int peer, MPI_Comm comm,
                      int *len, MPI_Aint *disp, MPI_Request *req);
-void ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
+void ldi_ibcast_spans(unsigned char *buf, const dcp_gspan *s, size_t ns, int root, MPI_Comm comm,
                       int *len, MPI_Aint *disp, MPI_Request *req);
 /* MPI_Waitall, but giving the CPU away between polls: MPICH's waits spin,
  * and with more ranks and I/O threads than cores (or other jobs on them) a

@@ -10,7 +10,7 @@ libdcpload_la_SOURCES = \
 	src/load/transfer.c \
 	src/load/identity.c \
 	src/load/request.c \
-	src/load/gplan.c \
+	src/load/groups.c \
 	src/load/dest.c \
 	src/load/exec.c \
 	src/load/independent.c \

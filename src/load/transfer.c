@@ -81,7 +81,7 @@ int ldi_comm_dup(MPI_Comm comm, MPI_Comm *out)
  * (allocated up front by the caller: a transfer must never fail to be
  * posted, or its peer would wait forever). A span never exceeds a unit and
  * units are at most LDI_MSG_MAX bytes, so lengths fit in int. */
-static void span_type(const ldi_span *s, size_t ns, int *len, MPI_Aint *disp, MPI_Datatype *t)
+static void span_type(const dcp_gspan *s, size_t ns, int *len, MPI_Aint *disp, MPI_Datatype *t)
 {
     for (size_t i = 0; i < ns; i++) {
         len[i] = (int)(s[i].b - s[i].a);
@@ -93,7 +93,7 @@ static void span_type(const ldi_span *s, size_t ns, int *len, MPI_Aint *disp, MP
 
 /* One span: a plain contiguous message. Several: a datatype, freed at once
  * (MPI keeps it until the transfer completes). */
-void ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int peer, MPI_Comm comm,
+void ldi_isend_spans(const unsigned char *buf, const dcp_gspan *s, size_t ns, int peer, MPI_Comm comm,
                      int *len, MPI_Aint *disp, MPI_Request *req)
 {
     if (ns == 1) {
@@ -106,7 +106,7 @@ void ldi_isend_spans(const unsigned char *buf, const ldi_span *s, size_t ns, int
     MPI_Type_free(&t);
 }
 
-void ldi_ibcast_spans(unsigned char *buf, const ldi_span *s, size_t ns, int root, MPI_Comm comm,
+void ldi_ibcast_spans(unsigned char *buf, const dcp_gspan *s, size_t ns, int root, MPI_Comm comm,
                       int *len, MPI_Aint *disp, MPI_Request *req)
 {
     if (ns == 1) {
