@@ -14,6 +14,7 @@ HEADERS = """
 #include <stdlib.h>
 #include <dcp.h>
 #include <dcp_write.h>
+#include <dcp_gplan.h>
 """
 
 CDEF = """
@@ -174,4 +175,136 @@ typedef enum dcp_format {
 } dcp_format;
 
 int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err);
+
+/* ---------------------------------------------------------------- the global plan (dcp_gplan.h) */
+/* Used by dcpfs.torch.load: the plan libdcpload runs over MPI, run over torch.distributed. */
+void *memset(void *s, int c, size_t n);
+
+#define DCP_OP_DECODED ...
+#define DCP_OP_BSWAP ...
+#define DCP_OP_CONJ ...
+#define DCP_OP_NEG ...
+void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dtype);
+
+typedef struct dcp_gregion {
+    const char *key;
+    dcp_dtype dtype;
+    int ndim;
+    const int64_t *offsets;
+    const int64_t *lengths;
+    ...;
+} dcp_gregion;
+
+typedef struct dcp_greq {
+    int rank;
+    const dcp_entry *e;
+    dcp_dtype dtype;
+    int ndim;
+    int64_t *off;
+    int64_t *len;
+    uint64_t nbytes;
+    void *dest;
+    int mem;
+    ...;
+} dcp_greq;
+
+typedef struct dcp_greqs {
+    dcp_greq *v;
+    size_t n;
+    int64_t *dims;
+    size_t *first;
+    ...;
+} dcp_greqs;
+
+int dcp_greqs_encode(const dcp_gregion *regions, size_t n, unsigned char **buf, size_t *len,
+                     dcp_error *err);
+int dcp_greqs_decode(dcp_checkpoint *ck, const unsigned char *all, const size_t *counts,
+                     const size_t *displs, int nranks, dcp_greqs *out, dcp_error *err);
+int dcp_greq_check(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim, const int64_t *off,
+                   const int64_t *len, const dcp_entry **e, uint64_t *nbytes, dcp_error *err);
+void dcp_greqs_free(dcp_greqs *r);
+
+typedef struct dcp_gop {
+    dcp_op op;
+    uint32_t req;
+    uint32_t space;
+    int rank;
+    dcp_dtype dtype;
+    ...;
+} dcp_gop;
+
+typedef struct dcp_gfrag {
+    uint32_t gop;
+    int rank;
+    uint64_t src;
+    uint64_t len;
+    uint64_t img;
+    ...;
+} dcp_gfrag;
+
+#define DCP_GDLV_P2P ...
+#define DCP_GDLV_BCAST ...
+#define DCP_GDLV_SHM ...
+
+typedef struct dcp_gdlv {
+    int kind;
+    int peer;
+    int group;
+    uint64_t bytes;
+    size_t cov0;
+    size_t ncov;
+    ...;
+} dcp_gdlv;
+
+typedef struct dcp_gunit {
+    uint32_t space;
+    uint64_t off;
+    uint64_t len;
+    int reader;
+    uint64_t seq;
+    size_t frag0;
+    size_t nfrag;
+    size_t dlv0;
+    size_t ndlv;
+    ...;
+} dcp_gunit;
+
+typedef struct dcp_gplan {
+    int nranks;
+    int me;
+    dcp_gop *gops;
+    size_t ngops;
+    unsigned char *zero;
+    dcp_gunit *units;
+    size_t nunits;
+    dcp_gfrag *frags;
+    size_t nfrags;
+    dcp_gdlv *dlvs;
+    size_t ndlvs;
+    uint64_t unique_bytes;
+    uint64_t *load;
+    int has_shm;
+    ...;
+} dcp_gplan;
+
+typedef struct dcp_gplan_opts {
+    uint64_t unit_max;
+    int no_bcast;
+    const int *node;
+    int shm;
+    int bcast_local;
+    ...;
+} dcp_gplan_opts;
+
+int dcp_gplan_build(dcp_checkpoint *ck, const dcp_greqs *reqs, int nranks, int me,
+                    const dcp_gplan_opts *o, dcp_gplan *g, dcp_error *err);
+void dcp_gplan_free(dcp_gplan *g);
+const dcp_gfrag *dcp_gunit_frags(const dcp_gplan *g, const dcp_gunit *u, int rank, size_t *n);
+int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
+                   void *buf, dcp_error *err);
+void dcp_gdlv_pack(const dcp_gplan *g, const dcp_gdlv *d, const void *unit, void *out);
+void dcp_gfrag_place(const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
+                     const void *buf);
+uint64_t dcp_gfrag_dest(const dcp_gplan *g, const dcp_gfrag *f);
+dcp_op dcp_gfrag_op(const dcp_gplan *g, const dcp_gfrag *f);
 """

@@ -1,0 +1,686 @@
+"""The read-once collective load under torch.distributed (``dcpfs.torch.load``).
+
+Every rank passes its state dict; each rank's tensors (plain tensors whole,
+DTensors by their local shard's box of the global tensor) and non-tensor
+items become requests. The ranks exchange them, and each builds the same
+global plan with libdcp's ``dcp_gplan_build`` -- the planner libdcpload runs
+over MPI: every needed byte range of storage is one *unit*, read by one rank
+and delivered to every rank that needs part of it. Here the plan runs over
+torch.distributed:
+
+* a rank places its own fragments of the units it reads (a unit that only
+  it needs, landing contiguously in one host destination, is read straight
+  into it);
+* ranks on the reader's node copy their fragments out of the reader's
+  staging buffer in shared memory (``/dev/shm``): one copy, no message;
+* ranks on other nodes receive the packed bytes they need as one
+  point-to-point message (gloo for CPU process groups, NCCL for CUDA ones).
+
+Units go in rounds of at most ``nstaging`` units per reader; shared staging
+is double-buffered, so one barrier per round keeps a reader from refilling a
+buffer its peers still copy from. Errors (an unknown key, a box outside its
+tensor, a damaged checkpoint, a failed read) are agreed: every rank raises
+the same :class:`dcpfs.DcpError`, naming the rank where it happened.
+"""
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import DcpError, open as _open
+from ._native import ffi, lib
+
+__all__ = ["load", "LoadStats"]
+
+_STAGING = 16 << 20     # bytes per unit (the plan's largest read), as libdcpload's default
+
+
+@dataclass
+class LoadStats:
+    """What one rank did in :func:`load` (sums over ranks: ``bytes_read`` equals
+    ``bytes_unique``, ``bytes_sent`` equals ``bytes_received``)."""
+
+    bytes_read: int = 0          #: storage bytes this rank read
+    bytes_unique: int = 0        #: unique storage bytes the job needed (same on every rank)
+    bytes_loaded: int = 0        #: bytes of this rank's destinations
+    bytes_shared: int = 0        #: bytes this rank copied out of node peers' shared staging
+    bytes_sent: int = 0          #: bytes sent to ranks on other nodes
+    bytes_received: int = 0      #: bytes received from ranks on other nodes
+    units: int = 0               #: units (reads) of the global plan
+    rounds: int = 0
+    seconds_plan: float = 0.0    #: exchanging requests and building the plan
+    seconds_transfer: float = 0.0
+    seconds_total: float = 0.0
+    transport: str = "torch.distributed"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+class _Dest:
+    """One request of this rank: where its bytes go."""
+
+    __slots__ = ("key", "path", "target", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
+
+    def __init__(self) -> None:
+        self.finish = None
+
+
+def _flatten(state_dict: Dict[str, Any]):
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    return flatten_state_dict(state_dict)
+
+
+def _torch_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _node_key() -> str:
+    """Ranks that share memory: same host, same boot, same /dev/shm."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        st = os.stat("/dev/shm")
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = "none"
+    return f"{socket.gethostname()}|{boot}|{shm}"
+
+
+def _err(ck_err) -> DcpError:
+    return DcpError(ck_err.code, ffi.string(ck_err.msg).decode("utf-8", "replace"))
+
+
+def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, str, tuple, tuple]]]:
+    """This rank's requests: (key, dtype name, offsets, lengths) and where each goes."""
+    import torch
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:  # pragma: no cover - torch without DTensor
+        DTensor = None
+    dests: List[_Dest] = []
+    reqs = []
+    for key, value in flat.items():
+        d = _Dest()
+        d.key = key
+        if DTensor is not None and isinstance(value, DTensor):
+            local = value.to_local()
+            shape, offset = compute_local_shape_and_global_offset(
+                value.shape, value.device_mesh, value.placements)
+            d.kind = "tensor"
+            d.target = local
+            offsets, lengths = tuple(int(o) for o in offset), tuple(int(s) for s in shape)
+            if tuple(local.shape) != lengths:
+                raise DcpError(22, f"{key}: the DTensor's local shard has shape {tuple(local.shape)}, "
+                                   f"its placement says {lengths}")
+        elif isinstance(value, torch.Tensor):
+            d.kind = "tensor"
+            d.target = value
+            offsets, lengths = (0,) * value.dim(), tuple(int(s) for s in value.shape)
+        else:
+            d.kind = "bytes"
+            d.target = None
+            offsets, lengths = (), ()
+        if d.kind == "tensor" and d.target.numel() == 0:
+            continue        # an empty shard needs no bytes
+        dests.append(d)
+        dt = _torch_name(d.target.dtype) if d.kind == "tensor" else "uint8"
+        reqs.append((key, dt, offsets, lengths))
+    return dests, reqs
+
+
+def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
+    """Check each request against the checkpoint (the planner's own check, so
+    messages match libdcpload's); the stored dtype and byte size of each (a
+    destination of another dtype is read through a temporary and cast)."""
+    err = ffi.new("dcp_error *")
+    entry = ffi.new("const dcp_entry **")
+    nbytes = ffi.new("uint64_t *")
+    stored = []
+    sizes = []
+    for d, (key, _dt, off, ln) in zip(dests, reqs):
+        o = ffi.new("int64_t[]", list(off) or [0])
+        l = ffi.new("int64_t[]", list(ln) or [0])
+        if lib.dcp_greq_check(ck._ptr, key.encode(), lib.DCP_DTYPE_INVALID, len(off), o, l, entry, nbytes, err) < 0:
+            raise _err(err)
+        e = entry[0]
+        is_tensor = e.kind == lib.DCP_KIND_TENSOR
+        if is_tensor != (d.kind == "tensor"):
+            what = "a tensor" if is_tensor else "a bytes item (a non-tensor value)"
+            raise DcpError(22, f"{ck.path}: {key}: the checkpoint stores {what}, the state dict holds "
+                               f"{type(d.target).__name__ if d.kind == 'tensor' else 'a non-tensor value'}")
+        stored.append(ffi.string(lib.dcp_dtype_name(e.dtype)).decode() if is_tensor else "bytes")
+        sizes.append(int(nbytes[0]))
+    return stored, sizes
+
+
+def _encode(reqs) -> bytes:
+    err = ffi.new("dcp_error *")
+    n = len(reqs)
+    regions = ffi.new("dcp_gregion[]", max(n, 1))
+    keep = []
+    for i, (key, _dt, off, ln) in enumerate(reqs):
+        k = ffi.new("char[]", key.encode())
+        o = ffi.new("int64_t[]", list(off) or [0])
+        l = ffi.new("int64_t[]", list(ln) or [0])
+        keep += [k, o, l]
+        regions[i].key = k
+        regions[i].dtype = lib.DCP_DTYPE_INVALID
+        regions[i].ndim = len(off)
+        regions[i].offsets = o
+        regions[i].lengths = l
+    buf = ffi.new("unsigned char **")
+    blen = ffi.new("size_t *")
+    if lib.dcp_greqs_encode(regions, n, buf, blen, err) < 0:
+        raise _err(err)
+    try:
+        return bytes(ffi.buffer(buf[0], blen[0]))
+    finally:
+        lib.free(buf[0])
+
+
+def _agree(dist, group, me: int, world: int, item: Any) -> List[Any]:
+    out: List[Any] = [None] * world
+    dist.all_gather_object(out, item, group=group)
+    return out
+
+
+def _raise_first(gathered: List[dict], world: int) -> None:
+    for r, g in enumerate(gathered):
+        if g.get("error"):
+            code, msg = g["error"]
+            raise DcpError(code, msg if world == 1 or g.get("agreed") else f"rank {r}: {msg}")
+
+
+class _Shm:
+    """A rank's shared staging: a file in /dev/shm mapped by the node's ranks."""
+
+    def __init__(self, path: str, size: int, create: bool) -> None:
+        self.path = path
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.arr = np.frombuffer(self.map, dtype=np.uint8)
+        self.addr = self.arr.ctypes.data
+
+    def close(self) -> None:
+        self.arr = None
+        try:
+            self.map.close()
+        except BufferError:   # a view still alive: the mapping goes with it
+            pass
+
+
+def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
+         staging_bytes: int = _STAGING, nstaging: int = 2, io_threads: int = 4,
+         catalog: bool = True) -> LoadStats:
+    """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
+
+    Call it on every rank of ``process_group`` (default: the whole job, as set
+    up by ``torch.distributed.init_process_group`` under torchrun or Slurm).
+    Tensors are filled in place (plain tensors whole, DTensors by their local
+    shard, in any sharding -- not necessarily the one the checkpoint was
+    saved with); non-tensor items are replaced by their stored values, as
+    ``torch.distributed.checkpoint.load`` does. Every stored byte is read from
+    storage once across the job and delivered to the ranks that need it:
+    within a node through shared memory, across nodes by point-to-point
+    messages of the process group's backend (gloo on CPU, NCCL for CUDA).
+    The ``.metadata`` is parsed by libdcp: no pickle is executed for it.
+
+    Errors are agreed: if any rank fails (an unknown key, a box outside its
+    tensor, a damaged checkpoint, a failed read), every rank raises the same
+    :class:`dcpfs.DcpError` naming the rank, file, key and reason.
+
+    Args:
+        state_dict: the (nested) state dict to fill, as for ``dcp.load``.
+        path: the checkpoint folder (or a single torch.save/safetensors file).
+        process_group: the group to load over (None: the default group).
+        staging_bytes: the largest single read; each reader rank holds
+            ``2 * nstaging`` of them in shared memory when node peers copy
+            from it.
+        nstaging: units per reader in one round.
+        io_threads: threads reading a rank's units of a round at once.
+        catalog: use libdcp's catalog (a second open of a checkpoint is served
+            from it instead of parsing ``.metadata`` again).
+
+    Returns:
+        this rank's :class:`LoadStats`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    if dist.is_available() and dist.is_initialized():
+        group = process_group
+        me = dist.get_rank(group)
+        world = dist.get_world_size(group)
+    else:
+        if process_group is not None:
+            raise ValueError("dcpfs.torch.load: a process group was given but torch.distributed is not initialised")
+        group, me, world = None, 0, 1
+    stats = LoadStats()
+    staging_bytes = int(staging_bytes)
+    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1:
+        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB] and nstaging >= 1")
+
+    # 1. Open, find this rank's requests, check them: any failure is agreed.
+    ck = None
+    item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
+                            "opts": (staging_bytes, nstaging)}
+    dests: List[_Dest] = []
+    try:
+        flat, mappings = _flatten(state_dict)
+        ck = _open(os.fspath(path), catalog=catalog)
+        dests, reqs = _regions(flat, ck)
+        stored, sizes = _check_local(ck, dests, reqs)
+        item["identity"] = _identity(ck)
+        item["reqs"] = _encode(reqs)
+    except DcpError as e:
+        item["error"] = (e.errno or 5, e.strerror or str(e))
+    except (ValueError, TypeError, KeyError, OSError) as e:
+        item["error"] = (getattr(e, "errno", None) or 22, f"{path}: {e}")
+    try:
+        gathered = _agree(dist, group, me, world, item) if world > 1 else [item]
+        _raise_first(gathered, world)
+        for r, g in enumerate(gathered):
+            if g["identity"] != gathered[0]["identity"]:
+                raise DcpError(22, f"dcpfs.torch.load: rank {r} passes another checkpoint than rank 0")
+            if g["opts"] != gathered[0]["opts"]:
+                raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
+                                   f"({g['opts']}; rank 0: {gathered[0]['opts']})")
+        return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
+                    state_dict, staging_bytes, nstaging, io_threads, stats, t0)
+    finally:
+        if ck is not None:
+            ck.close()
+
+
+def _identity(ck) -> tuple:
+    """A cheap identity of the checkpoint: its data files' names and sizes and
+    the number of keys (ranks must load the same checkpoint)."""
+    names = []
+    for i in range(lib.dcp_num_files(ck._ptr)):
+        rel = ffi.string(lib.dcp_file_name(ck._ptr, i)).decode("utf-8", "surrogateescape")
+        try:
+            size = os.stat(os.path.join(ck.path, rel)).st_size
+        except OSError:
+            size = -1
+        names.append((rel, size))
+    return (len(ck), tuple(names))
+
+
+def _prepare_dests(torch, dests, stored, sizes) -> None:
+    """Where each request's bytes land: straight into the tensor when it is
+    contiguous and of the stored dtype (host: placed in C; CUDA: copied up
+    fragment by fragment), else into a host temporary of the stored dtype
+    that is copied (and cast) into it at the end, as torch's reader does."""
+    for d, st, nb in zip(dests, stored, sizes):
+        d.nbytes = nb
+        if d.kind == "bytes":
+            d.buf = np.empty(nb, dtype=np.uint8)
+            d.cuda = False
+            d.ptr = d.buf.ctypes.data if nb else 0
+            continue
+        t = d.target
+        if t.is_contiguous() and _torch_name(t.dtype) == st and t.device.type in ("cpu", "cuda"):
+            d.buf = t
+        else:
+            d.buf = torch.empty(tuple(t.shape), dtype=getattr(torch, st))
+            d.finish = _copy_into(t, d.buf)
+        d.cuda = d.buf.device.type == "cuda"
+        d.ptr = d.buf.data_ptr() if nb else 0
+
+
+def _copy_into(target, tmp):
+    def finish():
+        target.copy_(tmp)
+    return finish
+
+
+def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
+         staging_bytes, nstaging, io_threads, stats: LoadStats, t0: float) -> LoadStats:
+    err = ffi.new("dcp_error *")
+    # 2. Every rank decodes every rank's requests and builds the same plan.
+    blocks = [g["reqs"] for g in gathered]
+    allb = b"".join(blocks)
+    counts = ffi.new("size_t[]", [len(b) for b in blocks])
+    displs = ffi.new("size_t[]", list(np.cumsum([0] + [len(b) for b in blocks[:-1]]).tolist()))
+    reqs = ffi.new("dcp_greqs *")
+    gp = ffi.new("dcp_gplan *")
+    nodes_by_key: Dict[str, int] = {}
+    node = ffi.new("int[]", world)
+    for r, g in enumerate(gathered):
+        node[r] = nodes_by_key.setdefault(g["node"], r)
+    opts = ffi.new("dcp_gplan_opts *")
+    opts.unit_max = staging_bytes
+    opts.no_bcast = 1
+    opts.node = node
+    opts.shm = 1
+    opts.bcast_local = 0
+    ok = 0
+    local_err = None
+    try:
+        _prepare_dests(torch, dests, stored, sizes)
+        if lib.dcp_greqs_decode(ck._ptr, allb, counts, displs, world, reqs, err) < 0:
+            raise _err(err)
+        first = reqs.first[me]
+        if reqs.first[me + 1] - first != len(dests):
+            raise DcpError(71, "dcpfs.torch.load: this rank's requests were decoded as "
+                               f"{reqs.first[me + 1] - first}, expected {len(dests)}")
+        for i, d in enumerate(dests):
+            q = reqs.v[first + i]
+            q.dest = ffi.cast("void *", d.ptr)
+            q.mem = 1 if d.cuda else 0
+        if lib.dcp_gplan_build(ck._ptr, reqs, world, me, opts, gp, err) < 0:
+            raise _err(err)
+        ok = 1
+        for i, d in enumerate(dests):     # parts no chunk covers read as zeros, as the planner says
+            if d.nbytes and gp.zero[first + i]:
+                d.buf.fill(0) if isinstance(d.buf, np.ndarray) else d.buf.zero_()
+    except DcpError as e:
+        local_err = (e.errno or 5, e.strerror or str(e))
+    except (MemoryError, RuntimeError, TypeError, ValueError) as e:
+        local_err = (12 if isinstance(e, MemoryError) else 22, str(e))
+    try:
+        if world > 1:
+            verdict = _agree(dist, group, me, world, {"error": local_err})
+            _raise_first(verdict, world)
+        elif local_err:
+            raise DcpError(*local_err)
+        stats.units = gp.nunits
+        stats.bytes_unique = gp.unique_bytes
+        stats.bytes_loaded = sum(d.nbytes for d in dests)
+        stats.seconds_plan = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        _execute(torch, dist, group, me, world, ck, reqs, gp, dests, gathered[0]["token"],
+                 staging_bytes, nstaging, io_threads, stats)
+        stats.seconds_transfer = time.perf_counter() - t1
+    finally:
+        if ok:
+            lib.dcp_gplan_free(gp)
+        lib.dcp_greqs_free(reqs)
+    # 3. Temporaries into their tensors, bytes items into the state dict.
+    from torch.distributed.checkpoint._nested_dict import unflatten_state_dict  # noqa: F401
+    from torch.distributed.checkpoint._traverse import set_element
+    for d in dests:
+        if d.kind == "bytes":
+            value = torch.load(io.BytesIO(d.buf.tobytes()), weights_only=False)
+            set_element(state_dict, mappings[d.key], value)
+        elif d.finish is not None:
+            d.finish()
+    stats.seconds_total = time.perf_counter() - t0
+    return stats
+
+
+def _is_direct(gp, reqs, u, me) -> Optional[int]:
+    """exec.c's direct target: this rank's fragments fill the unit in order
+    and land contiguously, untransformed, in one host destination: the
+    address the unit's first byte goes to, else None."""
+    if u.ndlv:
+        return None
+    n = ffi.new("size_t *")
+    f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
+    if n[0] != u.nfrag or n[0] == 0:
+        return None
+    req = gp.gops[f[0].gop].req
+    q = reqs.v[req]
+    if q.mem != 0 or f[0].img != 0 or q.dest == ffi.NULL:
+        return None
+    img = 0
+    start = pos = lib.dcp_gfrag_dest(gp, f)
+    transform = lib.DCP_OP_BSWAP | lib.DCP_OP_CONJ | lib.DCP_OP_NEG
+    for i in range(n[0]):
+        gop = gp.gops[f[i].gop]
+        op = gop.op
+        if gop.req != req or op.flags & transform or \
+                (op.dest_stride != op.elem_size and f[i].len != op.elem_size) or f[i].img != img or \
+                lib.dcp_gfrag_dest(gp, f + i) != pos:
+            return None
+        img += f[i].len
+        pos += f[i].len
+    if img != u.len:
+        return None
+    return int(ffi.cast("uintptr_t", q.dest)) + start
+
+
+class _Placer:
+    """Places fragments from a host buffer into this rank's destinations:
+    host ones in C (dcp_gfrag_place), CUDA ones with torch copies."""
+
+    def __init__(self, torch, gp, reqs, dests, first):
+        self.torch = torch
+        self.gp = gp
+        self.reqs = reqs
+        self.first = first
+        self.dests = dests
+        self.any_cuda = any(d.cuda for d in dests)
+
+    def place(self, f, n: int, buf_addr: int, buf_tensor=None) -> None:
+        if n == 0:
+            return
+        if not self.any_cuda:
+            lib.dcp_gfrag_place(self.gp, self.reqs, f, n, ffi.cast("void *", buf_addr))
+            return
+        for i in range(n):
+            q = self.reqs.v[self.gp.gops[f[i].gop].req]
+            if q.mem == 0:
+                lib.dcp_gfrag_place(self.gp, self.reqs, f + i, 1, ffi.cast("void *", buf_addr))
+            else:
+                self._place_cuda(f + i, buf_addr, buf_tensor)
+
+    def _place_cuda(self, f, buf_addr: int, buf_tensor) -> None:
+        torch = self.torch
+        gop = self.gp.gops[f.gop]
+        op = gop.op
+        d = self.dests[gop.req - self.first]
+        dst = d.buf.view(-1).view(torch.uint8)
+        at = lib.dcp_gfrag_dest(self.gp, f)
+        simple = op.dest_stride == op.elem_size and not (
+            op.flags & (lib.DCP_OP_BSWAP | lib.DCP_OP_CONJ | lib.DCP_OP_NEG))
+        src = np.frombuffer(ffi.buffer(ffi.cast("unsigned char *", buf_addr) + f.img, f.len), dtype=np.uint8)
+        if simple:
+            dst[at:at + f.len].copy_(torch.from_numpy(src))
+            return
+        # a strided or transformed op: place on the host, then copy the span up
+        span = (f.len // op.elem_size - 1) * op.dest_stride + op.elem_size
+        tmp = torch.empty(span, dtype=torch.uint8)
+        tmp.copy_(dst[at:at + span])
+        sub = lib.dcp_gfrag_op(self.gp, f)
+        sub.dest_offset = 0
+        lib.dcp_op_place(ffi.addressof(sub), ffi.cast("void *", buf_addr + f.img),
+                         ffi.cast("void *", tmp.data_ptr()), gop.dtype)
+        dst[at:at + span].copy_(tmp)
+
+
+def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_bytes, nstaging,
+             io_threads, stats: LoadStats) -> None:
+    """Run the global plan: rounds of units in global order."""
+    first = reqs.first[me]
+    placer = _Placer(torch, gp, reqs, dests, first)
+    units = gp.units
+    nunits = gp.nunits
+    SHM, P2P = lib.DCP_GDLV_SHM, lib.DCP_GDLV_P2P
+    has_shm = any(gp.dlvs[i].kind == SHM for i in range(gp.ndlvs))
+    if any(gp.dlvs[i].kind not in (SHM, P2P) for i in range(gp.ndlvs)):
+        raise DcpError(71, "dcpfs.torch.load: the plan has broadcast deliveries, which this transport does not run")
+    backend = dist.get_backend(group) if world > 1 else "gloo"
+    comm_device = torch.device("cuda", torch.cuda.current_device()) if str(backend) == "nccl" else torch.device("cpu")
+
+    # rounds: at most nstaging shared-staging units per reader
+    rounds: List[Tuple[int, int]] = []
+    used: Dict[int, int] = {}
+    start = 0
+    slot_of = [0] * nunits
+    for k in range(nunits):
+        u = units[k]
+        if _has_kind(gp, u, SHM):
+            if used.get(u.reader, 0) == nstaging:
+                rounds.append((start, k))
+                start = k
+                used = {}
+            slot_of[k] = used.get(u.reader, 0)
+            used[u.reader] = slot_of[k] + 1
+    rounds.append((start, nunits))
+    stats.rounds = len(rounds)
+
+    # shared staging: readers of shm units create theirs, node peers map them
+    readers = {units[k].reader for k in range(nunits) if _has_kind(gp, units[k], SHM)}
+    seg = 2 * nstaging * staging_bytes
+    shms: Dict[int, _Shm] = {}
+    base = f"/dev/shm/dcpfs-{token}-"
+    err_local = None
+    if has_shm:
+        try:
+            if me in readers:
+                shms[me] = _Shm(base + str(me), seg, create=True)
+        except OSError as e:
+            err_local = (e.errno or 5, f"/dev/shm: cannot create shared staging: {e.strerror}")
+        dist.barrier(group)
+        peers = {units[k].reader for k in range(nunits) if _has_kind(gp, units[k], SHM, me)}
+        try:
+            for r in peers:
+                if r not in shms:
+                    shms[r] = _Shm(base + str(r), seg, create=False)
+        except OSError as e:
+            err_local = err_local or (e.errno or 5, f"/dev/shm: cannot map a node peer's staging: {e.strerror}")
+        verdict = _agree(dist, group, me, world, {"error": err_local})
+        if me in shms and me in readers:
+            os.unlink(base + str(me))     # every peer has it mapped: the name can go
+        _raise_first(verdict, world)
+
+    n = ffi.new("size_t *")
+    pool = ThreadPoolExecutor(max(1, io_threads)) if io_threads > 1 else None
+    failure: List[Any] = []     # this rank's first error; it keeps to the protocol until the round ends
+
+    def read(job):
+        k, addr, _, _, nxt = job
+        e = ffi.new("dcp_error *")
+        nx = ffi.addressof(nxt) if nxt is not None else ffi.NULL
+        if lib.dcp_gunit_read(ck._ptr, gp, ffi.addressof(units[k]), nx, ffi.cast("void *", addr), e) < 0:
+            if not failure:
+                failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
+            return False
+        return True
+
+    def any_failed() -> bool:
+        """The round's end: every rank's reads of it are done (shared staging
+        is ready), and whether any failed."""
+        if world == 1:
+            return bool(failure)
+        flag = torch.tensor([1 if failure else 0], dtype=torch.int32, device=comm_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return bool(flag.item())
+
+    try:
+        for ri, (a, b) in enumerate(rounds):
+            half = (ri % 2) * nstaging * staging_bytes
+            # receives from other nodes, posted first
+            recvs = []
+            for k in range(a, b):
+                u = units[k]
+                for j in range(u.ndlv):
+                    dl = gp.dlvs[u.dlv0 + j]
+                    if dl.kind == P2P and dl.peer == me:
+                        t = torch.empty(dl.bytes, dtype=torch.uint8, device=comm_device)
+                        recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
+            # this rank's reads of the round, on the I/O threads
+            jobs = []
+            for k in range(a, b):
+                u = units[k]
+                if u.reader != me:
+                    continue
+                nxt = units[k + 1] if k + 1 < nunits else None
+                direct = _is_direct(gp, reqs, u, me)
+                if direct is not None:
+                    addr, holder = direct, None
+                elif me in shms and _has_kind(gp, u, SHM):
+                    addr, holder = shms[me].addr + half + slot_of[k] * staging_bytes, None
+                else:
+                    holder = np.empty(u.len, dtype=np.uint8)
+                    addr = holder.ctypes.data
+                jobs.append((k, addr, holder, direct is not None, nxt))
+            if pool is not None and len(jobs) > 1:
+                done = list(pool.map(read, jobs))
+            else:
+                done = [read(j) for j in jobs]
+            sends = []
+            for (k, addr, holder, direct, _), ok in zip(jobs, done):
+                u = units[k]
+                stats.bytes_read += u.len if ok else 0
+                if ok and not direct:
+                    f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
+                    placer.place(f, n[0], addr)
+                for j in range(u.ndlv):     # sent even after a failed read: the peer must not hang
+                    dl = gp.dlvs[u.dlv0 + j]
+                    if dl.kind != P2P:
+                        continue
+                    out = torch.empty(dl.bytes, dtype=torch.uint8)
+                    if ok:
+                        lib.dcp_gdlv_pack(gp, ffi.addressof(dl), ffi.cast("void *", addr),
+                                          ffi.cast("void *", out.data_ptr()))
+                    out = out.to(comm_device)
+                    sends.append((out, dist.isend(out, group_peer_to_global(dist, group, dl.peer))))
+                    stats.bytes_sent += dl.bytes
+            for k, t, w in recvs:
+                w.wait()
+                stats.bytes_received += t.numel()
+                if failure:
+                    continue
+                host = t.cpu() if t.device.type != "cpu" else t
+                f = lib.dcp_gunit_frags(gp, ffi.addressof(units[k]), me, n)
+                placer.place(f, n[0], host.data_ptr())
+            for _, w in sends:
+                w.wait()
+            if any_failed():
+                break
+            for k in range(a, b):      # copies out of node peers' shared staging
+                u = units[k]
+                if u.reader == me or not _has_kind(gp, u, SHM, me):
+                    continue
+                f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
+                placer.place(f, n[0], shms[u.reader].addr + half + slot_of[k] * staging_bytes)
+                stats.bytes_shared += sum(f[i].len for i in range(n[0]))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        for s in shms.values():
+            s.close()
+    if world > 1:
+        verdict = _agree(dist, group, me, world, {"error": failure[0] if failure else None})
+        _raise_first(verdict, world)
+    elif failure:
+        raise DcpError(*failure[0])
+    if placer.any_cuda:
+        torch.cuda.synchronize()
+
+
+def _has_kind(gp, u, kind: int, peer: Optional[int] = None) -> bool:
+    """Does unit u have a delivery of this kind (to peer, when given)?"""
+    for j in range(u.ndlv):
+        dl = gp.dlvs[u.dlv0 + j]
+        if dl.kind == kind and (peer is None or dl.peer == peer):
+            return True
+    return False
+
+
+def group_peer_to_global(dist, group, r: int) -> int:
+    """torch.distributed's send/recv take global ranks."""
+    if group is None:
+        return r
+    return dist.get_global_rank(group, r)

@@ -1,0 +1,225 @@
+"""dcpfs.torch.load: the read-once collective load over torch.distributed.
+
+The same cases as test_reader.py (FSDP2 + Adam with resharding, 2-D mesh
+DTensors with uneven shards, the 1.13 fixtures, hostile inputs), loaded with
+dcpfs.torch.load and compared with PyTorch's own dcp.load; and what only the
+collective load promises: every stored byte read once across the job
+(bytes_read summed over ranks equals bytes_unique, also when every rank
+needs every byte), and errors agreed on every rank with the same message.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+sys.path.insert(0, os.path.dirname(__file__))
+import dist as distrun  # noqa: E402  (python/tests/dist.py)
+import test_reader as tr  # noqa: E402  (the models, states and comparisons the Reader tests use)
+
+import dcpfs  # noqa: E402
+import dcpfs.torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _private_catalog(tmp_path_factory):
+    """libdcp's catalog in a temporary folder (inherited by spawned ranks)."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
+def _stats_sum(stats: list) -> dict:
+    return {k: sum(getattr(s, k) for s in stats) for k in ("bytes_read", "bytes_sent", "bytes_received")}
+
+
+# -- FSDP2 + Adam, resharding ------------------------------------------------
+
+def _fsdp_collective(rank: int, world: int, save_to: str, load_from: list, wants: dict):
+    saved = tr._fsdp_save(rank, world, save_to) if save_to else None
+    stats = []
+    for path in load_from:
+        want = saved if path == save_to else wants[path]
+        model, opt = tr._fsdp_model(world, seed=300)
+        ours = tr._fsdp_state(model, opt)
+        stats.append(dcpfs.torch.load(ours, path))
+        model, opt = tr._fsdp_model(world, seed=301)
+        theirs = tr._fsdp_state(model, opt)
+        dcp.load(theirs, storage_reader=FileSystemReader(path))
+        tr._same_sd(ours, theirs, local=True, what=f"rank {rank}/{world}: dcpfs.torch.load vs dcp.load")
+        for k, v in tr._flat(ours).items():
+            tr._same(tr._full(v), want[k], f"rank {rank}/{world}: {k} vs the saved value")
+    return saved if rank == 0 else None, stats
+
+
+def test_fsdp2_resharding(tmp_path):
+    p2, p4 = str(tmp_path / "fsdp2"), str(tmp_path / "fsdp4")
+    want2, stats = distrun.run(2, _fsdp_collective, p2, [p2], {})[0]
+    res = distrun.run(4, _fsdp_collective, p4, [p4, p2], {p2: want2})
+    want4 = res[0][0]
+    for i in range(2):      # each load: every stored byte it needed read once across the 4 ranks
+        per = [r[1][i] for r in res]
+        assert sum(s.bytes_read for s in per) == per[0].bytes_unique > 0
+    distrun.run(2, _fsdp_collective, None, [p4], {p4: want4})
+    assert stats[0].bytes_unique > 0
+
+
+# -- 2-D mesh DTensors, uneven shards -----------------------------------------
+
+def _dtensor_collective(rank: int, world: int, path: str, save: bool, layout: str):
+    if save:
+        dcp.save(tr._dtensors(world, "save", fill_zero=False), checkpoint_id=path)
+        dist.barrier()
+    sd = tr._dtensors(world, layout, fill_zero=True)
+    st = dcpfs.torch.load(sd, path)
+    full = tr._full_values()
+    for k, v in sd.items():
+        tr._same(v.full_tensor(), full[k], f"rank {rank}/{world} ({layout}): {k}")
+    return st
+
+
+def test_dtensor_2d_uneven(tmp_path):
+    path = str(tmp_path / "mesh")
+    st = distrun.run(4, _dtensor_collective, path, True, "other")
+    assert sum(s.bytes_read for s in st) == st[0].bytes_unique
+    st = distrun.run(2, _dtensor_collective, path, False, "1d")
+    assert sum(s.bytes_read for s in st) == st[0].bytes_unique
+
+
+# -- read once, delivered: replicate on 4 ranks ---------------------------------
+
+def _replicate(rank: int, world: int, path: str):
+    want = {k: v for k, v in tr._full_values().items()}
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    sd["meta"] = {"step": -1}
+    # a destination of another dtype (cast, as dcp.load does) and a non-contiguous one
+    sd["a"] = torch.zeros(want["a"].shape, dtype=torch.float64)
+    big = torch.zeros(want["b"].shape[::-1], dtype=torch.int32)
+    sd["b"] = big.permute(2, 1, 0)
+    st = dcpfs.torch.load(sd, path, staging_bytes=256)    # tiny units: many rounds and deliveries
+    tr._same(sd["a"], want["a"].double(), "a (cast to float64)")
+    tr._same(sd["b"].contiguous(), want["b"], "b (non-contiguous destination)")
+    tr._same(sd["c"], want["c"], "c")
+    assert sd["meta"] == {"step": 42}, sd["meta"]
+    return st
+
+
+def test_replicate_read_once(tmp_path):
+    path = str(tmp_path / "plain")
+    sd = dict(tr._full_values())
+    sd["meta"] = {"step": 42}
+    dcp.save(sd, checkpoint_id=path, no_dist=True)
+    st = distrun.run(4, _replicate, path)
+    total = _stats_sum(st)
+    assert total["bytes_read"] == st[0].bytes_unique, (total, st[0])
+    assert all(s.bytes_loaded >= st[0].bytes_unique for s in st)    # every rank holds every byte
+    assert sum(s.bytes_shared for s in st) > 0                     # node peers copied from shared staging
+    assert st[0].units > 4 and st[0].rounds > 1
+
+
+# -- the 1.13 fixtures -----------------------------------------------------------
+
+def _fixture_collective(rank: int, world: int, ckpt: str):
+    import hashlib
+    import json
+    manifest = json.loads((Path(ckpt).parent / "expected" / "manifest.json").read_text())
+    sd = {}
+    with dcpfs.open(ckpt) as ck:
+        for key in ck.keys():
+            info = ck.info(key)
+            if info.kind == "tensor":
+                try:
+                    sd[key] = torch.zeros(info.shape, dtype=getattr(torch, info.dtype))
+                except (AttributeError, RuntimeError, TypeError):
+                    continue    # a dtype torch cannot allocate plainly (quantized, bits)
+    st = dcpfs.torch.load(sd, ckpt)
+    want = {e["key"]: e for e in manifest["entries"]}
+    checked = 0
+    for key, t in sd.items():
+        m = want.get(key)
+        if m and "sha256" in m:
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            assert hashlib.sha256(data).hexdigest() == m["sha256"], f"rank {rank}: {ckpt}: {key}"
+            checked += 1
+    return checked, st
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in FIXTURES.iterdir() if (p / "ckpt" / ".metadata").exists()))
+def test_fixtures_113(case):
+    ckpt = str(FIXTURES / case / "ckpt")
+    res = distrun.run(2, _fixture_collective, ckpt)
+    assert res[0][0] > 0, f"{case}: no key was compared with the manifest"
+    st = [r[1] for r in res]
+    assert sum(s.bytes_read for s in st) == st[0].bytes_unique
+
+
+# -- errors: agreed on every rank, never a hang ---------------------------------
+
+def _expect_error(rank: int, world: int, path: str, sd_kind: str):
+    sd = {k: torch.zeros_like(v) for k, v in tr._full_values().items()}
+    if sd_kind == "unknown-key" and rank == 1:
+        sd["no.such.key"] = torch.zeros(3)
+    if sd_kind == "outside" and rank == 0:
+        sd["a"] = torch.zeros(14, 7)
+    try:
+        dcpfs.torch.load(sd, path)
+    except dcpfs.DcpError as e:
+        return str(e)
+    raise AssertionError(f"rank {rank}: no error")
+
+
+def _same_message(msgs: list, *parts: str) -> str:
+    assert len(set(msgs)) == 1, f"ranks disagree: {msgs}"
+    for p in parts:
+        assert p in msgs[0], f"{p!r} not in {msgs[0]!r}"
+    return msgs[0]
+
+
+def test_errors_agreed(tmp_path):
+    path = tmp_path / "ck"
+    dcp.save(dict(tr._full_values()), checkpoint_id=str(path), no_dist=True)
+    _same_message(distrun.run(2, _expect_error, str(path), "unknown-key", timeout=60),
+                  "rank 1", "no.such.key", "no such key")
+    _same_message(distrun.run(2, _expect_error, str(path), "outside", timeout=60),
+                  "rank 0", ": a:", "outside the tensor")
+    bad = tmp_path / "damaged"
+    shutil.copytree(path, bad)
+    md = (bad / ".metadata").read_bytes()
+    (bad / ".metadata").write_bytes(md[: len(md) // 2])
+    _same_message(distrun.run(2, _expect_error, str(bad), "plain", timeout=60), ".metadata")
+    gone = tmp_path / "missing"
+    shutil.copytree(path, gone)
+    shard = sorted(gone.glob("*.distcp"))[0]
+    shard.unlink()
+    _same_message(distrun.run(2, _expect_error, str(gone), "plain", timeout=60), shard.name)
+    short = tmp_path / "short"
+    shutil.copytree(path, short)
+    for f in short.glob("*.distcp"):
+        os.truncate(f, 64)
+    _same_message(distrun.run(2, _expect_error, str(short), "plain", timeout=60), ".distcp")
+
+
+def test_single_process_without_dist(tmp_path):
+    """Without torch.distributed initialised, load runs as one rank."""
+    path = tmp_path / "ck"
+    want = tr._full_values()
+    dcp.save(dict(want), checkpoint_id=str(path), no_dist=True)
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    st = dcpfs.torch.load(sd, str(path))
+    for k in want:
+        tr._same(sd[k], want[k], k)
+    assert st.bytes_read == st.bytes_unique == sum(v.numel() * v.element_size() for v in want.values())
