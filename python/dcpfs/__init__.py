@@ -8,17 +8,21 @@ straight from the shard files into the destination -- a new numpy array, or
 a numpy array or torch tensor you pass as ``out`` -- whatever the sharding it
 was saved with: only the bytes of the box are read, never whole records.
 
-    >>> import dcpfs
-    >>> with dcpfs.open("step_1000") as ck:
-    ...     ck.keys()[:2]                       # metadata order
-    ['model.embed.weight', 'model.layers.0.attn.qkv.weight']
-    ...     ck.info("model.embed.weight")
-    EntryInfo(key='model.embed.weight', kind='tensor', dtype='float32', shape=(37, 16), ...)
-    ...     w = ck.read("model.embed.weight")               # numpy, shape (37, 16)
-    ...     rows = ck.read("model.embed.weight", [(8, 4), (0, 16)])   # (start, length)
-    ...     rows = ck.read("model.embed.weight", [slice(8, 12), slice(None)])
-    ...     ck.read("optim.step", out=torch.empty((), dtype=torch.int64))
-    ...     ck.read_bytes("extra.epoch")                  # a bytes item: torch.save bytes
+    import io, dcpfs, torch
+
+    with dcpfs.open("step_1000") as ck:           # a folder, or a .pt / .safetensors file
+        ck.keys()[:2]          # ['model.embed.weight', 'model.layers.0.attn.qkv.weight']
+        ck.info("model.embed.weight")
+        # EntryInfo(key='model.embed.weight', kind='tensor', dtype='float32',
+        #           shape=(37, 16), chunks=(Chunk(offsets=(0, 0), sizes=(10, 16)), ...),
+        #           nbytes=2368)
+        w = ck.read("model.embed.weight")                           # numpy (37, 16)
+        rows = ck.read("model.embed.weight", [(8, 4), (0, 16)])     # (start, length) pairs
+        rows = ck.read("model.embed.weight", [slice(8, 12), slice(None)])   # or slices
+        t = torch.empty(37, 16, device="cuda")
+        ck.read("model.embed.weight", out=t)            # straight into a tensor
+        blob = ck.read_bytes("extra.epoch")             # a non-tensor value: torch.save bytes
+        epoch = torch.load(io.BytesIO(blob), weights_only=False)
 
 Reading into torch: ``out`` may be a contiguous CPU tensor (filled in
 place through its data pointer) or a CUDA tensor (read through pinned host

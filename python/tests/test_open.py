@@ -227,6 +227,31 @@ def test_threads_share_a_checkpoint():
         ck.keys()
 
 
+def test_close_while_reading():
+    """close() in one thread while others read: reads finish or see a closed checkpoint."""
+    ck = dcpfs.open(FIXTURES / "02_rowwise_4ranks" / "ckpt", catalog=False)
+    key = ck.keys()[0]
+    want = ck.read(key).tobytes()
+    outcomes = []
+
+    def reader():
+        try:
+            for _ in range(10000):
+                assert ck.read(key).tobytes() == want
+        except ValueError as e:
+            outcomes.append(str(e))
+        else:
+            outcomes.append("done")
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    ck.close()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 4 and all(o == "done" or "closed" in o for o in outcomes)
+
+
 def test_help_renders():
     text = pydoc.render_doc(dcpfs, renderer=pydoc.plaintext)
     for word in ("dcpfs.open", "read_bytes", "bfloat16", "uint16", "DcpError", "Checkpoint", "EntryInfo"):
