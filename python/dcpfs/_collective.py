@@ -31,7 +31,8 @@ import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -61,7 +62,6 @@ class LoadStats:
     seconds_transfer: float = 0.0
     seconds_total: float = 0.0
     transport: str = "torch.distributed"
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 class _Dest:
@@ -213,7 +213,8 @@ class _Shm:
         try:
             if create:
                 os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
+            # populated up front: faulting 4 KiB pages one by one mid-transfer costs more
+            self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         finally:
             os.close(fd)
         self.arr = np.frombuffer(self.map, dtype=np.uint8)
@@ -228,7 +229,8 @@ class _Shm:
 
 
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
-         staging_bytes: int = _STAGING, nstaging: int = 2, io_threads: int = 4,
+         staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
+         io_threads: int = 4,
          catalog: bool = True) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
@@ -251,10 +253,13 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
         state_dict: the (nested) state dict to fill, as for ``dcp.load``.
         path: the checkpoint folder (or a single torch.save/safetensors file).
         process_group: the group to load over (None: the default group).
-        staging_bytes: the largest single read; each reader rank holds
-            ``2 * nstaging`` of them in shared memory when node peers copy
-            from it.
+        staging_bytes: the largest single read (a unit of the plan).
         nstaging: units per reader in one round.
+        shm_bytes: the most shared staging one rank maps: each reader holds
+            ``2 * nstaging`` units in shared memory when node peers copy
+            from it, and every rank of a node maps every reader's; when
+            that would exceed shm_bytes, units are made smaller (down to
+            1 MiB).
         io_threads: threads reading a rank's units of a round at once.
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
@@ -276,13 +281,13 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
         group, me, world = None, 0, 1
     stats = LoadStats()
     staging_bytes = int(staging_bytes)
-    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1:
-        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB] and nstaging >= 1")
+    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0:
+        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0")
 
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging)}
+                            "opts": (staging_bytes, nstaging, shm_bytes)}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
@@ -305,7 +310,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, io_threads, stats, t0)
+                    state_dict, staging_bytes, nstaging, shm_bytes, io_threads, stats, t0)
     finally:
         if ck is not None:
             ck.close()
@@ -353,8 +358,16 @@ def _copy_into(target, tmp):
     return finish
 
 
+def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) -> int:
+    """The unit size that keeps the shared staging one rank maps (its own and
+    its node peers' segments, each double-buffered) within shm_bytes: whole
+    MiB, at least 1 MiB, at most staging_bytes."""
+    unit = shm_bytes // (nlocal * 2 * nstaging) >> 20 << 20
+    return min(staging_bytes, max(1 << 20, unit))
+
+
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
-         staging_bytes, nstaging, io_threads, stats: LoadStats, t0: float) -> LoadStats:
+         staging_bytes, nstaging, shm_bytes, io_threads, stats: LoadStats, t0: float) -> LoadStats:
     err = ffi.new("dcp_error *")
     # 2. Every rank decodes every rank's requests and builds the same plan.
     blocks = [g["reqs"] for g in gathered]
@@ -390,6 +403,18 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         if lib.dcp_gplan_build(ck._ptr, reqs, world, me, opts, gp, err) < 0:
             raise _err(err)
         ok = 1
+        # Shared staging is mapped by every rank of a node, so its pages count in
+        # every rank's RSS: keep what one rank maps within shm_bytes by cutting the
+        # plan into smaller units (every rank computes the same, from the same data).
+        unit = _shm_unit(shm_bytes, max(Counter(node[r] for r in range(world)).values()),
+                         nstaging, staging_bytes)
+        if gp.has_shm and unit < staging_bytes:
+            lib.dcp_gplan_free(gp)
+            ok = 0
+            opts.unit_max = staging_bytes = unit
+            if lib.dcp_gplan_build(ck._ptr, reqs, world, me, opts, gp, err) < 0:
+                raise _err(err)
+            ok = 1
         for i, d in enumerate(dests):     # parts no chunk covers read as zeros, as the planner says
             if d.nbytes and gp.zero[first + i]:
                 d.buf.fill(0) if isinstance(d.buf, np.ndarray) else d.buf.zero_()
@@ -565,10 +590,10 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
         _raise_first(verdict, world)
 
     n = ffi.new("size_t *")
-    pool = ThreadPoolExecutor(max(1, io_threads)) if io_threads > 1 else None
+    pool = ThreadPoolExecutor(max(1, io_threads))
     failure: List[Any] = []     # this rank's first error; it keeps to the protocol until the round ends
 
-    def read(job):
+    def read(job) -> bool:
         k, addr, _, _, nxt = job
         e = ffi.new("dcp_error *")
         nx = ffi.addressof(nxt) if nxt is not None else ffi.NULL
@@ -577,6 +602,30 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
                 failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
             return False
         return True
+
+    def start_reads(ri: int):
+        """This rank's reads of round ri, started on the I/O threads: straight
+        into the destination, into its shared staging slot, or into a private
+        buffer."""
+        a, b = rounds[ri]
+        half = (ri % 2) * nstaging * staging_bytes
+        jobs = []
+        for k in range(a, b):
+            u = units[k]
+            if u.reader != me:
+                continue
+            nxt = units[k + 1] if k + 1 < nunits else None
+            direct = _is_direct(gp, reqs, u, me)
+            holder = None
+            if direct is not None:
+                addr = direct
+            elif me in shms and _has_kind(gp, u, SHM):
+                addr = shms[me].addr + half + slot_of[k] * staging_bytes
+            else:
+                holder = np.empty(u.len, dtype=np.uint8)
+                addr = holder.ctypes.data
+            jobs.append((k, addr, holder, direct is not None, nxt))
+        return jobs, [pool.submit(read, j) for j in jobs]
 
     def any_failed() -> bool:
         """The round's end: every rank's reads of it are done (shared staging
@@ -588,39 +637,20 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
         return bool(flag.item())
 
     try:
+        pending = start_reads(0)
         for ri, (a, b) in enumerate(rounds):
             half = (ri % 2) * nstaging * staging_bytes
-            # receives from other nodes, posted first
-            recvs = []
+            recvs = []          # from other nodes
             for k in range(a, b):
                 u = units[k]
-                for j in range(u.ndlv):
-                    dl = gp.dlvs[u.dlv0 + j]
-                    if dl.kind == P2P and dl.peer == me:
-                        t = torch.empty(dl.bytes, dtype=torch.uint8, device=comm_device)
-                        recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
-            # this rank's reads of the round, on the I/O threads
-            jobs = []
-            for k in range(a, b):
-                u = units[k]
-                if u.reader != me:
-                    continue
-                nxt = units[k + 1] if k + 1 < nunits else None
-                direct = _is_direct(gp, reqs, u, me)
-                if direct is not None:
-                    addr, holder = direct, None
-                elif me in shms and _has_kind(gp, u, SHM):
-                    addr, holder = shms[me].addr + half + slot_of[k] * staging_bytes, None
-                else:
-                    holder = np.empty(u.len, dtype=np.uint8)
-                    addr = holder.ctypes.data
-                jobs.append((k, addr, holder, direct is not None, nxt))
-            if pool is not None and len(jobs) > 1:
-                done = list(pool.map(read, jobs))
-            else:
-                done = [read(j) for j in jobs]
+                dl = _delivery(gp, u, P2P, me)
+                if dl is not None:
+                    t = torch.empty(dl.bytes, dtype=torch.uint8, device=comm_device)
+                    recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
+            jobs, futures = pending
             sends = []
-            for (k, addr, holder, direct, _), ok in zip(jobs, done):
+            for (k, addr, holder, direct, _), fut in zip(jobs, futures):
+                ok = fut.result()
                 u = units[k]
                 stats.bytes_read += u.len if ok else 0
                 if ok and not direct:
@@ -649,16 +679,21 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
                 w.wait()
             if any_failed():
                 break
+            # The next round's reads overlap this round's copies: they fill the
+            # other half of the shared staging, which every peer finished copying
+            # from before it reached this round's end.
+            if ri + 1 < len(rounds):
+                pending = start_reads(ri + 1)
             for k in range(a, b):      # copies out of node peers' shared staging
                 u = units[k]
-                if u.reader == me or not _has_kind(gp, u, SHM, me):
+                dl = _delivery(gp, u, SHM, me) if u.reader != me else None
+                if dl is None:
                     continue
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
                 placer.place(f, n[0], shms[u.reader].addr + half + slot_of[k] * staging_bytes)
-                stats.bytes_shared += sum(f[i].len for i in range(n[0]))
+                stats.bytes_shared += dl.bytes
     finally:
-        if pool is not None:
-            pool.shutdown()
+        pool.shutdown()
         for s in shms.values():
             s.close()
     if world > 1:
@@ -670,13 +705,17 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
         torch.cuda.synchronize()
 
 
-def _has_kind(gp, u, kind: int, peer: Optional[int] = None) -> bool:
-    """Does unit u have a delivery of this kind (to peer, when given)?"""
+def _delivery(gp, u, kind: int, peer: Optional[int] = None):
+    """Unit u's first delivery of this kind (to peer, when given), or None."""
     for j in range(u.ndlv):
         dl = gp.dlvs[u.dlv0 + j]
         if dl.kind == kind and (peer is None or dl.peer == peer):
-            return True
-    return False
+            return dl
+    return None
+
+
+def _has_kind(gp, u, kind: int, peer: Optional[int] = None) -> bool:
+    return _delivery(gp, u, kind, peer) is not None
 
 
 def group_peer_to_global(dist, group, r: int) -> int:
