@@ -10,12 +10,13 @@
 #   torch    torch.distributed.checkpoint.load with PyTorch's FileSystemReader
 #   reader   torch.distributed.checkpoint.load with dcpfs.torch.Reader
 #   load     dcpfs.torch.load (every stored byte read once across the ranks)
-# into the same preallocated destinations (bench/torch_load.py), with the page
-# cache warm and with the shard files evicted before each run (fsync +
-# POSIX_FADV_DONTNEED; DCPFS_BENCH_COLD=0 skips those lines). Each line gives
-# the load's seconds (barrier to barrier, slowest rank), the whole process's
-# wall seconds as a user sees it (python start to exit: interpreter, torch
-# import, process group, destinations, load), GB/s of unique bytes over the
+# into the same preallocated destinations (bench/torch_load.py: one launch per
+# line, REPS loads in it), with the page cache warm and with the shard files
+# evicted before each load (fsync + POSIX_FADV_DONTNEED; DCPFS_BENCH_COLD=0
+# skips those lines). Each line gives the load's seconds (barrier to barrier,
+# slowest rank), the whole process's seconds as a user sees it (from python's
+# start to the end of the first load: interpreter, torch import, process
+# group, destinations, one load), GB/s of unique bytes over the
 # load, bytes read (rchar) over the unique bytes, and the largest peak RSS of
 # a rank above its RSS just before the load (the destinations are already
 # resident then). Ratios are PyTorch's seconds over the tool's: > 1 is faster.
@@ -48,27 +49,12 @@ export XDG_CACHE_HOME="$DIR/cache" THP_MEM_ALLOC_ENABLE=1 PYTHONPATH="$PKG"
 UNIQUE=$("$DCP" ls --json "$CK" | python3 -c 'import json,sys; print(sum(json.loads(l)["nbytes"] for l in sys.stdin))')
 PYTHONPATH="$PKG" python3 -c 'import dcpfs, sys; dcpfs.open(sys.argv[1]).close()' "$CK"   # the catalog: parsed once
 
-evict() {
-    python3 -c 'import os, sys
-for f in sys.argv[1:]:
-    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "${files[@]}"
-}
-
-# one COLD N LAYOUT TOOL: "load_s process_s rchar cpu rss_mib" of the best of REPS
+# one CACHE N LAYOUT TOOL: "load_s process_s rchar cpu rss_mib", the best of REPS loads in one launch
 one() {
-    local cold=$1; shift
-    local best="" line
-    for _ in $(seq "$REPS"); do
-        [ "$cold" = 1 ] && evict
-        local t0 t1 out
-        t0=$(date +%s.%N)
-        out=$(timeout -k 10 900 python3 "$top_srcdir/bench/torch_load.py" "$CK" "$@" | tail -1)
-        t1=$(date +%s.%N)
-        line=$(python3 -c 'import json, sys
-r = json.loads(sys.argv[1]); print("%.4f %.2f %d %.2f %.1f" % (r["seconds"], float(sys.argv[3]) - float(sys.argv[2]), r["rchar"], r["cpu"], r["rss_above_mib"]))' "$out" "$t0" "$t1")
-        if [ -z "$best" ] || awk -v a="${line%% *}" -v b="${best%% *}" 'BEGIN{exit !(a<b)}'; then best=$line; fi
-    done
-    echo "$best"
+    local out
+    out=$(timeout -k 10 1800 python3 "$top_srcdir/bench/torch_load.py" "$CK" "$2" "$3" "$4" "$REPS" "$1" | tail -1)
+    python3 -c 'import json, sys
+r = json.loads(sys.argv[1]); print("%.4f %.2f %d %.2f %.1f" % (r["seconds"], r["process_seconds"], r["rchar"], r["cpu"], r["rss_above_mib"]))' "$out"
 }
 ratio() { awk -v r="$1" -v s="$2" 'BEGIN{printf "%.2f", r/s}'; }
 met() { awk -v v="$1" -v t="$2" 'BEGIN{print (v >= t ? "met" : "NOT met")}'; }
@@ -77,12 +63,11 @@ say "bench-torch: $(awk -v b="$UNIQUE" 'BEGIN{printf "%.2f", b/1073741824}') GiB
 printf '%-5s %-9s %-2s %-7s %8s %9s %7s %7s %7s %8s  %s\n' cache layout n tool "load s" "process s" "GB/s" "read x" "cpu s" "RSS+ MiB" "vs torch"
 caches="warm"; [ "$COLD" = 1 ] && caches="warm evicted"
 for cache in $caches; do
-    cold=0; [ "$cache" = evicted ] && cold=1
     for n in $RANKS; do
         for layout in $LAYOUTS; do
             t_s=""
             for tool in torch reader load; do
-                read -r s p rc c rss < <(one "$cold" "$n" "$layout" "$tool")
+                read -r s p rc c rss < <(one "$cache" "$n" "$layout" "$tool")
                 notes=""
                 if [ "$tool" = torch ]; then t_s=$s; else
                     r=$(ratio "$t_s" "$s")
