@@ -32,8 +32,9 @@ SIZE="${DCPFS_BENCH_LOAD_BYTES:-2147483648}"
 COLD="${DCPFS_BENCH_COLD:-1}"
 say() { printf '%s\n' "$*"; }
 PKG="$top_builddir/python-pkg"
+[ -d "$PKG/dcpfs" ] || sh "$top_srcdir/tests/python_build.sh" "$top_srcdir" "$top_builddir" >/dev/null || true
 if ! PYTHONPATH="$PKG" python3 -c 'import torch, dcpfs.torch' 2>/dev/null; then
-    say "bench-torch: torch or the dcpfs package is not importable (build it with make check or pip install ./python): skipped"
+    say "bench-torch: torch or the dcpfs package is not importable ($PKG: see tests/python_build.sh and $PKG.skip): skipped"
     exit 0
 fi
 BASE="${DCPFS_BENCH_DIR:-${TMPDIR:-/tmp}/dcpfs-bench}"

@@ -35,13 +35,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
-
-def rchar():
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("rchar:"):
-                return int(line.split()[1])
-    return 0
+from load_torch import cpu, rchar  # bench/load_torch.py (bench-load's PyTorch loader)
 
 
 def rss_kib():
@@ -50,11 +44,6 @@ def rss_kib():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
-
-
-def cpu():
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def run(rank, n, ckpt, layout, tool, reps, cold, port, q):

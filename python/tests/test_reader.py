@@ -39,18 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _private_catalog(tmp_path_factory):
-    """libdcp's catalog in a temporary folder (inherited by spawned ranks)."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("XDG_CACHE_HOME", None)
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
-
-
 # -- helpers (module level: the spawned ranks import them) ----------------
 
 def _flat(sd):
