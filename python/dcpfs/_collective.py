@@ -230,7 +230,7 @@ class _Shm:
 
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
-         io_threads: int = 4,
+         batch_bytes: int = 256 << 20, io_threads: int = 4,
          catalog: bool = True) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
@@ -260,6 +260,9 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             from it, and every rank of a node maps every reader's; when
             that would exceed shm_bytes, units are made smaller (down to
             1 MiB).
+        batch_bytes: keys are planned and loaded in batches of at most this
+            many bytes of stored tensors (every rank holds the whole plan of
+            a batch: its size grows with every rank's read operations).
         io_threads: threads reading a rank's units of a round at once.
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
@@ -281,13 +284,14 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
         group, me, world = None, 0, 1
     stats = LoadStats()
     staging_bytes = int(staging_bytes)
-    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0:
-        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0")
+    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0 or batch_bytes < 1:
+        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0, "
+                         "batch_bytes >= 1")
 
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes)}
+                            "opts": (staging_bytes, nstaging, shm_bytes, batch_bytes)}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
@@ -310,7 +314,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, shm_bytes, io_threads, stats, t0)
+                    state_dict, staging_bytes, nstaging, shm_bytes, batch_bytes, io_threads, stats, t0)
     finally:
         if ck is not None:
             ck.close()
@@ -367,27 +371,21 @@ def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) ->
 
 
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
-         staging_bytes, nstaging, shm_bytes, io_threads, stats: LoadStats, t0: float) -> LoadStats:
+         staging_bytes, nstaging, shm_bytes, batch_bytes, io_threads, stats: LoadStats,
+         t0: float) -> LoadStats:
     err = ffi.new("dcp_error *")
-    # 2. Every rank decodes every rank's requests and builds the same plan.
+    # 2. Every rank decodes every rank's requests: the same table everywhere.
     blocks = [g["reqs"] for g in gathered]
     allb = b"".join(blocks)
     counts = ffi.new("size_t[]", [len(b) for b in blocks])
     displs = ffi.new("size_t[]", list(np.cumsum([0] + [len(b) for b in blocks[:-1]]).tolist()))
     reqs = ffi.new("dcp_greqs *")
-    gp = ffi.new("dcp_gplan *")
-    nodes_by_key: Dict[str, int] = {}
+    node_ids: Dict[str, int] = {}
     node = ffi.new("int[]", world)
     for r, g in enumerate(gathered):
-        node[r] = nodes_by_key.setdefault(g["node"], r)
-    opts = ffi.new("dcp_gplan_opts *")
-    opts.unit_max = staging_bytes
-    opts.no_bcast = 1
-    opts.node = node
-    opts.shm = 1
-    opts.bcast_local = 0
-    ok = 0
+        node[r] = node_ids.setdefault(g["node"], r)
     local_err = None
+    shms: Dict[int, _Shm] = {}
     try:
         _prepare_dests(torch, dests, stored, sizes)
         if lib.dcp_greqs_decode(ck._ptr, allb, counts, displs, world, reqs, err) < 0:
@@ -400,48 +398,30 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
             q = reqs.v[first + i]
             q.dest = ffi.cast("void *", d.ptr)
             q.mem = 1 if d.cuda else 0
-        if lib.dcp_gplan_build(ck._ptr, reqs, world, me, opts, gp, err) < 0:
-            raise _err(err)
-        ok = 1
-        # Shared staging is mapped by every rank of a node, so its pages count in
-        # every rank's RSS: keep what one rank maps within shm_bytes by cutting the
-        # plan into smaller units (every rank computes the same, from the same data).
-        unit = _shm_unit(shm_bytes, max(Counter(node[r] for r in range(world)).values()),
-                         nstaging, staging_bytes)
-        if gp.has_shm and unit < staging_bytes:
-            lib.dcp_gplan_free(gp)
-            ok = 0
-            opts.unit_max = staging_bytes = unit
-            if lib.dcp_gplan_build(ck._ptr, reqs, world, me, opts, gp, err) < 0:
-                raise _err(err)
-            ok = 1
-        for i, d in enumerate(dests):     # parts no chunk covers read as zeros, as the planner says
-            if d.nbytes and gp.zero[first + i]:
-                d.buf.fill(0) if isinstance(d.buf, np.ndarray) else d.buf.zero_()
     except DcpError as e:
         local_err = (e.errno or 5, e.strerror or str(e))
     except (MemoryError, RuntimeError, TypeError, ValueError) as e:
         local_err = (12 if isinstance(e, MemoryError) else 22, str(e))
     try:
-        if world > 1:
-            verdict = _agree(dist, group, me, world, {"error": local_err})
-            _raise_first(verdict, world)
-        elif local_err:
-            raise DcpError(*local_err)
-        stats.units = gp.nunits
-        stats.bytes_unique = gp.unique_bytes
+        _agree_error(dist, group, me, world, local_err)
         stats.bytes_loaded = sum(d.nbytes for d in dests)
-        stats.seconds_plan = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        _execute(torch, dist, group, me, world, ck, reqs, gp, dests, gathered[0]["token"],
-                 staging_bytes, nstaging, io_threads, stats)
-        stats.seconds_transfer = time.perf_counter() - t1
+        # 3. The plan, built and run batch by batch: every rank builds the whole
+        # global plan, whose size grows with the ops of every rank (a column
+        # shard of a row-major tensor is an op a row), so batches of keys keep
+        # it bounded.
+        mine = {first + i: d for i, d in enumerate(dests)}
+        nlocal = max(Counter(node[r] for r in range(world)).values())
+        unit = _shm_unit(shm_bytes, nlocal, nstaging, staging_bytes)
+        if nlocal > 1:
+            shms = _open_staging(dist, group, me, world, node, gathered[0]["token"], 2 * nstaging * unit)
+        for idx in _batches(reqs, batch_bytes):
+            _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, staging_bytes, unit,
+                        nstaging, io_threads, shms, stats, t0)
     finally:
-        if ok:
-            lib.dcp_gplan_free(gp)
+        for sh in shms.values():
+            sh.close()
         lib.dcp_greqs_free(reqs)
-    # 3. Temporaries into their tensors, bytes items into the state dict.
-    from torch.distributed.checkpoint._nested_dict import unflatten_state_dict  # noqa: F401
+    # 4. Temporaries into their tensors, bytes items into the state dict.
     from torch.distributed.checkpoint._traverse import set_element
     for d in dests:
         if d.kind == "bytes":
@@ -451,6 +431,144 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
             d.finish()
     stats.seconds_total = time.perf_counter() - t0
     return stats
+
+
+def _agree_error(dist, group, me: int, world: int, local_err) -> None:
+    """Raise on every rank when any rank failed (the lowest failing rank's message)."""
+    if world > 1:
+        _raise_first(_agree(dist, group, me, world, {"error": local_err}), world)
+    elif local_err:
+        raise DcpError(*local_err)
+
+
+def _open_staging(dist, group, me: int, world: int, node, token: str, size: int) -> Dict[int, "_Shm"]:
+    """Shared staging for a node's ranks: each rank of a node with several
+    creates its segment in /dev/shm and maps every node peer's (the units any
+    of them reads for the others go there). Collective; failures agreed."""
+    shms: Dict[int, _Shm] = {}
+    base = f"/dev/shm/dcpfs-{token}-"
+    peers = [r for r in range(world) if node[r] == node[me]]
+    local_err = None
+    try:
+        shms[me] = _Shm(base + str(me), size, create=True)
+    except OSError as e:
+        local_err = (e.errno or 5, f"/dev/shm: cannot create shared staging of {size} bytes: {e.strerror}")
+    dist.barrier(group)
+    try:
+        for r in peers:
+            if r not in shms:
+                shms[r] = _Shm(base + str(r), size, create=False)
+    except OSError as e:
+        local_err = local_err or (e.errno or 5, f"/dev/shm: cannot map a node peer's staging: {e.strerror}")
+    verdict = _agree(dist, group, me, world, {"error": local_err})
+    if me in shms:
+        os.unlink(base + str(me))     # every peer has it mapped now: the name can go
+    try:
+        _raise_first(verdict, world)
+    except DcpError:
+        for sh in shms.values():
+            sh.close()
+        raise
+    return shms
+
+
+def _batches(reqs, batch_bytes: int) -> List[List[int]]:
+    """Requests (indices into the decoded table, all ranks') grouped by key,
+    keys in order of first request, cut into batches of at most batch_bytes
+    of stored tensors (a larger tensor is a batch of its own)."""
+    by_key: Dict[Any, List[int]] = {}
+    size: Dict[Any, int] = {}
+    for i in range(reqs.n):
+        q = reqs.v[i]
+        k = int(ffi.cast("uintptr_t", q.e))       # one entry per key
+        if k not in by_key:
+            by_key[k] = []
+            size[k] = q.nbytes if q.e.kind != lib.DCP_KIND_TENSOR else \
+                lib.dcp_entry_numel(q.e) * lib.dcp_dtype_size(q.e.dtype)
+        by_key[k].append(i)
+    batches: List[List[int]] = []
+    cur: List[int] = []
+    total = 0
+    for k, idx in by_key.items():
+        if cur and total + size[k] > batch_bytes:
+            batches.append(sorted(cur))
+            cur, total = [], 0
+        cur += idx
+        total += size[k]
+    if cur or not batches:
+        batches.append(sorted(cur))
+    return batches
+
+
+def _subset(reqs, idx: List[int], world: int):
+    """A request table of the requests idx (in rank order, as decoded): its
+    arrays are kept alive by the returned tuple; never dcp_greqs_free it."""
+    sub = ffi.new("dcp_greqs *")
+    v = ffi.new("dcp_greq[]", max(1, len(idx)))
+    firsts = ffi.new("size_t[]", world + 1)
+    for j, i in enumerate(idx):
+        v[j] = reqs.v[i]
+    r = 0
+    for j, i in enumerate(idx):
+        while r <= v[j].rank:
+            firsts[r] = j
+            r += 1
+    while r <= world:
+        firsts[r] = len(idx)
+        r += 1
+    sub.v, sub.n, sub.dims, sub.first = v, len(idx), reqs.dims, firsts
+    return sub, (v, firsts)
+
+
+def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, staging_bytes, unit,
+                nstaging, io_threads, shms, stats: LoadStats, t0: float) -> None:
+    """Build the global plan of the requests idx and run it."""
+    err = ffi.new("dcp_error *")
+    sub, keep = _subset(reqs, idx, world)
+    dest_of = {j: mine[i] for j, i in enumerate(idx) if i in mine}
+    gp = ffi.new("dcp_gplan *")
+    opts = ffi.new("dcp_gplan_opts *")
+    opts.unit_max = staging_bytes
+    opts.no_bcast = 1
+    opts.node = node
+    opts.shm = 1
+    opts.bcast_local = 0
+    built = False
+    local_err = None
+    try:
+        if lib.dcp_gplan_build(ck._ptr, sub, world, me, opts, gp, err) < 0:
+            raise _err(err)
+        built = True
+        # Shared staging is mapped by every rank of a node, so its pages count in
+        # every rank's RSS: keep what one rank maps within shm_bytes by cutting the
+        # plan into smaller units (every rank computes the same, from the same data).
+        if gp.has_shm and unit < staging_bytes:
+            lib.dcp_gplan_free(gp)
+            built = False
+            opts.unit_max = staging_bytes = unit
+            if lib.dcp_gplan_build(ck._ptr, sub, world, me, opts, gp, err) < 0:
+                raise _err(err)
+            built = True
+        for j, d in dest_of.items():     # parts no chunk covers read as zeros, as the planner says
+            if d.nbytes and gp.zero[j]:
+                d.buf.fill(0) if isinstance(d.buf, np.ndarray) else d.buf.zero_()
+    except DcpError as e:
+        local_err = (e.errno or 5, e.strerror or str(e))
+    except MemoryError as e:
+        local_err = (12, f"dcpfs.torch.load: out of memory for the plan ({e})")
+    try:
+        _agree_error(dist, group, me, world, local_err)
+        stats.units += gp.nunits
+        stats.bytes_unique += gp.unique_bytes
+        stats.seconds_plan = time.perf_counter() - t0 - stats.seconds_transfer   # all but transfers
+        t1 = time.perf_counter()
+        _execute(torch, dist, group, me, world, ck, sub, gp, dest_of, shms, staging_bytes, nstaging,
+                 io_threads, stats)
+        stats.seconds_transfer += time.perf_counter() - t1
+    finally:
+        if built:
+            lib.dcp_gplan_free(gp)
+        del keep
 
 
 def _is_direct(gp, reqs, u, me) -> Optional[int]:
@@ -488,13 +606,12 @@ class _Placer:
     """Places fragments from a host buffer into this rank's destinations:
     host ones in C (dcp_gfrag_place), CUDA ones with torch copies."""
 
-    def __init__(self, torch, gp, reqs, dests, first):
+    def __init__(self, torch, gp, reqs, dest_of: Dict[int, "_Dest"]):
         self.torch = torch
         self.gp = gp
         self.reqs = reqs
-        self.first = first
-        self.dests = dests
-        self.any_cuda = any(d.cuda for d in dests)
+        self.dest_of = dest_of
+        self.any_cuda = any(d.cuda for d in dest_of.values())
 
     def place(self, f, n: int, buf_addr: int, buf_tensor=None) -> None:
         if n == 0:
@@ -513,7 +630,7 @@ class _Placer:
         torch = self.torch
         gop = self.gp.gops[f.gop]
         op = gop.op
-        d = self.dests[gop.req - self.first]
+        d = self.dest_of[gop.req]
         dst = d.buf.view(-1).view(torch.uint8)
         at = lib.dcp_gfrag_dest(self.gp, f)
         simple = op.dest_stride == op.elem_size and not (
@@ -533,15 +650,13 @@ class _Placer:
         dst[at:at + span].copy_(tmp)
 
 
-def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_bytes, nstaging,
+def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging_bytes, nstaging,
              io_threads, stats: LoadStats) -> None:
     """Run the global plan: rounds of units in global order."""
-    first = reqs.first[me]
-    placer = _Placer(torch, gp, reqs, dests, first)
+    placer = _Placer(torch, gp, reqs, dest_of)
     units = gp.units
     nunits = gp.nunits
     SHM, P2P = lib.DCP_GDLV_SHM, lib.DCP_GDLV_P2P
-    has_shm = any(gp.dlvs[i].kind == SHM for i in range(gp.ndlvs))
     if any(gp.dlvs[i].kind not in (SHM, P2P) for i in range(gp.ndlvs)):
         raise DcpError(71, "dcpfs.torch.load: the plan has broadcast deliveries, which this transport does not run")
     backend = dist.get_backend(group) if world > 1 else "gloo"
@@ -562,32 +677,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
             slot_of[k] = used.get(u.reader, 0)
             used[u.reader] = slot_of[k] + 1
     rounds.append((start, nunits))
-    stats.rounds = len(rounds)
-
-    # shared staging: readers of shm units create theirs, node peers map them
-    readers = {units[k].reader for k in range(nunits) if _has_kind(gp, units[k], SHM)}
-    seg = 2 * nstaging * staging_bytes
-    shms: Dict[int, _Shm] = {}
-    base = f"/dev/shm/dcpfs-{token}-"
-    err_local = None
-    if has_shm:
-        try:
-            if me in readers:
-                shms[me] = _Shm(base + str(me), seg, create=True)
-        except OSError as e:
-            err_local = (e.errno or 5, f"/dev/shm: cannot create shared staging: {e.strerror}")
-        dist.barrier(group)
-        peers = {units[k].reader for k in range(nunits) if _has_kind(gp, units[k], SHM, me)}
-        try:
-            for r in peers:
-                if r not in shms:
-                    shms[r] = _Shm(base + str(r), seg, create=False)
-        except OSError as e:
-            err_local = err_local or (e.errno or 5, f"/dev/shm: cannot map a node peer's staging: {e.strerror}")
-        verdict = _agree(dist, group, me, world, {"error": err_local})
-        if me in shms and me in readers:
-            os.unlink(base + str(me))     # every peer has it mapped: the name can go
-        _raise_first(verdict, world)
+    stats.rounds += len(rounds)
 
     n = ffi.new("size_t *")
     pool = ThreadPoolExecutor(max(1, io_threads))
@@ -694,8 +784,6 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dests, token, staging_
                 stats.bytes_shared += dl.bytes
     finally:
         pool.shutdown()
-        for s in shms.values():
-            s.close()
     if world > 1:
         verdict = _agree(dist, group, me, world, {"error": failure[0] if failure else None})
         _raise_first(verdict, world)
