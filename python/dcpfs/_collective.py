@@ -83,7 +83,10 @@ def _torch_name(dtype) -> str:
 
 
 def _node_key() -> str:
-    """Ranks that share memory: same host, same boot, same /dev/shm."""
+    """Ranks that share memory: same host, same boot, same /dev/shm (or the
+    same $DCPFS_NODE, which tests set to make one host several nodes)."""
+    if os.environ.get("DCPFS_NODE"):
+        return "env:" + os.environ["DCPFS_NODE"]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
@@ -352,7 +355,9 @@ def _prepare_dests(torch, dests, stored, sizes) -> None:
         else:
             d.buf = torch.empty(tuple(t.shape), dtype=getattr(torch, st))
             d.finish = _copy_into(t, d.buf)
-        d.cuda = d.buf.device.type == "cuda"
+        # $DCPFS_TEST_FAKE_CUDA: CPU tensors placed as CUDA ones are (torch
+        # copies), so tests without a GPU run that code too
+        d.cuda = d.buf.device.type == "cuda" or os.environ.get("DCPFS_TEST_FAKE_CUDA") == "1"
         d.ptr = d.buf.data_ptr() if nb else 0
 
 
@@ -613,7 +618,7 @@ class _Placer:
         self.dest_of = dest_of
         self.any_cuda = any(d.cuda for d in dest_of.values())
 
-    def place(self, f, n: int, buf_addr: int, buf_tensor=None) -> None:
+    def place(self, f, n: int, buf_addr: int) -> None:
         if n == 0:
             return
         if not self.any_cuda:
@@ -624,17 +629,38 @@ class _Placer:
             if q.mem == 0:
                 lib.dcp_gfrag_place(self.gp, self.reqs, f + i, 1, ffi.cast("void *", buf_addr))
             else:
-                self._place_cuda(f + i, buf_addr, buf_tensor)
+                self._place_cuda(f + i, buf_addr)
 
-    def _place_cuda(self, f, buf_addr: int, buf_tensor) -> None:
+    def place_device(self, f, n: int, image) -> None:
+        """Place fragments from a received image (a tensor: in GPU memory for
+        an NCCL message): into CUDA destinations with torch copies (device to
+        device for an NCCL message); anything else through the image on the
+        host (one copy of it when it is on the GPU)."""
+        host = None
+        for i in range(n):
+            d = self.dest_of[self.gp.gops[f[i].gop].req]
+            if d.cuda and self._simple(f + i):
+                at = lib.dcp_gfrag_dest(self.gp, f + i)
+                d.buf.view(-1).view(self.torch.uint8)[at:at + f[i].len].copy_(image[f[i].img:f[i].img + f[i].len])
+                continue
+            if host is None:
+                host = image.cpu()
+            self.place(f + i, 1, host.data_ptr())
+
+    def _simple(self, f) -> bool:
+        """A plain copy: contiguous in the destination, no byte swap, conj or neg."""
+        op = self.gp.gops[f.gop].op
+        return op.dest_stride == op.elem_size and not (
+            op.flags & (lib.DCP_OP_BSWAP | lib.DCP_OP_CONJ | lib.DCP_OP_NEG))
+
+    def _place_cuda(self, f, buf_addr: int) -> None:
         torch = self.torch
         gop = self.gp.gops[f.gop]
         op = gop.op
         d = self.dest_of[gop.req]
         dst = d.buf.view(-1).view(torch.uint8)
         at = lib.dcp_gfrag_dest(self.gp, f)
-        simple = op.dest_stride == op.elem_size and not (
-            op.flags & (lib.DCP_OP_BSWAP | lib.DCP_OP_CONJ | lib.DCP_OP_NEG))
+        simple = self._simple(f)
         src = np.frombuffer(ffi.buffer(ffi.cast("unsigned char *", buf_addr) + f.img, f.len), dtype=np.uint8)
         if simple:
             dst[at:at + f.len].copy_(torch.from_numpy(src))
@@ -762,9 +788,11 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
                 stats.bytes_received += t.numel()
                 if failure:
                     continue
-                host = t.cpu() if t.device.type != "cpu" else t
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(units[k]), me, n)
-                placer.place(f, n[0], host.data_ptr())
+                if placer.any_cuda:           # CUDA destinations: from the image where it is
+                    placer.place_device(f, n[0], t)
+                else:
+                    placer.place(f, n[0], t.data_ptr())
             for _, w in sends:
                 w.wait()
             if any_failed():
@@ -789,7 +817,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
         _raise_first(verdict, world)
     elif failure:
         raise DcpError(*failure[0])
-    if placer.any_cuda:
+    if placer.any_cuda and torch.cuda.is_available():
         torch.cuda.synchronize()
 
 

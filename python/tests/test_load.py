@@ -120,6 +120,29 @@ def test_replicate_read_once(tmp_path):
     assert st[0].units > 4 and st[0].rounds > 1
 
 
+# -- several nodes on one host: point-to-point deliveries, and CUDA placement --------
+
+def _nodes(rank: int, world: int, path: str, fake_cuda: bool):
+    os.environ["DCPFS_NODE"] = str(rank // 2)          # ranks 0,1 | 2,3: two "nodes"
+    if fake_cuda:
+        os.environ["DCPFS_TEST_FAKE_CUDA"] = "1"         # torch copies, as for CUDA tensors
+    st = _replicate(rank, world, path)
+    return st
+
+
+@pytest.mark.parametrize("fake_cuda", [False, True], ids=["host", "cuda-placement"])
+def test_two_nodes(tmp_path, fake_cuda):
+    path = str(tmp_path / "plain")
+    sd = dict(tr._full_values())
+    sd["meta"] = {"step": 42}
+    dcp.save(sd, checkpoint_id=path, no_dist=True)
+    st = distrun.run(4, _nodes, path, fake_cuda)
+    total = _stats_sum(st)
+    assert total["bytes_read"] == st[0].bytes_unique
+    assert total["bytes_sent"] == total["bytes_received"] > 0       # messages crossed "nodes"
+    assert sum(s.bytes_shared for s in st) > 0                       # and shared staging within one
+
+
 # -- the 1.13 fixtures -----------------------------------------------------------
 
 def _fixture_collective(rank: int, world: int, ckpt: str):
