@@ -67,7 +67,7 @@ class LoadStats:
 class _Dest:
     """One request of this rank: where its bytes go."""
 
-    __slots__ = ("key", "path", "target", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
+    __slots__ = ("key", "target", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
 
     def __init__(self) -> None:
         self.finish = None
@@ -104,8 +104,8 @@ def _err(ck_err) -> DcpError:
     return DcpError(ck_err.code, ffi.string(ck_err.msg).decode("utf-8", "replace"))
 
 
-def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, str, tuple, tuple]]]:
-    """This rank's requests: (key, dtype name, offsets, lengths) and where each goes."""
+def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tuple, tuple]]]:
+    """This rank's requests: (key, offsets, lengths) and where each goes."""
     import torch
     try:
         from torch.distributed.tensor import DTensor
@@ -125,7 +125,7 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, str
             d.target = local
             offsets, lengths = tuple(int(o) for o in offset), tuple(int(s) for s in shape)
             if tuple(local.shape) != lengths:
-                raise DcpError(22, f"{key}: the DTensor's local shard has shape {tuple(local.shape)}, "
+                raise DcpError(22, f"{ck.path}: {key}: the DTensor's local shard has shape {tuple(local.shape)}, "
                                    f"its placement says {lengths}")
         elif isinstance(value, torch.Tensor):
             d.kind = "tensor"
@@ -138,8 +138,7 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, str
         if d.kind == "tensor" and d.target.numel() == 0:
             continue        # an empty shard needs no bytes
         dests.append(d)
-        dt = _torch_name(d.target.dtype) if d.kind == "tensor" else "uint8"
-        reqs.append((key, dt, offsets, lengths))
+        reqs.append((key, offsets, lengths))
     return dests, reqs
 
 
@@ -152,7 +151,7 @@ def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
     nbytes = ffi.new("uint64_t *")
     stored = []
     sizes = []
-    for d, (key, _dt, off, ln) in zip(dests, reqs):
+    for d, (key, off, ln) in zip(dests, reqs):
         o = ffi.new("int64_t[]", list(off) or [0])
         l = ffi.new("int64_t[]", list(ln) or [0])
         if lib.dcp_greq_check(ck._ptr, key.encode(), lib.DCP_DTYPE_INVALID, len(off), o, l, entry, nbytes, err) < 0:
@@ -173,7 +172,7 @@ def _encode(reqs) -> bytes:
     n = len(reqs)
     regions = ffi.new("dcp_gregion[]", max(n, 1))
     keep = []
-    for i, (key, _dt, off, ln) in enumerate(reqs):
+    for i, (key, off, ln) in enumerate(reqs):
         k = ffi.new("char[]", key.encode())
         o = ffi.new("int64_t[]", list(off) or [0])
         l = ffi.new("int64_t[]", list(ln) or [0])
@@ -233,7 +232,7 @@ class _Shm:
 
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
-         batch_bytes: int = 256 << 20, io_threads: int = 4,
+         plan_ops: int = 1 << 18, io_threads: int = 4,
          catalog: bool = True) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
@@ -263,9 +262,10 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             from it, and every rank of a node maps every reader's; when
             that would exceed shm_bytes, units are made smaller (down to
             1 MiB).
-        batch_bytes: keys are planned and loaded in batches of at most this
-            many bytes of stored tensors (every rank holds the whole plan of
-            a batch: its size grows with every rank's read operations).
+        plan_ops: keys are planned and loaded in batches of about this many
+            read operations (every rank holds the whole plan of a batch,
+            about 130 bytes an operation; a column shard of a row-major
+            tensor is an operation a row).
         io_threads: threads reading a rank's units of a round at once.
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
@@ -287,14 +287,14 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
         group, me, world = None, 0, 1
     stats = LoadStats()
     staging_bytes = int(staging_bytes)
-    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0 or batch_bytes < 1:
+    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0 or plan_ops < 1:
         raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0, "
-                         "batch_bytes >= 1")
+                         "plan_ops >= 1")
 
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes, batch_bytes)}
+                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops)}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
@@ -317,7 +317,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, shm_bytes, batch_bytes, io_threads, stats, t0)
+                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, stats, t0)
     finally:
         if ck is not None:
             ck.close()
@@ -376,7 +376,7 @@ def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) ->
 
 
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
-         staging_bytes, nstaging, shm_bytes, batch_bytes, io_threads, stats: LoadStats,
+         staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, stats: LoadStats,
          t0: float) -> LoadStats:
     err = ffi.new("dcp_error *")
     # 2. Every rank decodes every rank's requests: the same table everywhere.
@@ -417,11 +417,17 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         mine = {first + i: d for i, d in enumerate(dests)}
         nlocal = max(Counter(node[r] for r in range(world)).values())
         unit = _shm_unit(shm_bytes, nlocal, nstaging, staging_bytes)
-        if nlocal > 1:
-            shms = _open_staging(dist, group, me, world, node, gathered[0]["token"], 2 * nstaging * unit)
-        for idx in _batches(reqs, batch_bytes):
-            _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, staging_bytes, unit,
-                        nstaging, io_threads, shms, stats, t0)
+        token = gathered[0]["token"]
+
+        def staging() -> Dict[int, _Shm]:
+            # opened by the first plan with shm deliveries (the same on every rank)
+            if not shms:
+                shms.update(_open_staging(dist, group, me, world, node, token, 2 * nstaging * unit))
+            return shms
+        units = [staging_bytes]   # the unit to plan with: small once a plan had shm deliveries
+        for idx in _batches(reqs, plan_ops):
+            _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
+                        nstaging, io_threads, staging, stats, t0)
     finally:
         for sh in shms.values():
             sh.close()
@@ -477,29 +483,32 @@ def _open_staging(dist, group, me: int, world: int, node, token: str, size: int)
     return shms
 
 
-def _batches(reqs, batch_bytes: int) -> List[List[int]]:
+def _batches(reqs, plan_ops: int) -> List[List[int]]:
     """Requests (indices into the decoded table, all ranks') grouped by key,
-    keys in order of first request, cut into batches of at most batch_bytes
-    of stored tensors (a larger tensor is a batch of its own)."""
-    by_key: Dict[Any, List[int]] = {}
-    size: Dict[Any, int] = {}
+    keys in order of first request, cut into batches whose plans hold about
+    plan_ops read operations at most (a key needing more is a batch of its
+    own). A box narrower than its tensor's last dimension is an operation a
+    row; a box spanning it, about one per chunk (counted as one)."""
+    by_key: Dict[int, List[int]] = {}
+    ops: Dict[int, int] = {}
     for i in range(reqs.n):
         q = reqs.v[i]
         k = int(ffi.cast("uintptr_t", q.e))       # one entry per key
-        if k not in by_key:
-            by_key[k] = []
-            size[k] = q.nbytes if q.e.kind != lib.DCP_KIND_TENSOR else \
-                lib.dcp_entry_numel(q.e) * lib.dcp_dtype_size(q.e.dtype)
-        by_key[k].append(i)
+        n = 1
+        if q.ndim and q.len[q.ndim - 1] < q.e.shape[q.ndim - 1]:
+            for d in range(q.ndim - 1):
+                n *= q.len[d]
+        by_key.setdefault(k, []).append(i)
+        ops[k] = ops.get(k, 0) + n
     batches: List[List[int]] = []
     cur: List[int] = []
     total = 0
     for k, idx in by_key.items():
-        if cur and total + size[k] > batch_bytes:
+        if cur and total + ops[k] > plan_ops:
             batches.append(sorted(cur))
             cur, total = [], 0
         cur += idx
-        total += size[k]
+        total += ops[k]
     if cur or not batches:
         batches.append(sorted(cur))
     return batches
@@ -525,9 +534,12 @@ def _subset(reqs, idx: List[int], world: int):
     return sub, (v, firsts)
 
 
-def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, staging_bytes, unit,
-                nstaging, io_threads, shms, stats: LoadStats, t0: float) -> None:
-    """Build the global plan of the requests idx and run it."""
+def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
+                nstaging, io_threads, staging, stats: LoadStats, t0: float) -> None:
+    """Build the global plan of the requests idx and run it. units[0] is the
+    unit size to plan with; set to the small shm unit once a plan turns out to
+    have shm deliveries (later batches likely do too: one build, not two)."""
+    staging_bytes = units[0]
     err = ffi.new("dcp_error *")
     sub, keep = _subset(reqs, idx, world)
     dest_of = {j: mine[i] for j, i in enumerate(idx) if i in mine}
@@ -550,7 +562,7 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, stagin
         if gp.has_shm and unit < staging_bytes:
             lib.dcp_gplan_free(gp)
             built = False
-            opts.unit_max = staging_bytes = unit
+            opts.unit_max = staging_bytes = units[0] = unit
             if lib.dcp_gplan_build(ck._ptr, sub, world, me, opts, gp, err) < 0:
                 raise _err(err)
             built = True
@@ -567,6 +579,7 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, stagin
         stats.bytes_unique += gp.unique_bytes
         stats.seconds_plan = time.perf_counter() - t0 - stats.seconds_transfer   # all but transfers
         t1 = time.perf_counter()
+        shms = staging() if gp.has_shm else {}
         _execute(torch, dist, group, me, world, ck, sub, gp, dest_of, shms, staging_bytes, nstaging,
                  io_threads, stats)
         stats.seconds_transfer += time.perf_counter() - t1
