@@ -232,7 +232,7 @@ class _Shm:
 
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
-         plan_ops: int = 1 << 18, io_threads: int = 4,
+         plan_ops: int = 1 << 17, io_threads: int = 4,
          catalog: bool = True) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
@@ -732,6 +732,14 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
             return False
         return True
 
+    # each unit's successor among this rank's reads (advised to the kernel when a read waits)
+    next_mine = [-1] * nunits
+    last = -1
+    for k in range(nunits - 1, -1, -1):
+        if units[k].reader == me:
+            next_mine[k] = last
+            last = k
+
     def start_reads(ri: int):
         """This rank's reads of round ri, started on the I/O threads: straight
         into the destination, into its shared staging slot, or into a private
@@ -743,7 +751,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
             u = units[k]
             if u.reader != me:
                 continue
-            nxt = units[k + 1] if k + 1 < nunits else None
+            nxt = units[next_mine[k]] if next_mine[k] >= 0 else None
             direct = _is_direct(gp, reqs, u, me)
             holder = None
             if direct is not None:
