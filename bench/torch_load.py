@@ -22,6 +22,8 @@ the RSS just before the first load (the destinations, torch and the
 interpreter already resident).
 
 usage: torch_load.py CKPT N rows|cols|replicate torch|reader|load REPS warm|evicted
+$DCPFS_BENCH_LOAD_OPTS (a JSON object) passes keyword arguments to
+dcpfs.torch.load, e.g. '{"node_sharing": "staging", "nstaging": 8}'.
 """
 import json
 import os
@@ -90,7 +92,7 @@ def run(rank, n, ckpt, layout, tool, reps, cold, port, q):
         elif tool == "reader":
             dcp.load(sd, storage_reader=dcpfs.torch.Reader(ckpt))
         else:
-            dcpfs.torch.load(sd, ckpt)
+            dcpfs.torch.load(sd, ckpt, **json.loads(os.environ.get("DCPFS_BENCH_LOAD_OPTS", "{}")))
         dist.barrier()
         t1 = time.perf_counter()
         if first_done is None:

@@ -227,6 +227,14 @@ dcp_op dcp_gunit_op(const dcp_gplan *g, const dcp_gunit *u);
 int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
                    void *buf, dcp_error *err);
 
+/* Read unit u through scratch (len > 0 bytes, reused piece by piece),
+ * keeping nothing: the unit is then in the page cache for its node's ranks
+ * to take with dcp_gfrag_read, and read errors surface at its reader. The
+ * reader's own fragments follow with dcp_gfrag_read too, so a unit nobody
+ * takes whole needs no buffer of its size. `next` as for dcp_gunit_read. */
+int dcp_gunit_cache(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
+                    void *scratch, size_t len, dcp_error *err);
+
 /* Copy delivery d's spans of the unit buffer into out, packed (d->bytes
  * bytes): the image a p2p or broadcast receiver gets. Nothing for shm. */
 void dcp_gdlv_pack(const dcp_gplan *g, const dcp_gdlv *d, const void *unit, void *out);
@@ -236,6 +244,15 @@ void dcp_gdlv_pack(const dcp_gplan *g, const dcp_gdlv *d, const void *unit, void
  * dcp_op_place. */
 void dcp_gfrag_place(const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
                      const void *buf);
+
+/* Read n fragments straight from the source into their requests' host
+ * destinations (dcp_plan_execute of the fragments' ops): how a rank on the
+ * reader's node takes a DCP_GDLV_SHM delivery when the node shares the page
+ * cache rather than a staging buffer. Called after the reader's own read of
+ * the unit, the bytes come from the page cache: storage is still read once,
+ * and each byte is copied once, straight into the destination. */
+int dcp_gfrag_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
+                   dcp_error *err);
 
 /* Where fragment f lands in its request's buffer (bytes from its start). */
 static inline uint64_t dcp_gfrag_dest(const dcp_gplan *g, const dcp_gfrag *f)

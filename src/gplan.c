@@ -1002,6 +1002,35 @@ int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, c
     return dcp_op_fetch(ck, g->spaces[u->space].e, &op, (unsigned char *)buf + got, err);
 }
 
+int dcp_gunit_cache(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
+                    void *scratch, size_t len, dcp_error *err)
+{
+    if (len == 0)
+        return dcpi_err(err, EINVAL, "%s: dcp_gunit_cache: no scratch buffer", dcpi_ck_name(ck));
+    dcp_op op = dcp_gunit_op(g, u);
+    int advised = 0;
+    for (uint64_t done = 0; done < op.length;) {
+        dcp_op sub = op;
+        sub.src_offset += done;
+        sub.length = op.length - done < len ? op.length - done : len;
+        uint64_t got = dcp_op_fetch_cached(ck, &sub, scratch);
+        if (got < sub.length) {
+            if (next && !advised) {
+                dcp_op nop = dcp_gunit_op(g, next);
+                dcp_op_prefetch(ck, &nop);
+                advised = 1;
+            }
+            sub.src_offset += got;
+            sub.length -= got;
+            if (dcp_op_fetch(ck, g->spaces[u->space].e, &sub, scratch, err) < 0)
+                return -1;
+            got += sub.length;
+        }
+        done += got;
+    }
+    return 0;
+}
+
 void dcp_gdlv_pack(const dcp_gplan *g, const dcp_gdlv *d, const void *unit, void *out)
 {
     const unsigned char *src = unit;
@@ -1021,4 +1050,32 @@ void dcp_gfrag_place(const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f,
         dcp_op sub = dcp_gfrag_op(g, &f[i]);
         dcp_op_place(&sub, (const unsigned char *)buf + f[i].img, r->v[o->req].dest, o->dtype);
     }
+}
+
+int dcp_gfrag_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
+                   dcp_error *err)
+{
+    dcp_op small[64];
+    dcp_op *ops = small;
+    if (n > sizeof small / sizeof small[0]) {
+        if (n > SIZE_MAX / sizeof *ops || !(ops = malloc(n * sizeof *ops)))
+            return dcpi_err(err, ENOMEM, "%s: out of memory for %zu fragments", dcpi_ck_name(ck), n);
+    }
+    int rc = 0;
+    /* one dcp_plan_execute per run of fragments of one request: its fast
+     * paths (adjacent direct ops in one preadv, strided ones bounced) apply */
+    for (size_t i = 0; i < n && rc == 0;) {
+        const dcp_gop *o = &g->gops[f[i].gop];
+        size_t j = i;
+        for (; j < n && g->gops[f[j].gop].req == o->req; j++)
+            ops[j - i] = dcp_gfrag_op(g, &f[j]);
+        const dcp_greq *q = &r->v[o->req];
+        dcp_plan p = {.entry = q->e, .ops = ops, .nops = j - i, .cap = j - i, .nbytes = q->nbytes,
+                      .zero_fill = 0, .dtype = o->dtype};
+        rc = dcp_plan_execute(ck, &p, q->dest, err);
+        i = j;
+    }
+    if (ops != small)
+        free(ops);
+    return rc;
 }

@@ -302,9 +302,13 @@ void dcp_gplan_free(dcp_gplan *g);
 const dcp_gfrag *dcp_gunit_frags(const dcp_gplan *g, const dcp_gunit *u, int rank, size_t *n);
 int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
                    void *buf, dcp_error *err);
+int dcp_gunit_cache(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
+                    void *scratch, size_t len, dcp_error *err);
 void dcp_gdlv_pack(const dcp_gplan *g, const dcp_gdlv *d, const void *unit, void *out);
 void dcp_gfrag_place(const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
                      const void *buf);
+int dcp_gfrag_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
+                   dcp_error *err);
 uint64_t dcp_gfrag_dest(const dcp_gplan *g, const dcp_gfrag *f);
 dcp_op dcp_gfrag_op(const dcp_gplan *g, const dcp_gfrag *f);
 """

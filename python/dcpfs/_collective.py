@@ -11,14 +11,19 @@ torch.distributed:
 * a rank places its own fragments of the units it reads (a unit that only
   it needs, landing contiguously in one host destination, is read straight
   into it);
-* ranks on the reader's node copy their fragments out of the reader's
-  staging buffer in shared memory (``/dev/shm``): one copy, no message;
+* ranks on the reader's node take their fragments from the node's page
+  cache once the reader has read the unit (``node_sharing="page_cache"``,
+  the default: each byte copied once, straight into its destination, and
+  storage still read once), or copy them out of the reader's staging buffer
+  in shared memory (``"staging"``, ``/dev/shm``: for file systems whose
+  reads bypass the page cache);
 * ranks on other nodes receive the packed bytes they need as one
   point-to-point message (gloo for CPU process groups, NCCL for CUDA ones).
 
-Units go in rounds of at most ``nstaging`` units per reader; shared staging
-is double-buffered, so one barrier per round keeps a reader from refilling a
-buffer its peers still copy from. Errors (an unknown key, a box outside its
+Units go in rounds of at most ``nstaging`` units per reader; a barrier per
+round keeps node peers behind the reader (they take a unit only after it was
+read) and, with staging, keeps a reader from refilling a buffer (double-
+buffered) its peers still copy from. Errors (an unknown key, a box outside its
 tensor, a damaged checkpoint, a failed read) are agreed: every rank raises
 the same :class:`dcpfs.DcpError`, naming the rank where it happened.
 """
@@ -28,6 +33,7 @@ import io
 import mmap
 import os
 import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +49,7 @@ from ._native import ffi, lib
 __all__ = ["load", "LoadStats"]
 
 _STAGING = 16 << 20     # bytes per unit (the plan's largest read), as libdcpload's default
+_SCRATCH = 1 << 20      # a reader's scratch for units its node's ranks take from the page cache
 
 
 @dataclass
@@ -53,7 +60,7 @@ class LoadStats:
     bytes_read: int = 0          #: storage bytes this rank read
     bytes_unique: int = 0        #: unique storage bytes the job needed (same on every rank)
     bytes_loaded: int = 0        #: bytes of this rank's destinations
-    bytes_shared: int = 0        #: bytes this rank copied out of node peers' shared staging
+    bytes_shared: int = 0        #: bytes this rank took from node peers' reads (page cache or shared staging)
     bytes_sent: int = 0          #: bytes sent to ranks on other nodes
     bytes_received: int = 0      #: bytes received from ranks on other nodes
     units: int = 0               #: units (reads) of the global plan
@@ -232,7 +239,7 @@ class _Shm:
 
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
-         plan_ops: int = 1 << 17, io_threads: int = 4,
+         plan_ops: int = 1 << 17, io_threads: int = 4, node_sharing: str = "page_cache",
          catalog: bool = True) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
@@ -243,7 +250,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
     saved with); non-tensor items are replaced by their stored values, as
     ``torch.distributed.checkpoint.load`` does. Every stored byte is read from
     storage once across the job and delivered to the ranks that need it:
-    within a node through shared memory, across nodes by point-to-point
+    within a node through the page cache (or shared memory), across nodes by point-to-point
     messages of the process group's backend (gloo on CPU, NCCL for CUDA).
     The ``.metadata`` is parsed by libdcp: no pickle is executed for it.
 
@@ -257,7 +264,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
         process_group: the group to load over (None: the default group).
         staging_bytes: the largest single read (a unit of the plan).
         nstaging: units per reader in one round.
-        shm_bytes: the most shared staging one rank maps: each reader holds
+        shm_bytes: with ``node_sharing="staging"``, the most shared staging one rank maps: each reader holds
             ``2 * nstaging`` units in shared memory when node peers copy
             from it, and every rank of a node maps every reader's; when
             that would exceed shm_bytes, units are made smaller (down to
@@ -267,6 +274,12 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             about 130 bytes an operation; a column shard of a row-major
             tensor is an operation a row).
         io_threads: threads reading a rank's units of a round at once.
+        node_sharing: how ranks of one node share what a reader read:
+            ``"page_cache"`` (they read it again from the page cache after
+            the reader did, straight into their destinations: no staging
+            memory, one copy) or ``"staging"`` (they copy it out of the
+            reader's buffer in ``/dev/shm``: for file systems whose reads
+            bypass the page cache, such as FUSE with direct I/O).
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
 
@@ -290,11 +303,13 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
     if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0 or plan_ops < 1:
         raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0, "
                          "plan_ops >= 1")
+    if node_sharing not in ("page_cache", "staging"):
+        raise ValueError(f"dcpfs.torch.load: node_sharing must be 'page_cache' or 'staging', not {node_sharing!r}")
 
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops)}
+                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing)}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
@@ -317,7 +332,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, stats, t0)
+                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, node_sharing, stats, t0)
     finally:
         if ck is not None:
             ck.close()
@@ -376,7 +391,7 @@ def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) ->
 
 
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
-         staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, stats: LoadStats,
+         staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, node_sharing, stats: LoadStats,
          t0: float) -> LoadStats:
     err = ffi.new("dcp_error *")
     # 2. Every rank decodes every rank's requests: the same table everywhere.
@@ -427,7 +442,7 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         units = [staging_bytes]   # the unit to plan with: small once a plan had shm deliveries
         for idx in _batches(reqs, plan_ops):
             _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
-                        nstaging, io_threads, staging, stats, t0)
+                        nstaging, io_threads, node_sharing == "staging" and staging, stats, t0)
     finally:
         for sh in shms.values():
             sh.close()
@@ -537,8 +552,10 @@ def _subset(reqs, idx: List[int], world: int):
 def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
                 nstaging, io_threads, staging, stats: LoadStats, t0: float) -> None:
     """Build the global plan of the requests idx and run it. units[0] is the
-    unit size to plan with; set to the small shm unit once a plan turns out to
-    have shm deliveries (later batches likely do too: one build, not two)."""
+    unit size to plan with; with staging (a callable opening it; False when
+    the node shares the page cache) set to the small shm unit once a plan
+    turns out to have shm deliveries (later batches likely do too: one
+    build, not two)."""
     staging_bytes = units[0]
     err = ffi.new("dcp_error *")
     sub, keep = _subset(reqs, idx, world)
@@ -559,7 +576,7 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units,
         # Shared staging is mapped by every rank of a node, so its pages count in
         # every rank's RSS: keep what one rank maps within shm_bytes by cutting the
         # plan into smaller units (every rank computes the same, from the same data).
-        if gp.has_shm and unit < staging_bytes:
+        if staging and gp.has_shm and unit < staging_bytes:
             lib.dcp_gplan_free(gp)
             built = False
             opts.unit_max = staging_bytes = units[0] = unit
@@ -579,9 +596,9 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units,
         stats.bytes_unique += gp.unique_bytes
         stats.seconds_plan = time.perf_counter() - t0 - stats.seconds_transfer   # all but transfers
         t1 = time.perf_counter()
-        shms = staging() if gp.has_shm else {}
-        _execute(torch, dist, group, me, world, ck, sub, gp, dest_of, shms, staging_bytes, nstaging,
-                 io_threads, stats)
+        shms = staging() if staging and gp.has_shm else {}
+        _execute(torch, dist, group, me, world, ck, sub, gp, dest_of, shms, not staging, staging_bytes,
+                 nstaging, io_threads, stats)
         stats.seconds_transfer += time.perf_counter() - t1
     finally:
         if built:
@@ -589,16 +606,19 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units,
         del keep
 
 
-def _is_direct(gp, reqs, u, me) -> Optional[int]:
+def _is_direct(gp, reqs, u, me, page_cache: bool = False) -> Optional[int]:
     """exec.c's direct target: this rank's fragments fill the unit in order
-    and land contiguously, untransformed, in one host destination: the
-    address the unit's first byte goes to, else None."""
-    if u.ndlv:
-        return None
+    and land contiguously, untransformed, in one host destination, and no
+    delivery needs the unit's buffer (with page_cache, node peers take it
+    from the page cache): the address the unit's first byte goes to, else
+    None."""
+    for j in range(u.ndlv):
+        if not page_cache or gp.dlvs[u.dlv0 + j].kind != lib.DCP_GDLV_SHM:
+            return None
     n = ffi.new("size_t *")
     f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
-    if n[0] != u.nfrag or n[0] == 0:
-        return None
+    if n[0] == 0 or (n[0] != u.nfrag and not page_cache):
+        return None     # (fragments of others: theirs; covering the unit is checked below)
     req = gp.gops[f[0].gop].req
     q = reqs.v[req]
     if q.mem != 0 or f[0].img != 0 or q.dest == ffi.NULL:
@@ -689,9 +709,11 @@ class _Placer:
         dst[at:at + span].copy_(tmp)
 
 
-def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging_bytes, nstaging,
-             io_threads, stats: LoadStats) -> None:
-    """Run the global plan: rounds of units in global order."""
+def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_cache, staging_bytes,
+             nstaging, io_threads, stats: LoadStats) -> None:
+    """Run the global plan: rounds of units in global order. Node peers take
+    shm deliveries from the page cache (page_cache) or from shms, the
+    readers' shared staging."""
     placer = _Placer(torch, gp, reqs, dest_of)
     units = gp.units
     nunits = gp.nunits
@@ -720,17 +742,38 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
 
     n = ffi.new("size_t *")
     pool = ThreadPoolExecutor(max(1, io_threads))
+    # node peers' units taken from the page cache: nothing is reused after
+    # them, so they run on their own threads behind the rounds, joined at the end
+    takes = ThreadPoolExecutor(max(1, io_threads // 2)) if page_cache else None
+    taking: List[Any] = []
     failure: List[Any] = []     # this rank's first error; it keeps to the protocol until the round ends
 
+    scratch = threading.local()
+
     def read(job) -> bool:
-        k, addr, _, _, nxt = job
+        k, addr, _, how, nxt = job
         e = ffi.new("dcp_error *")
         nx = ffi.addressof(nxt) if nxt is not None else ffi.NULL
-        if lib.dcp_gunit_read(ck._ptr, gp, ffi.addressof(units[k]), nx, ffi.cast("void *", addr), e) < 0:
-            if not failure:
-                failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
-            return False
-        return True
+        u = ffi.addressof(units[k])
+        if how == "cache":
+            # through a small scratch into the page cache (where the node's
+            # peers take it), then this rank's own fragments from there
+            if getattr(scratch, "buf", None) is None:
+                scratch.buf = ffi.new("unsigned char[]", _SCRATCH)
+            nf = ffi.new("size_t *")
+            f = lib.dcp_gunit_frags(gp, u, me, nf)
+            ok = lib.dcp_gunit_cache(ck._ptr, gp, u, nx, scratch.buf, _SCRATCH, e) == 0 and \
+                (nf[0] == 0 or lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf[0], e) == 0)
+        else:
+            ok = lib.dcp_gunit_read(ck._ptr, gp, u, nx, ffi.cast("void *", addr), e) == 0
+        if not ok and not failure:
+            failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
+        return ok
+
+    def host_only(u, rank: int) -> bool:
+        """rank's fragments of unit u all land in host memory (dcp_gfrag_read can place them)."""
+        f = lib.dcp_gunit_frags(gp, ffi.addressof(u), rank, n)
+        return all(reqs.v[gp.gops[f[i].gop].req].mem == 0 for i in range(n[0]))
 
     # each unit's successor among this rank's reads (advised to the kernel when a read waits)
     next_mine = [-1] * nunits
@@ -752,16 +795,19 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
             if u.reader != me:
                 continue
             nxt = units[next_mine[k]] if next_mine[k] >= 0 else None
-            direct = _is_direct(gp, reqs, u, me)
+            direct = _is_direct(gp, reqs, u, me, page_cache)
             holder = None
+            how = "buffer"
             if direct is not None:
-                addr = direct
+                addr, how = direct, "direct"
             elif me in shms and _has_kind(gp, u, SHM):
                 addr = shms[me].addr + half + slot_of[k] * staging_bytes
+            elif page_cache and _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and host_only(u, me):
+                addr, how = 0, "cache"
             else:
                 holder = np.empty(u.len, dtype=np.uint8)
                 addr = holder.ctypes.data
-            jobs.append((k, addr, holder, direct is not None, nxt))
+            jobs.append((k, addr, holder, how, nxt))
         return jobs, [pool.submit(read, j) for j in jobs]
 
     def any_failed() -> bool:
@@ -786,11 +832,11 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
                     recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
             jobs, futures = pending
             sends = []
-            for (k, addr, holder, direct, _), fut in zip(jobs, futures):
+            for (k, addr, holder, how, _), fut in zip(jobs, futures):
                 ok = fut.result()
                 u = units[k]
                 stats.bytes_read += u.len if ok else 0
-                if ok and not direct:
+                if ok and how not in ("direct", "cache"):
                     f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
                     placer.place(f, n[0], addr)
                 for j in range(u.ndlv):     # sent even after a failed read: the peer must not hang
@@ -823,16 +869,24 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
             # from before it reached this round's end.
             if ri + 1 < len(rounds):
                 pending = start_reads(ri + 1)
-            for k in range(a, b):      # copies out of node peers' shared staging
+            for k in range(a, b):      # node peers' units: from the page cache or shared staging
                 u = units[k]
                 dl = _delivery(gp, u, SHM, me) if u.reader != me else None
-                if dl is None:
+                if dl is None or failure:
                     continue
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
-                placer.place(f, n[0], shms[u.reader].addr + half + slot_of[k] * staging_bytes)
+                if not page_cache:
+                    placer.place(f, n[0], shms[u.reader].addr + half + slot_of[k] * staging_bytes)
+                else:
+                    taking.append(takes.submit(_page_cache_take, ck, gp, reqs, units, k, f, n[0], me, placer,
+                                               failure))
                 stats.bytes_shared += dl.bytes
+        for t in taking:
+            t.result()
     finally:
         pool.shutdown()
+        if takes is not None:
+            takes.shutdown()
     if world > 1:
         verdict = _agree(dist, group, me, world, {"error": failure[0] if failure else None})
         _raise_first(verdict, world)
@@ -840,6 +894,25 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, staging
         raise DcpError(*failure[0])
     if placer.any_cuda and torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure) -> bool:
+    """Take this rank's fragments of a node peer's unit k from the page cache
+    (the reader read it in an earlier round's end): straight into host
+    destinations, else (CUDA) the unit read into a host buffer and placed.
+    A failure is recorded for the next agreement; False then."""
+    e = ffi.new("dcp_error *")
+    if all(reqs.v[gp.gops[f[i].gop].req].mem == 0 for i in range(nf)):
+        ok = lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf, e) == 0
+    else:
+        buf = np.empty(units[k].len, dtype=np.uint8)
+        ok = lib.dcp_gunit_read(ck._ptr, gp, ffi.addressof(units[k]), ffi.NULL,
+                                ffi.cast("void *", buf.ctypes.data), e) == 0
+        if ok:
+            placer.place(f, nf, buf.ctypes.data)
+    if not ok and not failure:
+        failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
+    return ok
 
 
 def _delivery(gp, u, kind: int, peer: Optional[int] = None):

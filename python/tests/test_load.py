@@ -90,7 +90,7 @@ def test_dtensor_2d_uneven(tmp_path):
 
 # -- read once, delivered: replicate on 4 ranks ---------------------------------
 
-def _replicate(rank: int, world: int, path: str):
+def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache"):
     want = {k: v for k, v in tr._full_values().items()}
     sd = {k: torch.zeros_like(v) for k, v in want.items()}
     sd["meta"] = {"step": -1}
@@ -99,7 +99,7 @@ def _replicate(rank: int, world: int, path: str):
     big = torch.zeros(want["b"].shape[::-1], dtype=torch.int32)
     sd["b"] = big.permute(2, 1, 0)
     # tiny units and batches: many rounds, deliveries, and a plan per key
-    st = dcpfs.torch.load(sd, path, staging_bytes=256, plan_ops=1)
+    st = dcpfs.torch.load(sd, path, staging_bytes=256, plan_ops=1, node_sharing=node_sharing)
     tr._same(sd["a"], want["a"].double(), "a (cast to float64)")
     tr._same(sd["b"].contiguous(), want["b"], "b (non-contiguous destination)")
     tr._same(sd["c"], want["c"], "c")
@@ -107,40 +107,42 @@ def _replicate(rank: int, world: int, path: str):
     return st
 
 
-def test_replicate_read_once(tmp_path):
+@pytest.mark.parametrize("node_sharing", ["page_cache", "staging"])
+def test_replicate_read_once(tmp_path, node_sharing):
     path = str(tmp_path / "plain")
     sd = dict(tr._full_values())
     sd["meta"] = {"step": 42}
     dcp.save(sd, checkpoint_id=path, no_dist=True)
-    st = distrun.run(4, _replicate, path)
+    st = distrun.run(4, _replicate, path, node_sharing)
     total = _stats_sum(st)
     assert total["bytes_read"] == st[0].bytes_unique, (total, st[0])
     assert all(s.bytes_loaded >= st[0].bytes_unique for s in st)    # every rank holds every byte
-    assert sum(s.bytes_shared for s in st) > 0                     # node peers copied from shared staging
+    assert sum(s.bytes_shared for s in st) > 0                     # node peers took the readers' bytes
     assert st[0].units > 4 and st[0].rounds > 1
 
 
 # -- several nodes on one host: point-to-point deliveries, and CUDA placement --------
 
-def _nodes(rank: int, world: int, path: str, fake_cuda: bool):
+def _nodes(rank: int, world: int, path: str, fake_cuda: bool, node_sharing: str):
     os.environ["DCPFS_NODE"] = str(rank // 2)          # ranks 0,1 | 2,3: two "nodes"
     if fake_cuda:
         os.environ["DCPFS_TEST_FAKE_CUDA"] = "1"         # torch copies, as for CUDA tensors
-    st = _replicate(rank, world, path)
+    st = _replicate(rank, world, path, node_sharing)
     return st
 
 
+@pytest.mark.parametrize("node_sharing", ["page_cache", "staging"])
 @pytest.mark.parametrize("fake_cuda", [False, True], ids=["host", "cuda-placement"])
-def test_two_nodes(tmp_path, fake_cuda):
+def test_two_nodes(tmp_path, fake_cuda, node_sharing):
     path = str(tmp_path / "plain")
     sd = dict(tr._full_values())
     sd["meta"] = {"step": 42}
     dcp.save(sd, checkpoint_id=path, no_dist=True)
-    st = distrun.run(4, _nodes, path, fake_cuda)
+    st = distrun.run(4, _nodes, path, fake_cuda, node_sharing)
     total = _stats_sum(st)
     assert total["bytes_read"] == st[0].bytes_unique
     assert total["bytes_sent"] == total["bytes_received"] > 0       # messages crossed "nodes"
-    assert sum(s.bytes_shared for s in st) > 0                       # and shared staging within one
+    assert sum(s.bytes_shared for s in st) > 0                       # and node peers within one
 
 
 # -- the 1.13 fixtures -----------------------------------------------------------

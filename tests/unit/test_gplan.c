@@ -489,6 +489,7 @@ static void check_plan(const dcp_gplan *g, const dcp_greqs *r, uint64_t unit_max
 /* ------------------------------------------------------------ execution */
 
 static int seen_kind[4];
+static int seen_read;   /* shm deliveries taken with dcp_gfrag_read */
 
 /* The delivery of unit u reaching rank, or NULL. */
 static const dcp_gdlv *delivery_of(const dcp_gplan *g, const dcp_gunit *u, int rank)
@@ -543,7 +544,14 @@ static void execute_and_compare(dcp_checkpoint *ck, dcp_greqs *r, const dcp_gpla
                 continue;
             nrank++;
             if (rk == u->reader) {
-                dcp_gfrag_place(g, r, f, n, buf);
+                if (i & 1) {    /* through a small scratch, then from the page cache */
+                    unsigned char scratch[3000];
+                    ck_assert_msg(dcp_gunit_cache(ck, g, u, next, scratch, sizeof scratch, &err) == 0, "%s",
+                                  err.msg);
+                    ck_assert_msg(dcp_gfrag_read(ck, g, r, f, n, &err) == 0, "%s", err.msg);
+                } else {
+                    dcp_gfrag_place(g, r, f, n, buf);
+                }
                 continue;
             }
             const dcp_gdlv *d = delivery_of(g, u, rk);
@@ -552,7 +560,11 @@ static void execute_and_compare(dcp_checkpoint *ck, dcp_greqs *r, const dcp_gpla
             if (d->kind == DCP_GDLV_SHM) {
                 ck_assert_ptr_nonnull(node);
                 ck_assert_int_eq(node[rk], node[u->reader]);
-                dcp_gfrag_place(g, r, f, n, buf);   /* out of the reader's buffer */
+                if (i & 1)      /* from the page cache, as dcpfs.torch.load does by default */
+                    ck_assert_msg(dcp_gfrag_read(ck, g, r, f, n, &err) == 0, "%s", err.msg);
+                else            /* out of the reader's buffer */
+                    dcp_gfrag_place(g, r, f, n, buf);
+                seen_read += i & 1;
                 continue;
             }
             unsigned char *img = malloc(d->bytes + 1);
@@ -640,6 +652,7 @@ static void plans_for(const char *fixture, void (*regions)(dcp_checkpoint *, int
 START_TEST(plans_agree_cover_and_execute)
 {
     memset(seen_kind, 0, sizeof seen_kind);
+    seen_read = 0;
     plans_for("02_rowwise_4ranks", regions_02);
     plans_for("05_mixed_2ranks", regions_any);
     plans_for("03_colwise_4ranks", regions_any);
@@ -647,6 +660,7 @@ START_TEST(plans_agree_cover_and_execute)
     ck_assert_int_gt(seen_kind[DCP_GDLV_P2P], 0);
     ck_assert_int_gt(seen_kind[DCP_GDLV_BCAST], 0);
     ck_assert_int_gt(seen_kind[DCP_GDLV_SHM], 0);
+    ck_assert_int_gt(seen_read, 0);
 }
 END_TEST
 
