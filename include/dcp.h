@@ -279,6 +279,14 @@ int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e,
 
 /* ---------------------------------------------------------------- reader */
 
+/* Reads of at least 2 MiB (plan execution, dcp_op_fetch, dcp_op_fetch_cached)
+ * go in pieces of at least 1 MiB on up to this many threads at once, so that
+ * one process keeps a device busy and copies out of the page cache on
+ * several cores. Process-wide. dcp_read_threads(n) sets it (n >= 1, at most
+ * 64) and returns the previous value; dcp_read_threads(0) only returns it.
+ * Default: $DCP_READ_THREADS, else 8. 1 reads on the calling thread only. */
+unsigned dcp_read_threads(unsigned n);
+
 /* Execute a plan made by dcp_plan_* into dest (plan->nbytes bytes): ops in
  * file and offset order, pread/preadv straight into dest where possible,
  * otherwise through a per-thread buffer of at most 4 MiB. Errors name the

@@ -14,6 +14,7 @@ libdcp_la_SOURCES = \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
 	src/planner.c \
+	src/files.c src/files.h \
 	src/reader.c \
 	src/gplan.c
 libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread

@@ -1,269 +1,17 @@
-/* The reader: data-file descriptors and the execution of read plans.
- *
- * File descriptors. A checkpoint can have thousands of data files (one per
- * rank and thread, or one per key), more than the usual RLIMIT_NOFILE of
- * 1024, so fds are a bounded cache rather than "open everything". Each file
- * has a use count (reads in flight); a cached fd is closed only when its
- * count is zero, so no thread ever reads from a closed or reused fd. The
- * cache keeps at most half of RLIMIT_NOFILE open (the rest is the
- * front-end's), and if open(2) still fails with EMFILE/ENFILE the idle older
- * half is closed and the open retried. An fd handed out by dcp_file_fd or
- * dcpi_ck_fd is pinned: it has no release call, so it stays open until
- * dcp_close. All of this is guarded by ck->lock; only the opens happen under
- * it, the reads do not.
- *
- * Paths come from metadata and were checked lexically when the model was
- * built (relative, no ".."); symlinks inside the folder are followed because
- * the Hugging Face cache layout is made of them. Files are opened O_NONBLOCK
- * and must be regular files, so a FIFO planted in a folder cannot hang us.
- */
+/* The reader: the execution of read plans (dcp_plan_execute): ops sorted
+ * by file and offset, adjacent direct ops in one vectored read straight
+ * into the region buffer, strided and transformed ones through a bounce
+ * buffer and placed (dcp_op_place). Reading the files is files.c's. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "internal.h"
-
-/* ------------------------------------------------------------ fd cache */
-
-struct dcpi_fdtab {
-    uint32_t *users;      /* reads in flight per file: the fd stays open while > 0 */
-    uint64_t *last_use;   /* clock of the last acquire, to close the oldest first */
-    uint8_t *pinned;      /* handed out to a caller with no release: open until dcp_close */
-    size_t nopen;         /* fds open now, pinned included */
-    size_t cap;           /* soft bound on nopen */
-    uint64_t clock;
-};
-
-/* Under ck->lock. The table lives in the arena, so dcp_close frees it. */
-static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
-{
-    if (ck->fdtab)
-        return ck->fdtab;
-    size_t n = ck->nfiles ? ck->nfiles : 1;
-    struct dcpi_fdtab *t = dcpi_arena_alloc(&ck->arena, sizeof *t);
-    if (!t || n > SIZE_MAX / sizeof(uint64_t))
-        return NULL;
-    t->users = dcpi_arena_alloc(&ck->arena, n * sizeof *t->users);
-    t->last_use = dcpi_arena_alloc(&ck->arena, n * sizeof *t->last_use);
-    t->pinned = dcpi_arena_alloc(&ck->arena, n);
-    if (!t->users || !t->last_use || !t->pinned)
-        return NULL;
-    struct rlimit rl;
-    t->cap = 512;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        t->cap = rl.rlim_cur / 2;
-    if (t->cap < 16)
-        t->cap = 16;
-    ck->fdtab = t;
-    return t;
-}
-
-/* Under ck->lock: close the idle (unused, unpinned) fds that are at least as
- * old as the average idle one, i.e. roughly the older half. Returns how many
- * were closed. O(nfiles), and only runs when the cache is full. */
-static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_fdtab *t)
-{
-    uint64_t sum = 0, n = 0;
-    for (size_t i = 0; i < ck->nfiles; i++)
-        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0) {
-            sum += t->last_use[i] / 1024;   /* scaled so the sum cannot overflow */
-            n++;
-        }
-    if (!n)
-        return 0;
-    uint64_t avg = sum / n;
-    size_t closed = 0;
-    for (size_t i = 0; i < ck->nfiles; i++)
-        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0 && t->last_use[i] / 1024 <= avg) {
-            close(ck->fds[i]);
-            ck->fds[i] = -1;
-            closed++;
-        }
-    t->nopen -= closed;
-    return closed;
-}
-
-/* Under ck->lock: open data file `file` into ck->fds and record its size. */
-static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, const char *key,
-                     dcp_error *err)
-{
-    const char *rel = ck->files[file];
-    const char *k = key ? key : "";
-    const char *sep = key ? ": " : "";
-    if (t->nopen >= t->cap)
-        evict_idle(ck, t);
-    int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && evict_idle(ck, t) > 0)
-        fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOENT)
-            return dcpi_err(err, ENOENT, "%s/%s: %s%sthe data file is missing", ck->path, rel, k, sep);
-        if (e == EMFILE || e == ENFILE)
-            return dcpi_err(err, e, "%s/%s: %s%scannot open the data file: %s (all cached files are in use; raise RLIMIT_NOFILE with ulimit -n)",
-                           ck->path, rel, k, sep, strerror(e));
-        return dcpi_err(err, e, "%s/%s: %s%scannot open the data file: %s", ck->path, rel, k, sep,
-                       strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return dcpi_err(err, e, "%s/%s: %s%scannot stat the data file: %s", ck->path, rel, k, sep,
-                       strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is not a regular file", ck->path, rel,
-                       k, sep);
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0)
-        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    ck->fds[file] = fd;
-    if (ck->file_sizes[file] < 0)
-        ck->file_sizes[file] = (int64_t)st.st_size;   /* the checkpoint is immutable */
-    t->nopen++;
-    return 0;
-}
-
-/* Take a use of file's fd (opening it if needed). With pin, it is never
- * closed before dcp_close and needs no release. */
-static int fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin, int *fd,
-                      uint64_t *size, dcp_error *err)
-{
-    if (file >= ck->nfiles)
-        return dcpi_err(err, EINVAL, "%s: %s%sdata file index %" PRIu32 " out of range (%zu files)",
-                       ck->path, key ? key : "", key ? ": " : "", file, ck->nfiles);
-    pthread_mutex_lock(&ck->lock);
-    struct dcpi_fdtab *t = fdtab(ck);
-    if (!t) {
-        pthread_mutex_unlock(&ck->lock);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
-    }
-    if (ck->fds[file] < 0 && open_file(ck, t, file, key, err) < 0) {
-        pthread_mutex_unlock(&ck->lock);
-        return -1;
-    }
-    if (pin)
-        t->pinned[file] = 1;
-    else
-        t->users[file]++;
-    t->last_use[file] = ++t->clock;
-    *fd = ck->fds[file];
-    if (size)
-        *size = (uint64_t)ck->file_sizes[file];
-    pthread_mutex_unlock(&ck->lock);
-    return 0;
-}
-
-static void fd_release(dcp_checkpoint *ck, uint32_t file)
-{
-    pthread_mutex_lock(&ck->lock);
-    ck->fdtab->users[file]--;
-    pthread_mutex_unlock(&ck->lock);
-}
-
-int dcpi_ck_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
-{
-    return fd_acquire(ck, file, NULL, 1, fd, NULL, err);
-}
-
-int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
-{
-    return fd_acquire(ck, file, NULL, 1, fd, NULL, err);
-}
-
-int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err)
-{
-    if (file < ck->nfiles) {
-        pthread_mutex_lock(&ck->lock);
-        int64_t s = ck->file_sizes[file];
-        pthread_mutex_unlock(&ck->lock);
-        if (s >= 0) {
-            *size = (uint64_t)s;
-            return 0;
-        }
-    }
-    int fd;
-    if (fd_acquire(ck, file, NULL, 0, &fd, size, err) < 0)
-        return -1;
-    fd_release(ck, file);
-    return 0;
-}
-
-/* ------------------------------------------------------------ preads */
-
-/* Read until len bytes or end of file; *got says how many arrived. */
-static int pread_loop(int fd, void *buf, size_t len, uint64_t off, size_t *got)
-{
-    size_t done = 0;
-    while (done < len) {
-        size_t want = len - done;
-        if (want > ((size_t)1 << 30))
-            want = (size_t)1 << 30;   /* Linux moves at most ~2 GiB per call */
-        ssize_t n = pread(fd, (char *)buf + done, want, (off_t)(off + done));
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            *got = done;
-            return errno;
-        }
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    *got = done;
-    return 0;
-}
-
-/* The message for a failed or short read of [off, off+want). */
-static int read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want,
-                      uint64_t fsize, int e, dcp_error *err)
-{
-    if (e)
-        return dcpi_err(err, e, "%s/%s: %s: read error at offset %" PRIu64 ": %s", ck->path,
-                       ck->files[file], key, off, strerror(e));
-    return dcpi_err(err, EIO, "%s/%s: %s: short read at offset %" PRIu64 " (wanted %" PRIu64
-                   " bytes, file is %" PRIu64 " bytes)", ck->path, ck->files[file], key, off, want, fsize);
-}
-
-static int check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,
-                       dcp_error *err)
-{
-    uint64_t end;
-    if (!dcpi_add_u64(off, len, &end) || end > (uint64_t)INT64_MAX)
-        return dcpi_err(err, EOVERFLOW, "%s/%s: %s: read of %" PRIu64 " bytes at offset %" PRIu64
-                       " is beyond any file size", ck->path, ck->files[file], key, len, off);
-    return 0;
-}
-
-int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, uint64_t off,
-                   const char *key, dcp_error *err)
-{
-    if (!key)
-        key = "";
-    int fd;
-    uint64_t fsize;
-    if (fd_acquire(ck, file, key, 0, &fd, &fsize, err) < 0)
-        return -1;
-    if (check_range(ck, file, key, off, len, err) < 0) {
-        fd_release(ck, file);
-        return -1;
-    }
-    size_t got;
-    int e = pread_loop(fd, buf, len, off, &got);
-    fd_release(ck, file);
-    if (e || got < len)
-        return read_error(ck, file, key, off, len, fsize, e, err);
-    return 0;
-}
 
 /* ------------------------------------------------------------ placing */
 
@@ -380,55 +128,6 @@ void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dty
         fix_elems(d, n, stride, esz, op->flags, dtype);
 }
 
-/* ------------------------------------------------------------ fetching */
-
-static const char *op_key(const dcp_entry *e) { return e && e->key ? e->key : ""; }
-
-int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err)
-{
-    if (op->length > SIZE_MAX)
-        return dcpi_err(err, EOVERFLOW, "%s: %s: read of %" PRIu64 " bytes is too large", ck->path,
-                       op_key(e), op->length);
-    if (op->flags & DCP_OP_DECODED)
-        return dcpi_blob_read(ck, &op->blob, buf, (size_t)op->length, op->src_offset, op_key(e), err);
-    return dcpi_pread_full(ck, op->file, buf, (size_t)op->length, op->src_offset, op_key(e), err);
-}
-
-uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
-{
-    int fd;
-    uint64_t fsize;
-    dcp_error e;
-    if (op->flags & DCP_OP_DECODED || op->length > SIZE_MAX ||
-        fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
-        return 0;
-    uint64_t done = 0;
-    if (check_range(ck, op->file, "", op->src_offset, op->length, &e) == 0) {
-        while (done < op->length) {
-            uint64_t want = op->length - done;
-            struct iovec v = {(char *)buf + done, want > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)want};
-            ssize_t n = preadv2(fd, &v, 1, (off_t)(op->src_offset + done), RWF_NOWAIT);
-            if (n <= 0)   /* EAGAIN: not cached; EOPNOTSUPP, EINVAL: cannot tell; 0: end of file */
-                break;
-            done += (uint64_t)n;
-        }
-    }
-    fd_release(ck, op->file);
-    return done;
-}
-
-void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op)
-{
-    int fd;
-    uint64_t fsize;
-    dcp_error e;
-    if (op->flags & DCP_OP_DECODED || op->src_offset > (uint64_t)INT64_MAX ||
-        op->length > (uint64_t)INT64_MAX || fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
-        return;
-    (void)posix_fadvise(fd, (off_t)op->src_offset, (off_t)op->length, POSIX_FADV_WILLNEED);
-    fd_release(ck, op->file);
-}
-
 /* ------------------------------------------------------------ executing */
 
 /* The bounce buffer for strided and flagged ops: one per thread, grown up to
@@ -527,7 +226,8 @@ static int need_bounce(struct exec *x)
     return 0;
 }
 
-/* Direct ops ord[0..n), adjacent in the file, read by preadv into dest. */
+/* Direct ops ord[0..n), adjacent in the file, read straight into dest (in
+ * pieces on several threads when large: dcpi_preadv_exact). */
 #define IOV_BATCH 512
 
 static int read_direct(struct exec *x, int fd, uint64_t fsize, const dcp_op *const *ord, size_t n)
@@ -539,41 +239,17 @@ static int read_direct(struct exec *x, int fd, uint64_t fsize, const dcp_op *con
         iov[k].iov_len = (size_t)ord[k]->length;
         total += ord[k]->length;
     }
-    if (check_range(x->ck, ord[0]->file, x->key, off, total, x->err) < 0)
+    if (dcpi_check_range(x->ck, ord[0]->file, x->key, off, total, x->err) < 0)
         return -1;
-    struct iovec *v = iov;
-    int cnt = (int)n;
-    uint64_t done = 0;
-    int e = 0;
-    while (done < total) {
-        ssize_t r = cnt == 1 ? pread(fd, v->iov_base, v->iov_len, (off_t)(off + done))
-                             : preadv(fd, v, cnt, (off_t)(off + done));
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            e = errno;
-            break;
-        }
-        if (r == 0)
-            break;
-        done += (uint64_t)r;
-        size_t left = (size_t)r;
-        while (cnt && left >= v->iov_len) {
-            left -= v->iov_len;
-            v++, cnt--;
-        }
-        if (cnt) {
-            v->iov_base = (char *)v->iov_base + left;
-            v->iov_len -= left;
-        }
-    }
+    size_t done = 0;
+    int e = dcpi_preadv_exact(fd, iov, (int)n, off, 0, &done);
     if (done == total)
         return 0;
     /* name the op the read stopped in */
     size_t k = 0;
     for (uint64_t acc = 0; k + 1 < n && acc + ord[k]->length <= done; k++)
         acc += ord[k]->length;
-    return read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
+    return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
 }
 
 /* How many of ord[0..n) (adjacent in the bounce buffer) are the columns of
@@ -631,15 +307,15 @@ static int read_bounced(struct exec *x, int fd, uint64_t fsize, const dcp_op *co
     uint64_t off = ord[0]->src_offset, total = 0;
     for (size_t k = 0; k < n; k++)
         total += ord[k]->length;
-    if (check_range(x->ck, ord[0]->file, x->key, off, total, x->err) < 0)
+    if (dcpi_check_range(x->ck, ord[0]->file, x->key, off, total, x->err) < 0)
         return -1;
     size_t got;
-    int e = pread_loop(fd, x->bounce, (size_t)total, off, &got);
+    int e = dcpi_pread_exact(fd, x->bounce, (size_t)total, off, &got);
     if (e || got < total) {
         size_t k = 0;
         for (uint64_t acc = 0; k + 1 < n && acc + ord[k]->length <= got; k++)
             acc += ord[k]->length;
-        return read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
+        return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
     }
     size_t pos = 0;
     for (size_t k = 0; k < n;) {
@@ -686,7 +362,7 @@ static int run_file(struct exec *x, const dcp_op *const *ord, size_t n)
     uint32_t file = ord[0]->file;
     int fd;
     uint64_t fsize;
-    if (fd_acquire(x->ck, file, x->key, 0, &fd, &fsize, x->err) < 0)
+    if (dcpi_fd_acquire(x->ck, file, x->key, 0, &fd, &fsize, x->err) < 0)
         return -1;
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0;) {
@@ -711,7 +387,7 @@ static int run_file(struct exec *x, const dcp_op *const *ord, size_t n)
         }
         i = j;
     }
-    fd_release(x->ck, file);
+    dcpi_fd_release(x->ck, file);
     return rc;
 }
 

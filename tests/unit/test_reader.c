@@ -2,7 +2,7 @@
  * files and missing files with their messages, preadv batches and bounce
  * pieces, the fd cache under a low RLIMIT_NOFILE, 8 threads executing
  * plans on one checkpoint at once, and the cached read and prefetch advice
- * of the loader. */
+ * of the loader, reads in pieces on several threads. */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "planner_ck.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -534,6 +535,70 @@ START_TEST(test_cached_and_prefetch)
 }
 END_TEST
 
+/* Reads in pieces on several threads: any vector, any thread count, the
+ * prefix up to end of file, errors that name the file. */
+START_TEST(test_parallel_pieces)
+{
+    const size_t size = ((size_t)9 << 20) + 12345;
+    unsigned char *data = malloc(size), *buf = malloc(size + 4096);
+    uint64_t s = 11;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_finish(ck);
+    int fd;
+    dcp_error err;
+    ck_assert_msg(dcpi_ck_fd(ck, 0, &fd, &err) == 0, "%s", err.msg);
+    unsigned old = dcp_read_threads(0);
+    ck_assert_uint_ge(old, 1);
+    static const unsigned threads[] = {1, 2, 3, 8, 64, 1000};
+    for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        dcp_read_threads(threads[ti]);
+        ck_assert_uint_eq(dcp_read_threads(0), threads[ti] > 64 ? 64 : threads[ti]);
+        /* seven vectors of odd sizes from an odd offset */
+        static const size_t lens[] = {1, 4095, (size_t)3 << 20, 7, (size_t)1 << 20, 999999, 3};
+        struct iovec v[7];
+        size_t total = 0, off = 333;
+        memset(buf, 0, size);
+        for (int i = 0; i < 7; i++) {
+            v[i].iov_base = buf + total;
+            v[i].iov_len = lens[i];
+            total += lens[i];
+        }
+        size_t got = 0;
+        ck_assert_int_eq(dcpi_preadv_exact(fd, v, 7, off, 0, &got), 0);
+        ck_assert_uint_eq(got, total);
+        ck_assert_int_eq(memcmp(buf, data + off, total), 0);
+        ck_assert_ptr_eq(v[2].iov_base, buf + 4096);   /* the vector is not modified */
+        /* past the end: the prefix that exists */
+        memset(buf, 0, size);
+        ck_assert_int_eq(dcpi_pread_exact(fd, buf, size + 4096 - 100, 100, &got), 0);
+        ck_assert_uint_eq(got, size - 100);
+        ck_assert_int_eq(memcmp(buf, data + 100, size - 100), 0);
+        ck_assert_int_eq(dcpi_pread_full(ck, 0, buf, size, 1, "k", &err), -1);
+        ck_assert_int_eq(err.code, EIO);
+        ck_assert_ptr_nonnull(strstr(err.msg, "__0_0.distcp: k: short read at offset 1"));
+        /* the whole file through dcp_op_fetch and the cached read */
+        dcp_op op = {0};
+        op.length = size;
+        op.elem_size = op.dest_stride = 1;
+        memset(buf, 0, size);
+        ck_assert_msg(dcp_op_fetch(ck, NULL, &op, buf, &err) == 0, "%s", err.msg);
+        ck_assert_int_eq(memcmp(buf, data, size), 0);
+        memset(buf, 0, size);
+        uint64_t c = dcp_op_fetch_cached(ck, &op, buf);
+        ck_assert_uint_le(c, size);
+        ck_assert_int_eq(memcmp(buf, data, (size_t)c), 0);
+    }
+    ck_assert_int_eq(dcpi_pread_exact(-1, buf, (size_t)8 << 20, 0, &(size_t){0}), EBADF);
+    dcp_read_threads(old);
+    tck_free(ck);
+    free(data);
+    free(buf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("reader");
@@ -545,6 +610,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_threads);
     tcase_add_test(t, test_fd_cache);
     tcase_add_test(t, test_cached_and_prefetch);
+    tcase_add_test(t, test_parallel_pieces);
     suite_add_tcase(s, t);
     return s;
 }

@@ -1,0 +1,463 @@
+/* Reading data files: the fd cache, exact reads with many requests in
+ * flight, and fetching an op's source bytes. Plan execution (reader.c), the
+ * blob decoder, the FUSE daemon and the loaders all read through here.
+ *
+ * File descriptors. A checkpoint can have thousands of data files (one per
+ * rank and thread, or one per key), more than the usual RLIMIT_NOFILE of
+ * 1024, so fds are a bounded cache rather than "open everything". Each file
+ * has a use count (reads in flight); a cached fd is closed only when its
+ * count is zero, so no thread ever reads from a closed or reused fd. The
+ * cache keeps at most half of RLIMIT_NOFILE open (the rest is the
+ * front-end's), and if open(2) still fails with EMFILE/ENFILE the idle older
+ * half is closed and the open retried. An fd handed out by dcp_file_fd or
+ * dcpi_ck_fd is pinned: it has no release call, so it stays open until
+ * dcp_close. All of this is guarded by ck->lock; only the opens happen under
+ * it, the reads do not.
+ *
+ * Paths come from metadata and were checked lexically when the model was
+ * built (relative, no ".."); symlinks inside the folder are followed because
+ * the Hugging Face cache layout is made of them. Files are opened O_NONBLOCK
+ * and must be regular files, so a FIFO planted in a folder cannot hang us.
+ *
+ * Parallel reads. One thread with one request in flight leaves a device (or
+ * a network file system) idle between requests and, from the page cache,
+ * moves bytes at one core's copy rate. A read of at least 2 pieces is cut
+ * into up to dcp_read_threads() pieces of at least PIECE_MIN bytes, read at
+ * once by short-lived threads (the caller reads the first): a thread costs
+ * tens of microseconds, a piece milliseconds. Process-wide, because the
+ * device is.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "files.h"
+#include "internal.h"
+
+/* ------------------------------------------------------------ fd cache */
+
+struct dcpi_fdtab {
+    uint32_t *users;      /* reads in flight per file: the fd stays open while > 0 */
+    uint64_t *last_use;   /* clock of the last acquire, to close the oldest first */
+    uint8_t *pinned;      /* handed out to a caller with no release: open until dcp_close */
+    size_t nopen;         /* fds open now, pinned included */
+    size_t cap;           /* soft bound on nopen */
+    uint64_t clock;
+};
+
+/* Under ck->lock. The table lives in the arena, so dcp_close frees it. */
+static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
+{
+    if (ck->fdtab)
+        return ck->fdtab;
+    size_t n = ck->nfiles ? ck->nfiles : 1;
+    struct dcpi_fdtab *t = dcpi_arena_alloc(&ck->arena, sizeof *t);
+    if (!t || n > SIZE_MAX / sizeof(uint64_t))
+        return NULL;
+    t->users = dcpi_arena_alloc(&ck->arena, n * sizeof *t->users);
+    t->last_use = dcpi_arena_alloc(&ck->arena, n * sizeof *t->last_use);
+    t->pinned = dcpi_arena_alloc(&ck->arena, n);
+    if (!t->users || !t->last_use || !t->pinned)
+        return NULL;
+    struct rlimit rl;
+    t->cap = 512;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        t->cap = rl.rlim_cur / 2;
+    if (t->cap < 16)
+        t->cap = 16;
+    ck->fdtab = t;
+    return t;
+}
+
+/* Under ck->lock: close the idle (unused, unpinned) fds that are at least as
+ * old as the average idle one, i.e. roughly the older half. Returns how many
+ * were closed. O(nfiles), and only runs when the cache is full. */
+static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_fdtab *t)
+{
+    uint64_t sum = 0, n = 0;
+    for (size_t i = 0; i < ck->nfiles; i++)
+        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0) {
+            sum += t->last_use[i] / 1024;   /* scaled so the sum cannot overflow */
+            n++;
+        }
+    if (!n)
+        return 0;
+    uint64_t avg = sum / n;
+    size_t closed = 0;
+    for (size_t i = 0; i < ck->nfiles; i++)
+        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0 && t->last_use[i] / 1024 <= avg) {
+            close(ck->fds[i]);
+            ck->fds[i] = -1;
+            closed++;
+        }
+    t->nopen -= closed;
+    return closed;
+}
+
+/* Under ck->lock: open data file `file` into ck->fds and record its size. */
+static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, const char *key,
+                     dcp_error *err)
+{
+    const char *rel = ck->files[file];
+    const char *k = key ? key : "";
+    const char *sep = key ? ": " : "";
+    if (t->nopen >= t->cap)
+        evict_idle(ck, t);
+    int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) && evict_idle(ck, t) > 0)
+        fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return dcpi_err(err, ENOENT, "%s/%s: %s%sthe data file is missing", ck->path, rel, k, sep);
+        if (e == EMFILE || e == ENFILE)
+            return dcpi_err(err, e, "%s/%s: %s%scannot open the data file: %s (all cached files are in use; raise RLIMIT_NOFILE with ulimit -n)",
+                           ck->path, rel, k, sep, strerror(e));
+        return dcpi_err(err, e, "%s/%s: %s%scannot open the data file: %s", ck->path, rel, k, sep,
+                       strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return dcpi_err(err, e, "%s/%s: %s%scannot stat the data file: %s", ck->path, rel, k, sep,
+                       strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is not a regular file", ck->path, rel,
+                       k, sep);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    ck->fds[file] = fd;
+    if (ck->file_sizes[file] < 0)
+        ck->file_sizes[file] = (int64_t)st.st_size;   /* the checkpoint is immutable */
+    t->nopen++;
+    return 0;
+}
+
+/* Take a use of file's fd (opening it if needed). With pin, it is never
+ * closed before dcp_close and needs no release. */
+int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin, int *fd,
+                     uint64_t *size, dcp_error *err)
+{
+    if (file >= ck->nfiles)
+        return dcpi_err(err, EINVAL, "%s: %s%sdata file index %" PRIu32 " out of range (%zu files)",
+                       ck->path, key ? key : "", key ? ": " : "", file, ck->nfiles);
+    pthread_mutex_lock(&ck->lock);
+    struct dcpi_fdtab *t = fdtab(ck);
+    if (!t) {
+        pthread_mutex_unlock(&ck->lock);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    }
+    if (ck->fds[file] < 0 && open_file(ck, t, file, key, err) < 0) {
+        pthread_mutex_unlock(&ck->lock);
+        return -1;
+    }
+    if (pin)
+        t->pinned[file] = 1;
+    else
+        t->users[file]++;
+    t->last_use[file] = ++t->clock;
+    *fd = ck->fds[file];
+    if (size)
+        *size = (uint64_t)ck->file_sizes[file];
+    pthread_mutex_unlock(&ck->lock);
+    return 0;
+}
+
+void dcpi_fd_release(dcp_checkpoint *ck, uint32_t file)
+{
+    pthread_mutex_lock(&ck->lock);
+    ck->fdtab->users[file]--;
+    pthread_mutex_unlock(&ck->lock);
+}
+
+int dcpi_ck_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
+{
+    return dcpi_fd_acquire(ck, file, NULL, 1, fd, NULL, err);
+}
+
+int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
+{
+    return dcpi_fd_acquire(ck, file, NULL, 1, fd, NULL, err);
+}
+
+int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err)
+{
+    if (file < ck->nfiles) {
+        pthread_mutex_lock(&ck->lock);
+        int64_t s = ck->file_sizes[file];
+        pthread_mutex_unlock(&ck->lock);
+        if (s >= 0) {
+            *size = (uint64_t)s;
+            return 0;
+        }
+    }
+    int fd;
+    if (dcpi_fd_acquire(ck, file, NULL, 0, &fd, size, err) < 0)
+        return -1;
+    dcpi_fd_release(ck, file);
+    return 0;
+}
+
+/* ------------------------------------------------------------ preads */
+
+#define PIECE_MIN ((size_t)1 << 20)   /* smaller pieces cost more in threads than they gain */
+#define THREADS_MAX 64
+#define THREADS_DEFAULT 8
+
+static atomic_uint read_threads;      /* 0: not set yet */
+
+static unsigned threads_now(void)
+{
+    unsigned n = atomic_load(&read_threads);
+    if (n)
+        return n;
+    n = THREADS_DEFAULT;
+    const char *s = getenv("DCP_READ_THREADS");
+    if (s && *s) {
+        char *end;
+        unsigned long v = strtoul(s, &end, 10);
+        if (*end == 0 && v >= 1)
+            n = v > THREADS_MAX ? THREADS_MAX : (unsigned)v;
+    }
+    unsigned zero = 0;
+    atomic_compare_exchange_strong(&read_threads, &zero, n);
+    return atomic_load(&read_threads);
+}
+
+unsigned dcp_read_threads(unsigned n)
+{
+    unsigned old = threads_now();
+    if (n)
+        atomic_store(&read_threads, n > THREADS_MAX ? THREADS_MAX : n);
+    return old;
+}
+
+/* Read iov[0..cnt) from off on, until all of it, end of file, or (with
+ * RWF_NOWAIT in flags) the first byte not in the page cache; *got says how
+ * many bytes arrived. iov is consumed. Returns 0 or an errno. */
+static int preadv_loop(int fd, struct iovec *iov, int cnt, uint64_t off, int flags, size_t *got)
+{
+    size_t done = 0;
+    while (cnt > 0) {
+        /* Linux moves at most ~2 GiB per call: keep to 1 GiB and few vectors */
+        int c = cnt > IOV_MAX ? IOV_MAX : cnt;
+        ssize_t n;
+        if (c == 1 && !flags) {
+            size_t want = iov->iov_len > ((size_t)1 << 30) ? (size_t)1 << 30 : iov->iov_len;
+            n = pread(fd, iov->iov_base, want, (off_t)(off + done));
+        } else {
+            n = preadv2(fd, iov, c, (off_t)(off + done), flags);
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            *got = done;
+            return flags && (errno == EAGAIN || errno == EOPNOTSUPP || errno == EINVAL) ? 0 : errno;
+        }
+        if (n == 0)
+            break;
+        done += (size_t)n;
+        size_t left = (size_t)n;
+        while (cnt && left >= iov->iov_len) {
+            left -= iov->iov_len;
+            iov++, cnt--;
+        }
+        if (cnt) {
+            iov->iov_base = (char *)iov->iov_base + left;
+            iov->iov_len -= left;
+        }
+    }
+    *got = done;
+    return 0;
+}
+
+struct piece {
+    int fd, flags, cnt;
+    struct iovec *iov;
+    uint64_t off;
+    size_t want, got;
+    int err;
+};
+
+static void *piece_run(void *arg)
+{
+    struct piece *p = arg;
+    p->err = preadv_loop(p->fd, p->iov, p->cnt, p->off, p->flags, &p->got);
+    return NULL;
+}
+
+int dcpi_preadv_exact(int fd, const struct iovec *iov, int cnt, uint64_t off, int flags, size_t *got)
+{
+    size_t total = 0;
+    for (int i = 0; i < cnt; i++)
+        total += iov[i].iov_len;
+    unsigned k = threads_now();
+    if (k > total / PIECE_MIN)
+        k = (unsigned)(total / PIECE_MIN);
+    struct iovec one[8];
+    if (k < 2) {
+        struct iovec *v = cnt <= 8 ? one : malloc((size_t)cnt * sizeof *v);
+        if (!v)
+            return ENOMEM;
+        memcpy(v, iov, (size_t)cnt * sizeof *v);
+        int e = preadv_loop(fd, v, cnt, off, flags, got);
+        if (v != one)
+            free(v);
+        return e;
+    }
+    /* k pieces of about total/k bytes (whole 64 KiB blocks), each its own
+     * slice of the vector: a piece may start and end inside an iovec */
+    struct piece pc[THREADS_MAX];
+    size_t share = (total / k + 65535) & ~(size_t)65535;
+    struct iovec *all = malloc(((size_t)cnt + k) * sizeof *all);
+    if (!all)
+        return ENOMEM;
+    size_t vi = 0, in = 0, pos = 0, used = 0;   /* iov index, bytes used of it, file position */
+    unsigned np = 0;
+    while (pos < total && np < k) {
+        struct piece *p = &pc[np++];
+        p->fd = fd, p->flags = flags, p->off = off + pos, p->iov = all + used, p->cnt = 0;
+        p->want = total - pos < share || np == k ? total - pos : share;
+        p->got = 0, p->err = 0;
+        for (size_t need = p->want; need;) {
+            size_t take = iov[vi].iov_len - in < need ? iov[vi].iov_len - in : need;
+            all[used].iov_base = (char *)iov[vi].iov_base + in;
+            all[used].iov_len = take;
+            used++, p->cnt++;
+            need -= take, in += take;
+            if (in == iov[vi].iov_len)
+                vi++, in = 0;
+        }
+        pos += p->want;
+    }
+    pthread_t th[THREADS_MAX];
+    unsigned char started[THREADS_MAX] = {0};
+    for (unsigned i = 1; i < np; i++)
+        started[i] = pthread_create(&th[i], NULL, piece_run, &pc[i]) == 0;
+    piece_run(&pc[0]);
+    for (unsigned i = 1; i < np; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            piece_run(&pc[i]);   /* no thread to be had: read it here */
+    }
+    free(all);
+    /* what arrived is the prefix up to the first piece that fell short */
+    size_t done = 0;
+    int e = 0;
+    for (unsigned i = 0; i < np; i++) {
+        done += pc[i].got;
+        if (pc[i].err || pc[i].got < pc[i].want) {
+            e = pc[i].err;
+            break;
+        }
+    }
+    *got = done;
+    return e;
+}
+
+int dcpi_pread_exact(int fd, void *buf, size_t len, uint64_t off, size_t *got)
+{
+    struct iovec v = {buf, len};
+    return dcpi_preadv_exact(fd, &v, 1, off, 0, got);
+}
+
+/* The message for a failed or short read of [off, off+want). */
+int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want,
+                    uint64_t fsize, int e, dcp_error *err)
+{
+    if (e)
+        return dcpi_err(err, e, "%s/%s: %s: read error at offset %" PRIu64 ": %s", ck->path,
+                       ck->files[file], key, off, strerror(e));
+    return dcpi_err(err, EIO, "%s/%s: %s: short read at offset %" PRIu64 " (wanted %" PRIu64
+                   " bytes, file is %" PRIu64 " bytes)", ck->path, ck->files[file], key, off, want, fsize);
+}
+
+int dcpi_check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,
+                     dcp_error *err)
+{
+    uint64_t end;
+    if (!dcpi_add_u64(off, len, &end) || end > (uint64_t)INT64_MAX)
+        return dcpi_err(err, EOVERFLOW, "%s/%s: %s: read of %" PRIu64 " bytes at offset %" PRIu64
+                       " is beyond any file size", ck->path, ck->files[file], key, len, off);
+    return 0;
+}
+
+int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, uint64_t off,
+                   const char *key, dcp_error *err)
+{
+    if (!key)
+        key = "";
+    int fd;
+    uint64_t fsize;
+    if (dcpi_fd_acquire(ck, file, key, 0, &fd, &fsize, err) < 0)
+        return -1;
+    if (dcpi_check_range(ck, file, key, off, len, err) < 0) {
+        dcpi_fd_release(ck, file);
+        return -1;
+    }
+    size_t got;
+    int e = dcpi_pread_exact(fd, buf, len, off, &got);
+    dcpi_fd_release(ck, file);
+    if (e || got < len)
+        return dcpi_read_error(ck, file, key, off, len, fsize, e, err);
+    return 0;
+}
+
+/* ------------------------------------------------------------ fetching */
+
+static const char *op_key(const dcp_entry *e) { return e && e->key ? e->key : ""; }
+
+int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err)
+{
+    if (op->length > SIZE_MAX)
+        return dcpi_err(err, EOVERFLOW, "%s: %s: read of %" PRIu64 " bytes is too large", ck->path,
+                       op_key(e), op->length);
+    if (op->flags & DCP_OP_DECODED)
+        return dcpi_blob_read(ck, &op->blob, buf, (size_t)op->length, op->src_offset, op_key(e), err);
+    return dcpi_pread_full(ck, op->file, buf, (size_t)op->length, op->src_offset, op_key(e), err);
+}
+
+uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
+{
+    int fd;
+    uint64_t fsize;
+    dcp_error e;
+    if (op->flags & DCP_OP_DECODED || op->length > SIZE_MAX ||
+        dcpi_fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
+        return 0;
+    size_t done = 0;
+    if (dcpi_check_range(ck, op->file, "", op->src_offset, op->length, &e) == 0) {
+        /* EAGAIN: not cached; EOPNOTSUPP, EINVAL: cannot tell; 0: end of file */
+        struct iovec v = {buf, (size_t)op->length};
+        (void)dcpi_preadv_exact(fd, &v, 1, op->src_offset, RWF_NOWAIT, &done);
+    }
+    dcpi_fd_release(ck, op->file);
+    return done;
+}
+
+void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op)
+{
+    int fd;
+    uint64_t fsize;
+    dcp_error e;
+    if (op->flags & DCP_OP_DECODED || op->src_offset > (uint64_t)INT64_MAX ||
+        op->length > (uint64_t)INT64_MAX || dcpi_fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
+        return;
+    (void)posix_fadvise(fd, (off_t)op->src_offset, (off_t)op->length, POSIX_FADV_WILLNEED);
+    dcpi_fd_release(ck, op->file);
+}

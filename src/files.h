@@ -1,0 +1,35 @@
+/* Reading data files (files.c), for the other readers of the core: plan
+ * execution (reader.c) and the blob decoder. The fd cache and exact reads;
+ * dcpi_ck_fd, dcpi_ck_file_size and dcpi_pread_full are in internal.h. */
+#ifndef DCP_FILES_H
+#define DCP_FILES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "dcp.h"
+
+/* Take a use of file's fd (opening it if needed) and its size; release it
+ * after the read. With pin, it is never closed before dcp_close and needs
+ * no release. */
+int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin, int *fd,
+                    uint64_t *size, dcp_error *err);
+void dcpi_fd_release(dcp_checkpoint *ck, uint32_t file);
+
+/* Read iov[0..cnt) (not modified) from offset off: all of it, up to end of
+ * file, or with RWF_NOWAIT in flags the prefix in the page cache. Large
+ * reads go in pieces on several threads (dcp_read_threads). *got: the bytes
+ * that arrived, a prefix. Returns 0 or an errno (never an error for what
+ * RWF_NOWAIT could not read at once). */
+int dcpi_preadv_exact(int fd, const struct iovec *iov, int cnt, uint64_t off, int flags, size_t *got);
+int dcpi_pread_exact(int fd, void *buf, size_t len, uint64_t off, size_t *got);
+
+/* EOVERFLOW when [off, off+len) cannot be in any file. */
+int dcpi_check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,
+                     dcp_error *err);
+/* The error of a failed (e) or short read of [off, off+want): file, key, offset, sizes. */
+int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want,
+                    uint64_t fsize, int e, dcp_error *err);
+
+#endif
