@@ -36,7 +36,10 @@
 #               virtual disk, and an unlimited read of the evicted files took
 #               0.75 s to 3.3 s from one run to the next; the limit makes the
 #               storage one thing. DCPFS_BENCH_STORAGE_BPS=0: evicted, no
-#               limit; =off: no storage lines. dcp-way too (its ranks'
+#               limit; =off: no storage lines. cat-stor: the shard files read
+#               by 8 readers at once (dd of file pieces to /dev/null), the
+#               device's limit as parallel cats see it (issue 16: 1 rank of
+#               dcpload >= 0.95x of it). dcp-way too (its ranks'
 #               reads of the same bytes meet in the node's page cache).
 # Every line: wall seconds (barrier to barrier, slowest rank), CPU seconds
 # (user+system, summed over ranks), unique bytes per second, bytes read from
@@ -111,6 +114,24 @@ for f in sys.argv[1:]:
     )
 }
 
+# par_cat: the shard files read by 8 readers at once (each a piece of a file, 1 MiB reads, to
+# /dev/null): "SECONDS BYTES CPU" -- the limit of the device as parallel cats see it
+par_cat() {
+    local t0 t1 nf=${#files[@]} per
+    per=$(( (8 + nf - 1) / nf ))
+    t0=$(date +%s.%N)
+    for f in "${files[@]}"; do
+        local sz blocks i
+        sz=$(stat -c %s "$f"); blocks=$(( (sz + 1048575) / 1048576 ))
+        for ((i = 0; i < per; i++)); do
+            dd if="$f" of=/dev/null bs=1M skip=$((i * blocks / per)) count=$(( (i + 1) * blocks / per - i * blocks / per )) status=none &
+        done
+    done
+    wait
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" -v u="$UNIQUE" 'BEGIN{printf "%.6f %d 0\n", b-a, u}'
+}
+
 # best REPS CMD...: the run of least wall time of a command printing "SECONDS BYTES_READ CPU_SECONDS"
 best() {
     local b="" r=""
@@ -123,13 +144,18 @@ best() {
     echo "$b $r"
 }
 
-# dcpload ... --json: the slowest rank's seconds, bytes read and CPU seconds summed over ranks
+# dcpload ... --json: the slowest rank's seconds, bytes read and CPU seconds summed over ranks,
+# and the whole launch's seconds as a user sees it (mpiexec, start-up, destinations, load, digests)
 dcpload_run() {
-    mpi "$@" --json | python3 -c '
+    local t0 t1 out
+    t0=$(date +%s.%N)
+    out=$(mpi "$@" --json)
+    t1=$(date +%s.%N)
+    printf '%s\n' "$out" | python3 -c '
 import json, sys
 rows = [json.loads(l) for l in sys.stdin if "bytes_read" in l]
-print("%.6f %d %.6f" % (max(r["seconds"] for r in rows), sum(r["bytes_read"] for r in rows),
-                        sum(r["cpu_seconds"] for r in rows)))'
+print("%.6f %d %.6f %.2f" % (max(r["seconds"] for r in rows), sum(r["bytes_read"] for r in rows),
+                        sum(r["cpu_seconds"] for r in rows), float(sys.argv[2]) - float(sys.argv[1])))' "$t0" "$t1"
 }
 
 UNIQUE=$("$DCP" ls --json "$CK" | python3 -c 'import json,sys; print(sum(json.loads(l)["nbytes"] for l in sys.stdin))')
@@ -138,10 +164,10 @@ rate() { awk -v b="$1" -v s="$2" 'BEGIN{printf "%.2f", b/s/1e9}'; }
 ratio() { awk -v r="$1" -v s="$2" 'BEGIN{printf "%.2f", r/s}'; }
 met() { awk -v v="$1" -v t="$2" 'BEGIN{print (v >= t ? "met" : "NOT met")}'; }
 
-# line N LAYOUT TOOL SECONDS BYTES_READ CPU [NOTES]
+# line N LAYOUT TOOL SECONDS BYTES_READ CPU [NOTES] [PROCESS_SECONDS]
 line() {
-    printf 'load n=%s %-9s %-8s %7.3f s  cpu %6.2f s  %6s GB/s  read %6s GiB  %s\n' "$1" "$2" "$3" "$4" "$6" \
-        "$(rate "$UNIQUE" "$4")" "$(gib "$5")" "${7:-}"
+    printf 'load n=%s %-9s %-8s %7.3f s  process %6s s  cpu %6.2f s  %6s GB/s  read %6s GiB  %s\n' "$1" "$2" "$3" "$4" \
+        "${8:--}" "$6" "$(rate "$UNIQUE" "$4")" "$(gib "$5")" "${7:-}"
 }
 
 have_storage=0
@@ -164,10 +190,11 @@ for n in $RANKS; do
         fi
         for tool in dcpload dcp-way torch; do
             case $tool in
-                dcpload) read -r s b c < <(best dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout") ;;
-                dcp-way) read -r s b c < <(best dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent) ;;
+                dcpload) read -r s b c p < <(best dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout") ;;
+                dcp-way) read -r s b c p < <(best dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent) ;;
                 torch)
                     [ "$have_torch" = 1 ] || continue
+                    p=""
                     read -r s b c < <(THP_MEM_ALLOC_ENABLE=1 best python3 "$top_srcdir/bench/load_torch.py" "$CK" "$n" "$layout") ;;
             esac
             r=$(ratio "$raw_s" "$s")
@@ -178,19 +205,23 @@ for n in $RANKS; do
             else
                 notes="$notes; read $(ratio "$b" "$UNIQUE") x unique"
             fi
-            line "$n" "$layout" "$tool" "$s" "$b" "$c" "$notes"
+            line "$n" "$layout" "$tool" "$s" "$b" "$c" "$notes" "$p"
         done
         [ "$have_storage" = 1 ] || continue
         read -r sr_s sr_b sr_c < <(best storage mpi "$n" "$RAW" --dest "${files[@]}")
         line "$n" "$layout" raw-stor "$sr_s" "$sr_b" "$sr_c" "(raw reading storage: $storage_what)"
-        read -r s b c < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout")
+        read -r pc_s pc_b pc_c < <(best storage par_cat)
+        line "$n" "$layout" cat-stor "$pc_s" "$pc_b" "$pc_c" "(8 readers at once, as 8 cats of file pieces, into /dev/null: the device's limit)"
+        read -r s b c p < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout")
         r=$(ratio "$sr_s" "$s")
+        [ "$n" != 1 ] || notes_cat="; $(ratio "$pc_s" "$s") x cat-stor (issue 16, 1 rank: >= 0.95x: $(met "$(ratio "$pc_s" "$s")" 0.95))"
         line "$n" "$layout" dcpload-stor "$s" "$b" "$c" \
-            "$r x raw-stor; target >= 0.85x raw: $(met "$r" 0.85); read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")"
-        read -r s b c < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent)
-        line "$n" "$layout" dcp-way-stor "$s" "$b" "$c" "$(ratio "$sr_s" "$s") x raw-stor; preads $(ratio "$b" "$UNIQUE") x unique (repeats of the same bytes are served by the node's page cache)"
+            "$r x raw-stor; target >= 0.85x raw: $(met "$r" 0.85)${notes_cat:-}; read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")" "$p"
+        read -r s b c p < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent)
+        line "$n" "$layout" dcp-way-stor "$s" "$b" "$c" "$(ratio "$sr_s" "$s") x raw-stor; preads $(ratio "$b" "$UNIQUE") x unique (repeats of the same bytes are served by the node's page cache)" "$p"
     done
 done
+say "process: the whole mpiexec launch as a user sees it (start-up, destinations allocated and touched, load, digests)."
 say "GB/s: unique tensor bytes / wall time. read: bytes fetched from storage (dcpload: its statistics;"
 say "torch: rchar; raw: pread). x raw: raw seconds / tool seconds, higher is better. A replicated load on N"
 say "ranks must write N times the bytes into rank memory, so on a warm page cache it is bound by memory"
