@@ -7,6 +7,7 @@ libdcp_la_SOURCES = \
 	src/keys.c \
 	src/dtype.c \
 	src/model.c \
+	src/identity.c \
 	src/pickle.c \
 	src/metadata.c \
 	src/zip.c src/zip.h \

@@ -39,6 +39,15 @@ void dcpi_arena_free(dcpi_arena *a);
 void *dcpi_arena_alloc(dcpi_arena *a, size_t n);             /* zeroed, 16-aligned; NULL on OOM */
 char *dcpi_arena_strndup(dcpi_arena *a, const char *s, size_t n);
 void *dcpi_arena_memdup(dcpi_arena *a, const void *p, size_t n);
+/* A point in an arena's life: dcpi_arena_rewind frees everything allocated
+ * since dcpi_arena_mark (the streaming pickle parse drops each consumed
+ * entry's nodes so). Marks must be rewound in reverse order, or not at all. */
+typedef struct dcpi_arena_mark {
+    struct dcpi_arena_block *head, *next;
+    size_t used, total;
+} dcpi_arena_mark;
+dcpi_arena_mark dcpi_arena_here(const dcpi_arena *a);
+void dcpi_arena_rewind(dcpi_arena *a, const dcpi_arena_mark *mk);
 
 /* ------------------------------------------------------ string hash index */
 
@@ -147,6 +156,20 @@ struct dcp_checkpoint {
 dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err);
 int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err);
 
+/* The .metadata's identity (identity.c): its content key (XXH3-128 of its
+ * size, mtime and bytes, fed as they are read) and its stat stamp, which
+ * the catalog files a model under. dcpi_identity_begin returns NULL on OOM
+ * (the others accept it); dcpi_identity_finish fills ck->model_key and
+ * ck->model_stamp and frees. */
+struct stat;
+typedef struct dcpi_identity dcpi_identity;
+dcpi_identity *dcpi_identity_begin(const struct stat *sb);
+void dcpi_identity_update(dcpi_identity *id, const void *p, size_t n);
+void dcpi_identity_key(dcpi_identity *id, char key[33]);
+void dcpi_identity_finish(dcpi_identity *id, dcp_checkpoint *ck);
+void dcpi_identity_free(dcpi_identity *id);
+void dcpi_identity_stamp(dcp_checkpoint *ck, const struct stat *sb);
+
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
 /* Returns the entry index of key, creating it with `kind` if absent. A key
@@ -161,6 +184,8 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
 /* Check a relative path from metadata: not empty, not absolute, no "..". */
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
+/* Forget every entry and file a loader added (to load again). */
+int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err);
 /* The checkpoint's name in messages: its folder, or its file when it is a
  * single torch.save or safetensors file (libdcpload's ldi_name alike). */
 const char *dcpi_ck_name(const dcp_checkpoint *ck);
@@ -170,10 +195,6 @@ const char *dcpi_ck_name(const dcp_checkpoint *ck);
  * one (0 when stored, or already there). */
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
-/* The .metadata's content key and stat stamp, from the bytes and the fstat
- * a parse used (so what is stored is filed under what was parsed). */
-struct stat;
-void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb);
 /* A served model's entries, read on demand (each fills ck->entries[idx]):
  * every one (dcp_entry_at), the one with key (exact) or the first with a key
  * >= key (seek). *idx = SIZE_MAX when there is none. */

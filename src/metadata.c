@@ -4,6 +4,15 @@
  * 1.13 and torch.distributed.checkpoint of 2.x) by the class paths and fields
  * present; any other class with the Metadata fields (Megatron-Core's
  * MCoreMetadata subclass) is read the same way, its extra fields ignored.
+ *
+ * The file is parsed as a stream (pk_parse_stream): the batches of items the
+ * pickler writes into the two big dicts, state_dict_metadata (key ->
+ * TensorStorageMetadata) and storage_data (MetadataIndex -> _StorageInfo),
+ * are given to the model as they complete and freed, so the parse holds one
+ * batch (1000 items) of the pickle tree, never the file's. Whatever is not
+ * taken so (items of another shape) stays in the tree and is read at the
+ * end, as before. A pickle that refers back to an object of a freed batch
+ * (no PyTorch version does) is parsed again whole.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -31,6 +40,9 @@ typedef struct interp {
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
     int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
     int identity;              /* the global .metadata: its key and stamp come from this read */
+    int whole;                 /* parse the whole tree first (no streaming) */
+    int sdm_seen;              /* state_dict_metadata items were taken from the stream */
+    dcpi_identity *id;         /* the content key of the file being read, or NULL */
 } interp;
 
 static const char *class_name(const pk_node *obj)
@@ -417,6 +429,67 @@ static int pre_113_error(interp *in)
                     in->what);
 }
 
+/* One state_dict_metadata item: key -> TensorStorageMetadata or
+ * BytesStorageMetadata. */
+static int sdm_item(interp *in, const pk_node *k, const pk_node *md)
+{
+    char num[32];
+    const char *key;
+    size_t klen;
+    if (key_text(in, k, num, sizeof num, &key, &klen) < 0)
+        return -1;
+    const char *cls = class_name(md);
+    if (cls && !strcmp(cls, "TensorStorageMetadata"))
+        return add_tensor(in, key, klen, md);
+    if (cls && !strcmp(cls, "BytesStorageMetadata"))
+        return add_bytes(in, key, klen);
+    if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata")))
+        return pre_113_error(in);
+    return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
+                    (int)klen, key, cls ? cls : "(not an object)");
+}
+
+/* The stream's batches: kv[2i] -> kv[2i+1] going into the dict stack[base].
+ * Taken (1) when that dict is the value of the state_dict_metadata or
+ * storage_data field of the top object's state: stack[0] the Metadata
+ * object, then its state dict (or a slots state: None, the dict), then the
+ * MARK of its fields at floor, then field names and values, the dict's name
+ * at base - 1. storage_data only after state_dict_metadata, whose boxes its
+ * items locate. */
+static int on_items(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n)
+{
+    interp *in = ctx;
+    const char *f;
+    size_t fl;
+    if (floor < 2 || floor > 3 || base <= floor || (base - floor) % 2 != 1 || stack[0]->type != PK_CALL ||
+        stack[floor - 1]->type != PK_DICT || !pk_str(stack[base - 1], &f, &fl))
+        return 0;
+    if (fl == 19 && !memcmp(f, "state_dict_metadata", 19)) {
+        for (size_t i = 0; i < n; i++)   /* the pre-1.13 schema: read whole, at the end */
+            if (pk_dict_get(state_of(kv[2 * i + 1]), "storage_key"))
+                return 0;
+        for (size_t i = 0; i < n; i++)
+            if (sdm_item(in, kv[2 * i], kv[2 * i + 1]) < 0)
+                return -1;
+        in->sdm_seen = 1;
+        return 1;
+    }
+    if (fl == 12 && !memcmp(f, "storage_data", 12) && in->sdm_seen) {
+        for (size_t i = 0; i < n; i++)
+            if (add_storage(in, kv[2 * i], kv[2 * i + 1]) < 0)
+                return -1;
+        return 1;
+    }
+    return 0;
+}
+
+static void on_bytes(void *ctx, const void *p, size_t n)
+{
+    interp *in = ctx;
+    in->ck->info.metadata_bytes += n;
+    dcpi_identity_update(in->id, p, n);
+}
+
 static int interpret(interp *in, const pk_node *root)
 {
     const pk_node *st = state_of(root);
@@ -431,27 +504,9 @@ static int interpret(interp *in, const pk_node *root)
         return dcpi_err(in->err, EINVAL, "%s: a pickle, but not DCP metadata (%s%s%s has no state_dict_metadata/storage_data)",
                         in->what, name ? class_module(root) : "the top object", name ? "." : "", name ? name : "");
     }
-    for (size_t i = 0; i < sdm->u.dict.n; i++) {
-        char num[32];
-        const char *key;
-        size_t klen;
-        const pk_node *md = sdm->u.dict.vals[i];
-        if (key_text(in, sdm->u.dict.keys[i], num, sizeof num, &key, &klen) < 0)
+    for (size_t i = 0; i < sdm->u.dict.n; i++)   /* what the stream did not take */
+        if (sdm_item(in, sdm->u.dict.keys[i], sdm->u.dict.vals[i]) < 0)
             return -1;
-        const char *cls = class_name(md);
-        if (cls && !strcmp(cls, "TensorStorageMetadata")) {
-            if (add_tensor(in, key, klen, md) < 0)
-                return -1;
-        } else if (cls && !strcmp(cls, "BytesStorageMetadata")) {
-            if (add_bytes(in, key, klen) < 0)
-                return -1;
-        } else if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata"))) {
-            return pre_113_error(in);
-        } else {
-            return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
-                            (int)klen, key, cls ? cls : "(not an object)");
-        }
-    }
     for (size_t i = 0; i < sd->u.dict.n; i++)
         if (add_storage(in, sd->u.dict.keys[i], sd->u.dict.vals[i]) < 0)
             return -1;
@@ -459,7 +514,8 @@ static int interpret(interp *in, const pk_node *root)
     return 0;
 }
 
-/* Read and interpret one metadata file of the folder. */
+/* Read and interpret one metadata file of the folder: streamed, or whole
+ * (in->whole, or when the stream refers back to what it freed). */
 static int load_file(interp *in, const char *relname)
 {
     dcp_checkpoint *ck = in->ck;
@@ -479,38 +535,26 @@ static int load_file(interp *in, const char *relname)
         close(fd);
         return dcpi_err(err, EFBIG, "%s: %lld bytes is too large for a metadata file", what, (long long)sb.st_size);
     }
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return dcpi_err(err, ENOMEM, "%s: out of memory for %zu bytes", what, size);
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return dcpi_err(err, e, "%s: read failed: %s", what, r < 0 ? strerror(e) : "the file shrank while being read");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    ck->info.metadata_bytes += size;
-    if (in->identity)
-        dcpi_model_identity(ck, buf, size, &sb);
-
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    in->id = in->identity ? dcpi_identity_begin(&sb) : NULL;
+    pk_stream src = {.fd = fd, .size = (uint64_t)sb.st_size, .bytes = on_bytes,
+                     .items = in->whole ? NULL : on_items, .ctx = in};
     pk_doc *doc;
     const pk_node *root;
-    int rc = pk_parse(buf, size, what, &doc, &root, err);
-    free(buf);
+    int rc = pk_parse_stream(&src, what, &doc, &root, err);
+    close(fd);
     if (rc == 0) {
         rc = interpret(in, root);
         pk_free(doc);
     }
+    if (rc == 0 && in->identity)
+        dcpi_identity_finish(in->id, ck);
+    else
+        dcpi_identity_free(in->id);
+    in->id = NULL;
+    if (getenv("DCP_DEBUG_STREAM"))
+        fprintf(stderr, "%s: streamed %zu batches; memo: %zu kept (%zu bytes), %zu released\n", what,
+                src.batches, src.memo_kept, src.memo_kept_bytes, src.memo_released);
     in->what = NULL;
     return rc;
 }
@@ -530,12 +574,41 @@ static void interp_free(interp *in)
     dcpi_arena_free(&in->scratch);
 }
 
+/* DCP_WHOLE_PARSE=1 builds the whole pickle tree first (for comparisons). */
+static int whole_parse(void)
+{
+    const char *v = getenv("DCP_WHOLE_PARSE");
+    return v && *v && strcmp(v, "0");
+}
+
+/* A stream that refers back to a freed batch: forget what it built and
+ * parse whole. */
+static int again_whole(interp *in, int rc)
+{
+    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED)
+        return 0;
+    if (getenv("DCP_DEBUG_STREAM"))
+        fprintf(stderr, "parsing whole: %s\n", in->err->msg);
+    if (dcpi_model_reset(in->ck, in->err) < 0)
+        return 0;
+    dcpi_strmap_free(&in->boxes);
+    dcpi_arena_free(&in->scratch);
+    dcpi_strmap_init(&in->boxes);
+    dcpi_arena_init(&in->scratch);
+    in->whole = 1;
+    in->sdm_seen = in->saw_new_properties = in->saw_old_properties = 0;
+    return 1;
+}
+
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
 {
     interp in;
     interp_init(&in, ck, err);
     in.identity = !strcmp(relname, ".metadata");
+    in.whole = whole_parse();
     int rc = load_file(&in, relname);
+    if (again_whole(&in, rc))
+        rc = load_file(&in, relname);
     interp_free(&in);
     if (rc == 0)
         ck->info.layout = "global .metadata";
@@ -612,9 +685,15 @@ int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
     qsort(files, n, sizeof *files, cmp_rank);
     interp in;
     interp_init(&in, ck, err);
+    in.whole = whole_parse();
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = load_file(&in, files[i].name);
+    if (again_whole(&in, rc)) {
+        rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++)
+            rc = load_file(&in, files[i].name);
+    }
     interp_free(&in);
     free(files);
     if (rc == 0)

@@ -163,6 +163,32 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
     return 0;
 }
 
+int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err)
+{
+    (void)err;
+    for (size_t i = 0; i < ck->nentries; i++) {
+        free(ck->priv[i].chunks);
+        free(ck->priv[i].records);
+    }
+    free(ck->entries);
+    free(ck->priv);
+    free(ck->files);
+    ck->entries = NULL;
+    ck->priv = NULL;
+    ck->files = NULL;
+    ck->nentries = ck->entry_cap = ck->nfiles = ck->file_cap = 0;
+    dcpi_strmap_free(&ck->keys);
+    dcpi_strmap_free(&ck->file_index);
+    dcpi_arena_free(&ck->arena);
+    dcpi_strmap_init(&ck->keys);
+    dcpi_strmap_init(&ck->file_index);
+    dcpi_arena_init(&ck->arena);
+    int megatron = ck->info.megatron;
+    memset(&ck->info, 0, sizeof ck->info);
+    ck->info.megatron = megatron;
+    return 0;
+}
+
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s)
 {
     return s ? dcpi_arena_strndup(&ck->arena, s, strlen(s)) : NULL;

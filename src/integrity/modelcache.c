@@ -52,52 +52,7 @@
 
 /* ------------------------------------------------------------ metadata key */
 
-/* The content key: XXH3-128 of the .metadata's size and mtime, then of its
- * bytes (fed by the caller). */
-static void key_start(XXH3_state_t *st, const struct stat *sb)
-{
-    uint64_t v[3] = {(uint64_t)sb->st_size, (uint64_t)sb->st_mtim.tv_sec, (uint64_t)sb->st_mtim.tv_nsec};
-    XXH3_128bits_reset(st);
-    XXH3_128bits_update(st, v, sizeof v);
-}
-
-static void key_finish(XXH3_state_t *st, char key[33])
-{
-    XXH128_hash_t h = XXH3_128bits_digest(st);
-    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-}
-
-/* The stat stamp, which serves a reopen without reading the file: device,
- * inode, size, mtime and ctime. Users cannot set ctime, and any write to the
- * file or replacement of it changes ctime or the inode. "-" (none: the
- * content key decides) when the file changed in the last two seconds, since
- * a change within the same clock tick would not show. */
-static void stamp_from(dcp_checkpoint *ck, const struct stat *sb)
-{
-    struct timespec now;
-    if (clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec - sb->st_mtim.tv_sec < 2 ||
-        now.tv_sec - sb->st_ctim.tv_sec < 2) {
-        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
-        return;
-    }
-    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
-             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (unsigned long long)sb->st_size,
-             (long long)sb->st_mtim.tv_sec, sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
-}
-
 static int stamp_usable(const dcp_checkpoint *ck) { return ck->model_stamp[0] && ck->model_stamp[0] != '-'; }
-
-void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb)
-{
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return;   /* the key is computed from the file when it is needed */
-    key_start(st, sb);
-    XXH3_128bits_update(st, buf, len);
-    key_finish(st, ck->model_key);
-    XXH3_freeState(st);
-    stamp_from(ck, sb);
-}
 
 /* The content key, read from the file unless a parse (or an earlier
  * lookup) gave it. */
@@ -115,18 +70,17 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
         close(fd);
         return -1;
     }
-    XXH3_state_t *st = XXH3_createState();
+    dcpi_identity *id = dcpi_identity_begin(&sb);
     char *buf = malloc(1u << 20);   /* stays in cache while it is hashed */
     ssize_t r = -1;
-    if (st && buf) {
-        key_start(st, &sb);
+    if (id && buf) {
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         while ((r = read(fd, buf, 1u << 20)) > 0)
-            XXH3_128bits_update(st, buf, (size_t)r);
-        key_finish(st, key);
+            dcpi_identity_update(id, buf, (size_t)r);
+        dcpi_identity_key(id, key);
     }
     free(buf);
-    XXH3_freeState(st);
+    dcpi_identity_free(id);
     close(fd);
     if (r != 0)
         return -1;
@@ -143,7 +97,7 @@ static void metadata_stamp(dcp_checkpoint *ck)
     if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0)
         snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
     else
-        stamp_from(ck, &sb);
+        dcpi_identity_stamp(ck, &sb);
 }
 
 /* ------------------------------------------------------------ serialising */
