@@ -41,6 +41,7 @@
 #include <xxhash.h>
 
 #include "integrity.h"
+#include "../store.h"
 
 #define MAGIC "DCPMODL4"   /* little-endian varints; see put_head(). Bump when
                             * parsing changes what a model holds (3: generation
@@ -374,7 +375,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
         return 0;
     dcp_checkpoint *p;
     char key[33];
-    if (dcp_open(ck->path, 0, &p, err) < 0)
+    if (lz->parse(ck->path, &p, err) < 0)
         return -1;
     int same = metadata_key(p, key) == 0 && !strcmp(key, ck->model_key) && p->nentries == ck->nentries &&
                p->nfiles == ck->nfiles;
@@ -435,7 +436,7 @@ static int all_from_catalog(dcp_checkpoint *ck, dcp_error *err)
     return rc;
 }
 
-int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err)
+static int lazy_all(dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     pthread_mutex_lock(&lz->lock);
@@ -475,7 +476,7 @@ static int find_in_catalog(dcp_checkpoint *ck, const char *key, int seek, size_t
     return rc;
 }
 
-int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+static int lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     *idx = SIZE_MAX;
@@ -613,7 +614,7 @@ static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **o
     return rc;
 }
 
-int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
+static int lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     *out = NULL;
@@ -627,7 +628,7 @@ int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_er
     return rc;
 }
 
-void dcpi_lazy_free(struct dcpi_lazy *lz)
+static void lazy_free(struct dcpi_lazy *lz)
 {
     if (!lz)
         return;
@@ -644,6 +645,30 @@ void dcpi_lazy_free(struct dcpi_lazy *lz)
     free(lz);
 }
 
+/* dcp_close: store the records located since the model was opened, then
+ * free the store. */
+static void lazy_close(dcp_checkpoint *ck)
+{
+    if (ck->lazy && ck->priv) {
+        for (size_t i = 0; i < ck->nentries; i++)
+            if (ck->priv[i].set)
+                dcpi_records_keep(ck, ck->priv[i].set);
+        dcpi_records_flush(ck);
+    }
+    lazy_free(ck->lazy);
+    ck->lazy = NULL;
+}
+
+/* The model's store (store.h) while the catalog serves it. */
+static const dcpi_store dcpi_store_catalog = {
+    .name = "catalog",
+    .all = lazy_all,
+    .find = lazy_find,
+    .chunks = lazy_chunks,
+    .drop = dcpi_records_keep,
+    .close = lazy_close,
+};
+
 /* ------------------------------------------------------------ the tables */
 
 static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
@@ -651,7 +676,7 @@ static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
     return sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL) == SQLITE_OK ? 0 : -1;
 }
 
-int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
+int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn parse)
 {
     char key[33];
     dcp_catalog *cat;
@@ -668,7 +693,9 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
     lz->cat = cat;
     pthread_mutex_init(&lz->lock, NULL);
     dcpi_arena_init(&lz->arena);
+    lz->parse = parse;
     ck->lazy = lz;   /* dcp_close frees it */
+    ck->store = &dcpi_store_catalog;
     sqlite3 *db = dcpi_catalog_db(cat);
     sqlite3_stmt *st;
     int rc = -1, src = SQLITE_OK;
