@@ -181,6 +181,9 @@ int dcpi_model_entry(dcp_checkpoint *ck, const char *key, size_t len, dcp_kind k
                     size_t *idx, dcp_error *err);
 int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim,
                          const int64_t *shape, dcp_error *err);
+/* Room for `more` chunks of entry idx, exactly (a loader that knows how
+ * many are coming; dcpi_model_add_chunk grows by doubling). */
+int dcpi_model_reserve_chunks(dcp_checkpoint *ck, size_t idx, size_t more, dcp_error *err);
 /* Append a chunk box (ndim must match the entry's). Returns its index in *ci. */
 int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
                         const int64_t *sizes, size_t *ci, dcp_error *err);

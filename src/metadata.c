@@ -35,8 +35,14 @@ typedef struct interp {
     dcp_checkpoint *ck;
     const char *what;          /* the file being read, "<ckpt>/.metadata", for messages */
     dcp_error *err;
-    dcpi_strmap boxes;         /* (key, offsets) -> entry<<32 | chunk; (key) -> entry<<32 for bytes */
-    dcpi_arena scratch;        /* the composite keys of boxes */
+    /* Finding a storage_data item's chunk: its entry by key (ck->keys),
+     * then the chunk at its offsets: first the one after the last found
+     * (storage_data lists an entry's chunks in the order
+     * state_dict_metadata does, rank after rank), else a binary search of
+     * the entry's chunks sorted by offsets, made on the first miss. */
+    uint32_t *next;            /* per entry: the chunk to try first */
+    uint32_t **order;          /* per entry: its chunks sorted by offsets, or NULL */
+    size_t nslots;             /* of next and order */
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
     int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
     int identity;              /* the global .metadata: its key and stamp come from this read */
@@ -107,25 +113,6 @@ static int key_text(interp *in, const pk_node *k, char *buf, size_t bufsz, const
     return dcpi_err(in->err, EINVAL, "%s: a state-dict key is neither a string nor an integer", in->what);
 }
 
-/* The index key of a box: the key's length, the key, the offsets. The length
- * prefix keeps hostile keys (any bytes) from colliding with other boxes. */
-static int composite(interp *in, const char *key, size_t klen, const int64_t *off, int nd,
-                     const char **out, size_t *olen)
-{
-    size_t n = sizeof(uint64_t) + klen + (size_t)nd * sizeof(int64_t);
-    char *c = dcpi_arena_alloc(&in->scratch, n);
-    if (!c)
-        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
-    uint64_t kl = klen;
-    memcpy(c, &kl, sizeof kl);
-    memcpy(c + sizeof kl, key, klen);
-    if (nd)
-        memcpy(c + sizeof kl + klen, off, (size_t)nd * sizeof(int64_t));
-    *out = c;
-    *olen = n;
-    return 0;
-}
-
 /* "[a, b, c]" into buf, for messages. */
 static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
 {
@@ -135,6 +122,155 @@ static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
     if (used < sz)
         snprintf(buf + used, sz - used, "]");
     return buf;
+}
+
+static int cmp_box(const int64_t *a, const int64_t *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a[d] != b[d])
+            return a[d] < b[d] ? -1 : 1;
+    return 0;
+}
+
+/* qsort_r over chunk indexes: by offsets, then by index (first wins). */
+static int by_offsets(const void *a, const void *b, void *arg)
+{
+    const dcp_entry *e = ((void **)arg)[0];
+    const dcp_chunk *c = ((void **)arg)[1];
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    int r = cmp_box(c[x].offsets, c[y].offsets, e->ndim);
+    return r ? r : (x > y) - (x < y);
+}
+
+/* Room in the per-entry tables for entry idx. */
+static int slots_for(interp *in, size_t idx)
+{
+    if (idx < in->nslots)
+        return 0;
+    size_t n = in->nslots ? in->nslots : 1024;
+    while (n <= idx)
+        n *= 2;
+    uint32_t *nx = realloc(in->next, n * sizeof *nx);
+    if (nx)
+        in->next = nx;
+    uint32_t **no = nx ? realloc(in->order, n * sizeof *no) : NULL;
+    if (!no)
+        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+    in->order = no;
+    memset(in->next + in->nslots, 0, (n - in->nslots) * sizeof *in->next);
+    memset(in->order + in->nslots, 0, (n - in->nslots) * sizeof *in->order);
+    in->nslots = n;
+    return 0;
+}
+
+/* The chunks from `first` on were just added to entry idx: drop each whose
+ * box an earlier chunk has (a replica: rank-local files each list a
+ * replicated tensor; keep the first), failing when the sizes differ. */
+static int drop_replicas(interp *in, size_t idx, size_t first, const char *key)
+{
+    dcp_entry *e = &in->ck->entries[idx];
+    dcp_chunk *c = in->ck->priv[idx].chunks;
+    size_t n = e->nchunks;
+    int nd = e->ndim;
+    if (n - first == 0 || n < 2)
+        return 0;
+    if (first == 0) {   /* one list in increasing order (most): no replica */
+        size_t i = 1;
+        while (i < n && cmp_box(c[i - 1].offsets, c[i].offsets, nd) < 0)
+            i++;
+        if (i == n)
+            return 0;
+    }
+    if (n > UINT32_MAX)
+        return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
+    uint32_t *ord = malloc(n * sizeof *ord);
+    unsigned char *drop = calloc(n, 1);
+    if (!ord || !drop) {
+        free(ord);
+        free(drop);
+        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+    }
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (uint32_t)i;
+    void *arg[2] = {e, c};
+    qsort_r(ord, n, sizeof *ord, by_offsets, arg);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        const dcp_chunk *prev = &c[ord[i - 1]], *cur = &c[ord[i]];
+        if (cmp_box(prev->offsets, cur->offsets, nd))
+            continue;
+        if (nd && memcmp(prev->sizes, cur->sizes, (size_t)nd * sizeof *cur->sizes)) {
+            char a[256], b[256], d[256];
+            rc = dcpi_err(in->err, EINVAL, "%s: %s: two chunks at offsets %s with different sizes %s and %s",
+                          in->what, key, vec_text(cur->offsets, nd, a, sizeof a),
+                          vec_text(prev->sizes, nd, b, sizeof b), vec_text(cur->sizes, nd, d, sizeof d));
+        }
+        drop[ord[i]] = 1;
+        ord[i] = ord[i - 1];   /* the kept one, for the next comparison */
+    }
+    if (rc == 0) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!drop[i])
+                c[k++] = c[i];
+        e->nchunks = k;
+    }
+    free(ord);
+    free(drop);
+    return rc;
+}
+
+/* The chunk of tensor entry idx at offsets off (nd values), or SIZE_MAX. */
+static size_t chunk_at(interp *in, size_t idx, const int64_t *off, int nd, dcp_error *err, int *failed)
+{
+    const dcp_entry *e = &in->ck->entries[idx];
+    const dcp_chunk *c = in->ck->priv[idx].chunks;
+    size_t n = e->nchunks;
+    if (nd != e->ndim || !n)
+        return SIZE_MAX;
+    if (slots_for(in, idx) < 0) {
+        *failed = 1;
+        return SIZE_MAX;
+    }
+    size_t h = in->next[idx];
+    if (h < n && !cmp_box(c[h].offsets, off, nd)) {
+        in->next[idx] = (uint32_t)(h + 1);
+        return h;
+    }
+    if (n <= 8) {
+        for (size_t i = 0; i < n; i++)
+            if (!cmp_box(c[i].offsets, off, nd)) {
+                in->next[idx] = (uint32_t)(i + 1);
+                return i;
+            }
+        return SIZE_MAX;
+    }
+    uint32_t *ord = in->order[idx];
+    if (!ord) {
+        if (!(ord = malloc(n * sizeof *ord))) {
+            *failed = 1;
+            dcpi_err(err, ENOMEM, "%s: out of memory", in->what);
+            return SIZE_MAX;
+        }
+        for (size_t i = 0; i < n; i++)
+            ord[i] = (uint32_t)i;
+        void *arg[2] = {(void *)e, (void *)c};
+        qsort_r(ord, n, sizeof *ord, by_offsets, arg);
+        in->order[idx] = ord;
+    }
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_box(c[ord[mid]].offsets, off, nd) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < n && !cmp_box(c[ord[lo]].offsets, off, nd)) {
+        in->next[idx] = ord[lo] + 1;
+        return ord[lo];
+    }
+    return SIZE_MAX;
 }
 
 static int dtype_of(interp *in, const pk_node *props, const char *key, dcp_dtype *dt)
@@ -183,11 +319,14 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
     } else if (dcpi_model_set_tensor(in->ck, idx, dt, nd, shape, in->err) < 0) {
         return -1;
     }
+    size_t first = e->nchunks;
     const pk_node *chunks = pk_dict_get(st, "chunks");
     if (chunks && chunks->type == PK_CALL)
         chunks = pk_call_items(chunks);   /* a list subclass */
     if (!chunks || (chunks->type != PK_LIST && chunks->type != PK_TUPLE))
         return dcpi_err(in->err, EINVAL, "%s: %s: chunks is not a list", in->what, key);
+    if (dcpi_model_reserve_chunks(in->ck, idx, pk_len(chunks), in->err) < 0)
+        return -1;
     for (size_t i = 0; i < pk_len(chunks); i++) {
         const pk_node *cst = state_of(pk_item(chunks, i));
         if (!cst || int_vector(in, pk_dict_get(cst, "offsets"), off, &cnd, key, "chunk offsets") < 0 ||
@@ -207,46 +346,23 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
                                 vec_text(shape, nd, c, sizeof c));
             }
         }
-        const char *ck_key;
-        size_t ck_len;
-        uint64_t v;
-        if (composite(in, key, klen, off, nd, &ck_key, &ck_len) < 0)
-            return -1;
-        if (dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v)) {
-            /* The same box again (rank-local files each list a replicated
-             * tensor): a replica, keep the first. (The composite starts with
-             * the key, so the box is one of this entry's.) */
-            const dcp_chunk *prev = &in->ck->priv[idx].chunks[v & 0xffffffffu];
-            if (nd && memcmp(prev->sizes, sz, (size_t)nd * sizeof *sz)) {
-                char a[256], b[256], c[256];
-                return dcpi_err(in->err, EINVAL, "%s: %s: two chunks at offsets %s with different sizes %s and %s",
-                                in->what, key, vec_text(off, nd, a, sizeof a),
-                                vec_text(prev->sizes, nd, b, sizeof b), vec_text(sz, nd, c, sizeof c));
-            }
-            continue;
-        }
         size_t ci;
         if (dcpi_model_add_chunk(in->ck, idx, off, sz, &ci, in->err) < 0)
             return -1;
-        if (ci > 0xffffffffu)
+        if (ci >= UINT32_MAX)
             return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
-        if (dcpi_strmap_put(&in->boxes, ck_key, ck_len, ((uint64_t)idx << 32) | ci) < 0)
-            return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
     }
-    return 0;
+    if (slots_for(in, idx) < 0)
+        return -1;
+    free(in->order[idx]);   /* (made for the chunks before these) */
+    in->order[idx] = NULL;
+    return drop_replicas(in, idx, first, key);
 }
 
 static int add_bytes(interp *in, const char *key, size_t klen)
 {
     size_t idx;
-    const char *ck_key = NULL;
-    size_t ck_len = 0;
-    if (dcpi_model_entry(in->ck, key, klen, DCP_KIND_BYTES, &idx, in->err) < 0 ||
-        composite(in, key, klen, NULL, 0, &ck_key, &ck_len) < 0)
-        return -1;
-    if (dcpi_strmap_put(&in->boxes, ck_key, ck_len, (uint64_t)idx << 32) < 0)
-        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
-    return 0;
+    return dcpi_model_entry(in->ck, key, klen, DCP_KIND_BYTES, &idx, in->err);
 }
 
 static int transforms_of(interp *in, const pk_node *list, const char *key, uint32_t *out)
@@ -285,13 +401,19 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
     const pk_node *o = pk_dict_get(ist, "offset");
     if (o && o->type != PK_NONE && int_vector(in, o, off, &nd, key, "storage offset") < 0)
         return -1;
-    const char *ck_key;
-    size_t ck_len;
     uint64_t v;
-    if (composite(in, key, klen, off, nd, &ck_key, &ck_len) < 0)
-        return -1;
-    if (!dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v))
+    if (!dcpi_strmap_get(&in->ck->keys, key, klen, &v))
         return 0;   /* an entry no key refers to: unused */
+    size_t idx = (size_t)v, ci = 0;
+    const dcp_entry *e = &in->ck->entries[idx];
+    if (e->kind == DCP_KIND_BYTES) {
+        if (nd)
+            return 0;   /* a box of a bytes item: unused */
+    } else {
+        int failed = 0;
+        if ((ci = chunk_at(in, idx, off, nd, in->err, &failed)) == SIZE_MAX)
+            return failed ? -1 : 0;   /* a box no chunk has: unused */
+    }
     int64_t boff, blen;
     if (!pk_str(pk_dict_get(sst, "relative_path"), &rel, &rlen) ||
         !pk_int(pk_dict_get(sst, "offset"), &boff) || !pk_int(pk_dict_get(sst, "length"), &blen))
@@ -307,12 +429,11 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
             return dcpi_err_prefix(in->err, "%s: %s", in->what, key);
         return -1;
     }
-    size_t idx = (size_t)(v >> 32), ci = (size_t)(v & 0xffffffffu);
-    dcp_entry *e = &in->ck->entries[idx];
     if (e->kind == DCP_KIND_BYTES) {
-        if (!e->has_blob) {
-            e->blob = b;
-            e->has_blob = 1;
+        dcp_entry *be = &in->ck->entries[idx];
+        if (!be->has_blob) {
+            be->blob = b;
+            be->has_blob = 1;
         }
     } else if (!in->ck->priv[idx].chunks[ci].has_blob) {
         in->ck->priv[idx].chunks[ci].blob = b;
@@ -564,14 +685,17 @@ static void interp_init(interp *in, dcp_checkpoint *ck, dcp_error *err)
     memset(in, 0, sizeof *in);
     in->ck = ck;
     in->err = err;
-    dcpi_strmap_init(&in->boxes);
-    dcpi_arena_init(&in->scratch);
 }
 
 static void interp_free(interp *in)
 {
-    dcpi_strmap_free(&in->boxes);
-    dcpi_arena_free(&in->scratch);
+    for (size_t i = 0; i < in->nslots; i++)
+        free(in->order[i]);
+    free(in->order);
+    free(in->next);
+    in->order = NULL;
+    in->next = NULL;
+    in->nslots = 0;
 }
 
 /* DCP_WHOLE_PARSE=1 builds the whole pickle tree first (for comparisons). */
@@ -591,10 +715,7 @@ static int again_whole(interp *in, int rc)
         fprintf(stderr, "parsing whole: %s\n", in->err->msg);
     if (dcpi_model_reset(in->ck, in->err) < 0)
         return 0;
-    dcpi_strmap_free(&in->boxes);
-    dcpi_arena_free(&in->scratch);
-    dcpi_strmap_init(&in->boxes);
-    dcpi_arena_init(&in->scratch);
+    interp_free(in);
     in->whole = 1;
     in->sdm_seen = in->saw_new_properties = in->saw_old_properties = 0;
     return 1;

@@ -133,6 +133,22 @@ int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim
     return 0;
 }
 
+int dcpi_model_reserve_chunks(dcp_checkpoint *ck, size_t idx, size_t more, dcp_error *err)
+{
+    struct dcpi_entry_priv *p = &ck->priv[idx];
+    size_t need = ck->entries[idx].nchunks + more;
+    if (need <= p->chunk_cap)
+        return 0;
+    if (need > SIZE_MAX / sizeof(dcp_chunk))
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    dcp_chunk *nc = realloc(p->chunks, need * sizeof *nc);
+    if (!nc)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    p->chunks = nc;
+    p->chunk_cap = need;
+    return 0;
+}
+
 int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
                         const int64_t *sizes, size_t *ci, dcp_error *err)
 {
@@ -156,7 +172,7 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
         p->chunk_cap = ncap;
     }
     size_t n = (size_t)e->ndim * sizeof(int64_t);
-    int64_t *box = dcpi_arena_alloc(&ck->arena, 2 * n + 1);
+    int64_t *box = dcpi_arena_alloc(&ck->arena, n ? 2 * n : 1);
     if (!box)
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     memcpy(box, offsets, n);

@@ -114,7 +114,7 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
         return -1;
     }
     /* Store what was parsed, then serve it from the catalog like any later
-     * open: the model.s memory (a million chunks: ~350 MiB) goes
+     * open: the model's memory (a million chunks: ~350 MiB) goes
      * now rather than at dcp_close. A failure only costs a later parse. */
     if (use_catalog && dcpi_catalog_store(ck, opts->catalog) == 0) {
         dcp_checkpoint *served = open_served(path, opts->catalog, ck);
