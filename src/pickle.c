@@ -34,7 +34,6 @@ struct pk_doc {
 /* Stream mode: what a MARK notes for a consumed batch to go back to. */
 typedef struct smark {
     dcpi_arena_mark arena;
-    uint64_t memo_hi;       /* memo indexes below this were defined before the MARK */
 } smark;
 
 typedef struct kept_slot {
@@ -619,9 +618,11 @@ static pk_node *keep_copy(vm *m, const pk_node *n, int *failed)
 }
 
 /* Stream mode: the consumer took the batch opened by the MARK noted in mk.
- * Memo entries defined before that MARK live on; those defined since are
- * kept as copies or released; the window restarts empty and the arena goes
- * back to the MARK. */
+ * Every memo entry of the window is kept as a copy or released, even one
+ * made before that MARK: it may lie in a batch of an enclosing MARK that a
+ * later rewind frees (the Metadata object and its dicts, which nothing
+ * refers back to, are released so). The window restarts empty and the arena
+ * goes back to the MARK. */
 static int release_batch(vm *m, const smark *mk)
 {
     for (size_t i = 0; i < m->memo_len; i++) {
@@ -629,11 +630,6 @@ static int release_batch(vm *m, const smark *mk)
         uint64_t idx = m->memo_base + i;
         if (!n)
             continue;
-        if (idx < mk->memo_hi) {
-            if (kept_put(m, idx, n) < 0)
-                return -1;
-            continue;
-        }
         int failed = 0;
         pk_node *c = keep_copy(m, n, &failed);
         if (failed)
@@ -706,7 +702,6 @@ static int run(vm *m, pk_node **root)
                 return fail(m, "too many nested MARKs", NULL);
             if (m->src) {
                 m->smarks[m->nmarks].arena = dcpi_arena_here(&m->doc->arena);
-                m->smarks[m->nmarks].memo_hi = m->memo_base + m->memo_len;
             }
             m->marks[m->nmarks++] = m->sp;
             break;

@@ -769,6 +769,45 @@ START_TEST(stream_hostile_input)
 }
 END_TEST
 
+static int take_all(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n)
+{
+    (void)stack, (void)floor, (void)base;
+    for (size_t i = 0; i < 2 * n; i++)   /* what is handed over is whole */
+        if (kv[i]->type == PK_STR)
+            ck_assert_uint_eq(strlen(kv[i]->u.s.p), kv[i]->u.s.len);
+    ++*(size_t *)ctx;
+    return 1;
+}
+
+/* A consumer that takes every batch, nested ones too (a batch inside a
+ * batch that is taken later): memo entries kept across an inner batch must
+ * not point into the outer one's freed nodes (run under ASan too). */
+START_TEST(stream_nested_batches)
+{
+    const char *top = getenv("top_srcdir");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/05_mixed_2ranks/ckpt/.metadata", top ? top : "..");
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char data[65536];
+    size_t n = fread(data, 1, sizeof data, f);
+    fclose(f);
+    int fd = file_of(data, n);
+    size_t taken = 0;
+    pk_stream s = {.fd = fd, .size = n, .items = take_all, .ctx = &taken};
+    pk_doc *d;
+    const pk_node *root;
+    dcp_error err;
+    int rc = pk_parse_stream(&s, "m", &d, &root, &err);
+    ck_assert_msg(rc == 0 || err.code == PK_ERR_RELEASED, "%s", err.msg);
+    if (rc == 0)
+        pk_free(d);
+    ck_assert_uint_gt(taken, 10);
+    ck_assert_uint_eq(s.batches, taken);
+    close(fd);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("pickle");
@@ -800,6 +839,7 @@ static Suite *suite(void)
     tcase_add_test(st, stream_batches_in_order_and_backrefs);
     tcase_add_test(st, stream_released_backref_and_consumer_error);
     tcase_add_test(st, stream_hostile_input);
+    tcase_add_test(st, stream_nested_batches);
     suite_add_tcase(s, st);
     return s;
 }
