@@ -6,7 +6,9 @@ libdcp_la_SOURCES = \
 	src/util.c \
 	src/keys.c \
 	src/dtype.c \
-	src/model.c \
+	src/model.c src/store.h src/store_mem.c src/chunk_record.c \
+	src/open.c \
+	src/identity.c \
 	src/pickle.c \
 	src/metadata.c \
 	src/zip.c src/zip.h \

@@ -39,6 +39,15 @@ void dcpi_arena_free(dcpi_arena *a);
 void *dcpi_arena_alloc(dcpi_arena *a, size_t n);             /* zeroed, 16-aligned; NULL on OOM */
 char *dcpi_arena_strndup(dcpi_arena *a, const char *s, size_t n);
 void *dcpi_arena_memdup(dcpi_arena *a, const void *p, size_t n);
+/* A point in an arena's life: dcpi_arena_rewind frees everything allocated
+ * since dcpi_arena_mark (the streaming pickle parse drops each consumed
+ * entry's nodes so). Marks must be rewound in reverse order, or not at all. */
+typedef struct dcpi_arena_mark {
+    struct dcpi_arena_block *head, *next;
+    size_t used, total;
+} dcpi_arena_mark;
+dcpi_arena_mark dcpi_arena_here(const dcpi_arena *a);
+void dcpi_arena_rewind(dcpi_arena *a, const dcpi_arena_mark *mk);
 
 /* ------------------------------------------------------ string hash index */
 
@@ -101,8 +110,11 @@ typedef struct dcpi_decoded {
  * C-contiguous bytes of exactly its chunk (safetensors data). */
 #define DCPI_BLOB_RAW (1u << 31)
 
+typedef struct dcpi_store dcpi_store;   /* store.h */
+
 struct dcp_checkpoint {
     char *path;                /* the folder as given */
+    const dcpi_store *store;   /* where entries and chunks come from (store.h) */
     int dirfd;                 /* O_PATH|O_DIRECTORY of the folder */
     dcpi_arena arena;           /* keys, shapes, chunk boxes, strings */
 
@@ -131,7 +143,7 @@ struct dcp_checkpoint {
     /* A model served by the catalog: entries[] and priv[] are allocated for
      * every entry at open but filled as entries are asked for (an entry is
      * there once its key is set, stored last with release order). */
-    struct dcpi_lazy *lazy;        /* integrity/modelcache.c; NULL for a parsed model */
+    struct dcpi_lazy *lazy;        /* integrity/modelcache.c's data of dcpi_store_catalog; NULL otherwise */
     char model_key[33];            /* integrity/modelcache.c: the .metadata's content key, "" until known */
     char model_stamp[112];         /* integrity/modelcache.c: its stat stamp, "" until known or when racy */
     size_t *sorted;                /* a parsed model's entry indexes in key order (dcp_seek), lazy */
@@ -142,10 +154,24 @@ struct dcp_checkpoint {
 
 #define DCPI_CHUNK_BUDGET (16u << 20)
 
-/* An empty model over a folder (dcpfs's dcp_open starts the same way), and
- * its file tables once every file is declared (model.c). */
+/* An empty model over a folder (dcp_open starts the same way), and its file
+ * tables once every file is declared (model.c). */
 dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err);
 int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err);
+
+/* The .metadata's identity (identity.c): its content key (XXH3-128 of its
+ * size, mtime and bytes, fed as they are read) and its stat stamp, which
+ * the catalog files a model under. dcpi_identity_begin returns NULL on OOM
+ * (the others accept it); dcpi_identity_finish fills ck->model_key and
+ * ck->model_stamp and frees. */
+struct stat;
+typedef struct dcpi_identity dcpi_identity;
+dcpi_identity *dcpi_identity_begin(const struct stat *sb);
+void dcpi_identity_update(dcpi_identity *id, const void *p, size_t n);
+void dcpi_identity_key(dcpi_identity *id, char key[33]);
+void dcpi_identity_finish(dcpi_identity *id, dcp_checkpoint *ck);
+void dcpi_identity_free(dcpi_identity *id);
+void dcpi_identity_stamp(dcp_checkpoint *ck, const struct stat *sb);
 
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
@@ -155,38 +181,31 @@ int dcpi_model_entry(dcp_checkpoint *ck, const char *key, size_t len, dcp_kind k
                     size_t *idx, dcp_error *err);
 int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim,
                          const int64_t *shape, dcp_error *err);
+/* Room for `more` chunks of entry idx, exactly (a loader that knows how
+ * many are coming; dcpi_model_add_chunk grows by doubling). */
+int dcpi_model_reserve_chunks(dcp_checkpoint *ck, size_t idx, size_t more, dcp_error *err);
 /* Append a chunk box (ndim must match the entry's). Returns its index in *ci. */
 int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
                         const int64_t *sizes, size_t *ci, dcp_error *err);
 /* Check a relative path from metadata: not empty, not absolute, no "..". */
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
+/* The index of e in ck's entries, or SIZE_MAX when it is not one of them. */
+size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e);
+/* Forget every entry and file a loader added (to load again). */
+int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err);
 /* The checkpoint's name in messages: its folder, or its file when it is a
  * single torch.save or safetensors file (libdcpload's ldi_name alike). */
 const char *dcpi_ck_name(const dcp_checkpoint *ck);
 
-/* The model cache (integrity/modelcache.c). Serve an empty ck from the
- * catalog (0) or fail (-1, ck partly filled: discard it); store a parsed
- * one (0 when stored, or already there). */
-int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog);
+/* The model cache (integrity/modelcache.c), used by dcp_open (open.c).
+ * Serve an empty ck from the catalog (0: ck->store is dcpi_store_catalog)
+ * or fail (-1, ck partly filled: discard it); store a parsed one (0 when
+ * stored, or already there). `parse` opens the folder without the catalog:
+ * a served model falls back to it when the catalog fails later. */
+typedef int (*dcpi_parse_fn)(const char *path, dcp_checkpoint **out, dcp_error *err);
+int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn parse);
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
-/* The .metadata's content key and stat stamp, from the bytes and the fstat
- * a parse used (so what is stored is filed under what was parsed). */
-struct stat;
-void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb);
-/* A served model's entries, read on demand (each fills ck->entries[idx]):
- * every one (dcp_entry_at), the one with key (exact) or the first with a key
- * >= key (seek). *idx = SIZE_MAX when there is none. */
-int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err);
-int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err);
-/* A new chunk set of entry idx (pins 0, not yet in the cache). */
-int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
-void dcpi_lazy_free(struct dcpi_lazy *lz);
-/* Records of a served model (integrity/recordcache.c): keep those a set
- * located (when the set is dropped, outside ck->lock: a full batch is
- * stored by a background thread); store all that is kept (dcp_close). */
-void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
-void dcpi_records_flush(dcp_checkpoint *ck);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

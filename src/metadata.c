@@ -4,6 +4,15 @@
  * 1.13 and torch.distributed.checkpoint of 2.x) by the class paths and fields
  * present; any other class with the Metadata fields (Megatron-Core's
  * MCoreMetadata subclass) is read the same way, its extra fields ignored.
+ *
+ * The file is parsed as a stream (pk_parse_stream): the batches of items the
+ * pickler writes into the two big dicts, state_dict_metadata (key ->
+ * TensorStorageMetadata) and storage_data (MetadataIndex -> _StorageInfo),
+ * are given to the model as they complete and freed, so the parse holds one
+ * batch (1000 items) of the pickle tree, never the file's. Whatever is not
+ * taken so (items of another shape) stays in the tree and is read at the
+ * end, as before. A pickle that refers back to an object of a freed batch
+ * (no PyTorch version does) is parsed again whole.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -26,11 +35,20 @@ typedef struct interp {
     dcp_checkpoint *ck;
     const char *what;          /* the file being read, "<ckpt>/.metadata", for messages */
     dcp_error *err;
-    dcpi_strmap boxes;         /* (key, offsets) -> entry<<32 | chunk; (key) -> entry<<32 for bytes */
-    dcpi_arena scratch;        /* the composite keys of boxes */
+    /* Finding a storage_data item's chunk: its entry by key (ck->keys),
+     * then the chunk at its offsets: first the one after the last found
+     * (storage_data lists an entry's chunks in the order
+     * state_dict_metadata does, rank after rank), else a binary search of
+     * the entry's chunks sorted by offsets, made on the first miss. */
+    uint32_t *next;            /* per entry: the chunk to try first */
+    uint32_t **order;          /* per entry: its chunks sorted by offsets, or NULL */
+    size_t nslots;             /* of next and order */
     int saw_new_properties;    /* TensorProperties from torch.distributed.checkpoint.metadata */
     int saw_old_properties;    /* ... from torch.distributed._shard.sharded_tensor.metadata */
     int identity;              /* the global .metadata: its key and stamp come from this read */
+    int whole;                 /* parse the whole tree first (no streaming) */
+    int sdm_seen;              /* state_dict_metadata items were taken from the stream */
+    dcpi_identity *id;         /* the content key of the file being read, or NULL */
 } interp;
 
 static const char *class_name(const pk_node *obj)
@@ -95,25 +113,6 @@ static int key_text(interp *in, const pk_node *k, char *buf, size_t bufsz, const
     return dcpi_err(in->err, EINVAL, "%s: a state-dict key is neither a string nor an integer", in->what);
 }
 
-/* The index key of a box: the key's length, the key, the offsets. The length
- * prefix keeps hostile keys (any bytes) from colliding with other boxes. */
-static int composite(interp *in, const char *key, size_t klen, const int64_t *off, int nd,
-                     const char **out, size_t *olen)
-{
-    size_t n = sizeof(uint64_t) + klen + (size_t)nd * sizeof(int64_t);
-    char *c = dcpi_arena_alloc(&in->scratch, n);
-    if (!c)
-        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
-    uint64_t kl = klen;
-    memcpy(c, &kl, sizeof kl);
-    memcpy(c + sizeof kl, key, klen);
-    if (nd)
-        memcpy(c + sizeof kl + klen, off, (size_t)nd * sizeof(int64_t));
-    *out = c;
-    *olen = n;
-    return 0;
-}
-
 /* "[a, b, c]" into buf, for messages. */
 static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
 {
@@ -123,6 +122,155 @@ static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
     if (used < sz)
         snprintf(buf + used, sz - used, "]");
     return buf;
+}
+
+static int cmp_box(const int64_t *a, const int64_t *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a[d] != b[d])
+            return a[d] < b[d] ? -1 : 1;
+    return 0;
+}
+
+/* qsort_r over chunk indexes: by offsets, then by index (first wins). */
+static int by_offsets(const void *a, const void *b, void *arg)
+{
+    const dcp_entry *e = ((void **)arg)[0];
+    const dcp_chunk *c = ((void **)arg)[1];
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    int r = cmp_box(c[x].offsets, c[y].offsets, e->ndim);
+    return r ? r : (x > y) - (x < y);
+}
+
+/* Room in the per-entry tables for entry idx. */
+static int slots_for(interp *in, size_t idx)
+{
+    if (idx < in->nslots)
+        return 0;
+    size_t n = in->nslots ? in->nslots : 1024;
+    while (n <= idx)
+        n *= 2;
+    uint32_t *nx = realloc(in->next, n * sizeof *nx);
+    if (nx)
+        in->next = nx;
+    uint32_t **no = nx ? realloc(in->order, n * sizeof *no) : NULL;
+    if (!no)
+        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+    in->order = no;
+    memset(in->next + in->nslots, 0, (n - in->nslots) * sizeof *in->next);
+    memset(in->order + in->nslots, 0, (n - in->nslots) * sizeof *in->order);
+    in->nslots = n;
+    return 0;
+}
+
+/* The chunks from `first` on were just added to entry idx: drop each whose
+ * box an earlier chunk has (a replica: rank-local files each list a
+ * replicated tensor; keep the first), failing when the sizes differ. */
+static int drop_replicas(interp *in, size_t idx, size_t first, const char *key)
+{
+    dcp_entry *e = &in->ck->entries[idx];
+    dcp_chunk *c = in->ck->priv[idx].chunks;
+    size_t n = e->nchunks;
+    int nd = e->ndim;
+    if (n - first == 0 || n < 2)
+        return 0;
+    if (first == 0) {   /* one list in increasing order (most): no replica */
+        size_t i = 1;
+        while (i < n && cmp_box(c[i - 1].offsets, c[i].offsets, nd) < 0)
+            i++;
+        if (i == n)
+            return 0;
+    }
+    if (n > UINT32_MAX)
+        return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
+    uint32_t *ord = malloc(n * sizeof *ord);
+    unsigned char *drop = calloc(n, 1);
+    if (!ord || !drop) {
+        free(ord);
+        free(drop);
+        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+    }
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (uint32_t)i;
+    void *arg[2] = {e, c};
+    qsort_r(ord, n, sizeof *ord, by_offsets, arg);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        const dcp_chunk *prev = &c[ord[i - 1]], *cur = &c[ord[i]];
+        if (cmp_box(prev->offsets, cur->offsets, nd))
+            continue;
+        if (nd && memcmp(prev->sizes, cur->sizes, (size_t)nd * sizeof *cur->sizes)) {
+            char a[256], b[256], d[256];
+            rc = dcpi_err(in->err, EINVAL, "%s: %s: two chunks at offsets %s with different sizes %s and %s",
+                          in->what, key, vec_text(cur->offsets, nd, a, sizeof a),
+                          vec_text(prev->sizes, nd, b, sizeof b), vec_text(cur->sizes, nd, d, sizeof d));
+        }
+        drop[ord[i]] = 1;
+        ord[i] = ord[i - 1];   /* the kept one, for the next comparison */
+    }
+    if (rc == 0) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!drop[i])
+                c[k++] = c[i];
+        e->nchunks = k;
+    }
+    free(ord);
+    free(drop);
+    return rc;
+}
+
+/* The chunk of tensor entry idx at offsets off (nd values), or SIZE_MAX. */
+static size_t chunk_at(interp *in, size_t idx, const int64_t *off, int nd, dcp_error *err, int *failed)
+{
+    const dcp_entry *e = &in->ck->entries[idx];
+    const dcp_chunk *c = in->ck->priv[idx].chunks;
+    size_t n = e->nchunks;
+    if (nd != e->ndim || !n)
+        return SIZE_MAX;
+    if (slots_for(in, idx) < 0) {
+        *failed = 1;
+        return SIZE_MAX;
+    }
+    size_t h = in->next[idx];
+    if (h < n && !cmp_box(c[h].offsets, off, nd)) {
+        in->next[idx] = (uint32_t)(h + 1);
+        return h;
+    }
+    if (n <= 8) {
+        for (size_t i = 0; i < n; i++)
+            if (!cmp_box(c[i].offsets, off, nd)) {
+                in->next[idx] = (uint32_t)(i + 1);
+                return i;
+            }
+        return SIZE_MAX;
+    }
+    uint32_t *ord = in->order[idx];
+    if (!ord) {
+        if (!(ord = malloc(n * sizeof *ord))) {
+            *failed = 1;
+            dcpi_err(err, ENOMEM, "%s: out of memory", in->what);
+            return SIZE_MAX;
+        }
+        for (size_t i = 0; i < n; i++)
+            ord[i] = (uint32_t)i;
+        void *arg[2] = {(void *)e, (void *)c};
+        qsort_r(ord, n, sizeof *ord, by_offsets, arg);
+        in->order[idx] = ord;
+    }
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cmp_box(c[ord[mid]].offsets, off, nd) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < n && !cmp_box(c[ord[lo]].offsets, off, nd)) {
+        in->next[idx] = ord[lo] + 1;
+        return ord[lo];
+    }
+    return SIZE_MAX;
 }
 
 static int dtype_of(interp *in, const pk_node *props, const char *key, dcp_dtype *dt)
@@ -171,11 +319,14 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
     } else if (dcpi_model_set_tensor(in->ck, idx, dt, nd, shape, in->err) < 0) {
         return -1;
     }
+    size_t first = e->nchunks;
     const pk_node *chunks = pk_dict_get(st, "chunks");
     if (chunks && chunks->type == PK_CALL)
         chunks = pk_call_items(chunks);   /* a list subclass */
     if (!chunks || (chunks->type != PK_LIST && chunks->type != PK_TUPLE))
         return dcpi_err(in->err, EINVAL, "%s: %s: chunks is not a list", in->what, key);
+    if (dcpi_model_reserve_chunks(in->ck, idx, pk_len(chunks), in->err) < 0)
+        return -1;
     for (size_t i = 0; i < pk_len(chunks); i++) {
         const pk_node *cst = state_of(pk_item(chunks, i));
         if (!cst || int_vector(in, pk_dict_get(cst, "offsets"), off, &cnd, key, "chunk offsets") < 0 ||
@@ -195,46 +346,23 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
                                 vec_text(shape, nd, c, sizeof c));
             }
         }
-        const char *ck_key;
-        size_t ck_len;
-        uint64_t v;
-        if (composite(in, key, klen, off, nd, &ck_key, &ck_len) < 0)
-            return -1;
-        if (dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v)) {
-            /* The same box again (rank-local files each list a replicated
-             * tensor): a replica, keep the first. (The composite starts with
-             * the key, so the box is one of this entry's.) */
-            const dcp_chunk *prev = &in->ck->priv[idx].chunks[v & 0xffffffffu];
-            if (nd && memcmp(prev->sizes, sz, (size_t)nd * sizeof *sz)) {
-                char a[256], b[256], c[256];
-                return dcpi_err(in->err, EINVAL, "%s: %s: two chunks at offsets %s with different sizes %s and %s",
-                                in->what, key, vec_text(off, nd, a, sizeof a),
-                                vec_text(prev->sizes, nd, b, sizeof b), vec_text(sz, nd, c, sizeof c));
-            }
-            continue;
-        }
         size_t ci;
         if (dcpi_model_add_chunk(in->ck, idx, off, sz, &ci, in->err) < 0)
             return -1;
-        if (ci > 0xffffffffu)
+        if (ci >= UINT32_MAX)
             return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
-        if (dcpi_strmap_put(&in->boxes, ck_key, ck_len, ((uint64_t)idx << 32) | ci) < 0)
-            return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
     }
-    return 0;
+    if (slots_for(in, idx) < 0)
+        return -1;
+    free(in->order[idx]);   /* (made for the chunks before these) */
+    in->order[idx] = NULL;
+    return drop_replicas(in, idx, first, key);
 }
 
 static int add_bytes(interp *in, const char *key, size_t klen)
 {
     size_t idx;
-    const char *ck_key = NULL;
-    size_t ck_len = 0;
-    if (dcpi_model_entry(in->ck, key, klen, DCP_KIND_BYTES, &idx, in->err) < 0 ||
-        composite(in, key, klen, NULL, 0, &ck_key, &ck_len) < 0)
-        return -1;
-    if (dcpi_strmap_put(&in->boxes, ck_key, ck_len, (uint64_t)idx << 32) < 0)
-        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
-    return 0;
+    return dcpi_model_entry(in->ck, key, klen, DCP_KIND_BYTES, &idx, in->err);
 }
 
 static int transforms_of(interp *in, const pk_node *list, const char *key, uint32_t *out)
@@ -273,13 +401,19 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
     const pk_node *o = pk_dict_get(ist, "offset");
     if (o && o->type != PK_NONE && int_vector(in, o, off, &nd, key, "storage offset") < 0)
         return -1;
-    const char *ck_key;
-    size_t ck_len;
     uint64_t v;
-    if (composite(in, key, klen, off, nd, &ck_key, &ck_len) < 0)
-        return -1;
-    if (!dcpi_strmap_get(&in->boxes, ck_key, ck_len, &v))
+    if (!dcpi_strmap_get(&in->ck->keys, key, klen, &v))
         return 0;   /* an entry no key refers to: unused */
+    size_t idx = (size_t)v, ci = 0;
+    const dcp_entry *e = &in->ck->entries[idx];
+    if (e->kind == DCP_KIND_BYTES) {
+        if (nd)
+            return 0;   /* a box of a bytes item: unused */
+    } else {
+        int failed = 0;
+        if ((ci = chunk_at(in, idx, off, nd, in->err, &failed)) == SIZE_MAX)
+            return failed ? -1 : 0;   /* a box no chunk has: unused */
+    }
     int64_t boff, blen;
     if (!pk_str(pk_dict_get(sst, "relative_path"), &rel, &rlen) ||
         !pk_int(pk_dict_get(sst, "offset"), &boff) || !pk_int(pk_dict_get(sst, "length"), &blen))
@@ -295,12 +429,11 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
             return dcpi_err_prefix(in->err, "%s: %s", in->what, key);
         return -1;
     }
-    size_t idx = (size_t)(v >> 32), ci = (size_t)(v & 0xffffffffu);
-    dcp_entry *e = &in->ck->entries[idx];
     if (e->kind == DCP_KIND_BYTES) {
-        if (!e->has_blob) {
-            e->blob = b;
-            e->has_blob = 1;
+        dcp_entry *be = &in->ck->entries[idx];
+        if (!be->has_blob) {
+            be->blob = b;
+            be->has_blob = 1;
         }
     } else if (!in->ck->priv[idx].chunks[ci].has_blob) {
         in->ck->priv[idx].chunks[ci].blob = b;
@@ -417,6 +550,67 @@ static int pre_113_error(interp *in)
                     in->what);
 }
 
+/* One state_dict_metadata item: key -> TensorStorageMetadata or
+ * BytesStorageMetadata. */
+static int sdm_item(interp *in, const pk_node *k, const pk_node *md)
+{
+    char num[32];
+    const char *key;
+    size_t klen;
+    if (key_text(in, k, num, sizeof num, &key, &klen) < 0)
+        return -1;
+    const char *cls = class_name(md);
+    if (cls && !strcmp(cls, "TensorStorageMetadata"))
+        return add_tensor(in, key, klen, md);
+    if (cls && !strcmp(cls, "BytesStorageMetadata"))
+        return add_bytes(in, key, klen);
+    if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata")))
+        return pre_113_error(in);
+    return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
+                    (int)klen, key, cls ? cls : "(not an object)");
+}
+
+/* The stream's batches: kv[2i] -> kv[2i+1] going into the dict stack[base].
+ * Taken (1) when that dict is the value of the state_dict_metadata or
+ * storage_data field of the top object's state: stack[0] the Metadata
+ * object, then its state dict (or a slots state: None, the dict), then the
+ * MARK of its fields at floor, then field names and values, the dict's name
+ * at base - 1. storage_data only after state_dict_metadata, whose boxes its
+ * items locate. */
+static int on_items(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n)
+{
+    interp *in = ctx;
+    const char *f;
+    size_t fl;
+    if (floor < 2 || floor > 3 || base <= floor || (base - floor) % 2 != 1 || stack[0]->type != PK_CALL ||
+        stack[floor - 1]->type != PK_DICT || !pk_str(stack[base - 1], &f, &fl))
+        return 0;
+    if (fl == 19 && !memcmp(f, "state_dict_metadata", 19)) {
+        for (size_t i = 0; i < n; i++)   /* the pre-1.13 schema: read whole, at the end */
+            if (pk_dict_get(state_of(kv[2 * i + 1]), "storage_key"))
+                return 0;
+        for (size_t i = 0; i < n; i++)
+            if (sdm_item(in, kv[2 * i], kv[2 * i + 1]) < 0)
+                return -1;
+        in->sdm_seen = 1;
+        return 1;
+    }
+    if (fl == 12 && !memcmp(f, "storage_data", 12) && in->sdm_seen) {
+        for (size_t i = 0; i < n; i++)
+            if (add_storage(in, kv[2 * i], kv[2 * i + 1]) < 0)
+                return -1;
+        return 1;
+    }
+    return 0;
+}
+
+static void on_bytes(void *ctx, const void *p, size_t n)
+{
+    interp *in = ctx;
+    in->ck->info.metadata_bytes += n;
+    dcpi_identity_update(in->id, p, n);
+}
+
 static int interpret(interp *in, const pk_node *root)
 {
     const pk_node *st = state_of(root);
@@ -431,27 +625,9 @@ static int interpret(interp *in, const pk_node *root)
         return dcpi_err(in->err, EINVAL, "%s: a pickle, but not DCP metadata (%s%s%s has no state_dict_metadata/storage_data)",
                         in->what, name ? class_module(root) : "the top object", name ? "." : "", name ? name : "");
     }
-    for (size_t i = 0; i < sdm->u.dict.n; i++) {
-        char num[32];
-        const char *key;
-        size_t klen;
-        const pk_node *md = sdm->u.dict.vals[i];
-        if (key_text(in, sdm->u.dict.keys[i], num, sizeof num, &key, &klen) < 0)
+    for (size_t i = 0; i < sdm->u.dict.n; i++)   /* what the stream did not take */
+        if (sdm_item(in, sdm->u.dict.keys[i], sdm->u.dict.vals[i]) < 0)
             return -1;
-        const char *cls = class_name(md);
-        if (cls && !strcmp(cls, "TensorStorageMetadata")) {
-            if (add_tensor(in, key, klen, md) < 0)
-                return -1;
-        } else if (cls && !strcmp(cls, "BytesStorageMetadata")) {
-            if (add_bytes(in, key, klen) < 0)
-                return -1;
-        } else if (cls && (!strcmp(cls, "ShardedTensorStorageMetadata") || !strcmp(cls, "ShardStorageMetadata"))) {
-            return pre_113_error(in);
-        } else {
-            return dcpi_err(in->err, EINVAL, "%s: %.*s: unknown storage metadata class %s", in->what,
-                            (int)klen, key, cls ? cls : "(not an object)");
-        }
-    }
     for (size_t i = 0; i < sd->u.dict.n; i++)
         if (add_storage(in, sd->u.dict.keys[i], sd->u.dict.vals[i]) < 0)
             return -1;
@@ -459,7 +635,8 @@ static int interpret(interp *in, const pk_node *root)
     return 0;
 }
 
-/* Read and interpret one metadata file of the folder. */
+/* Read and interpret one metadata file of the folder: streamed, or whole
+ * (in->whole, or when the stream refers back to what it freed). */
 static int load_file(interp *in, const char *relname)
 {
     dcp_checkpoint *ck = in->ck;
@@ -479,38 +656,26 @@ static int load_file(interp *in, const char *relname)
         close(fd);
         return dcpi_err(err, EFBIG, "%s: %lld bytes is too large for a metadata file", what, (long long)sb.st_size);
     }
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return dcpi_err(err, ENOMEM, "%s: out of memory for %zu bytes", what, size);
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return dcpi_err(err, e, "%s: read failed: %s", what, r < 0 ? strerror(e) : "the file shrank while being read");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    ck->info.metadata_bytes += size;
-    if (in->identity)
-        dcpi_model_identity(ck, buf, size, &sb);
-
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    in->id = in->identity ? dcpi_identity_begin(&sb) : NULL;
+    pk_stream src = {.fd = fd, .size = (uint64_t)sb.st_size, .bytes = on_bytes,
+                     .items = in->whole ? NULL : on_items, .ctx = in};
     pk_doc *doc;
     const pk_node *root;
-    int rc = pk_parse(buf, size, what, &doc, &root, err);
-    free(buf);
+    int rc = pk_parse_stream(&src, what, &doc, &root, err);
+    close(fd);
     if (rc == 0) {
         rc = interpret(in, root);
         pk_free(doc);
     }
+    if (rc == 0 && in->identity)
+        dcpi_identity_finish(in->id, ck);
+    else
+        dcpi_identity_free(in->id);
+    in->id = NULL;
+    if (getenv("DCP_DEBUG_STREAM"))
+        fprintf(stderr, "%s: streamed %zu batches; memo: %zu kept (%zu bytes), %zu released\n", what,
+                src.batches, src.memo_kept, src.memo_kept_bytes, src.memo_released);
     in->what = NULL;
     return rc;
 }
@@ -520,14 +685,40 @@ static void interp_init(interp *in, dcp_checkpoint *ck, dcp_error *err)
     memset(in, 0, sizeof *in);
     in->ck = ck;
     in->err = err;
-    dcpi_strmap_init(&in->boxes);
-    dcpi_arena_init(&in->scratch);
 }
 
 static void interp_free(interp *in)
 {
-    dcpi_strmap_free(&in->boxes);
-    dcpi_arena_free(&in->scratch);
+    for (size_t i = 0; i < in->nslots; i++)
+        free(in->order[i]);
+    free(in->order);
+    free(in->next);
+    in->order = NULL;
+    in->next = NULL;
+    in->nslots = 0;
+}
+
+/* DCP_WHOLE_PARSE=1 builds the whole pickle tree first (for comparisons). */
+static int whole_parse(void)
+{
+    const char *v = getenv("DCP_WHOLE_PARSE");
+    return v && *v && strcmp(v, "0");
+}
+
+/* A stream that refers back to a freed batch: forget what it built and
+ * parse whole. */
+static int again_whole(interp *in, int rc)
+{
+    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED)
+        return 0;
+    if (getenv("DCP_DEBUG_STREAM"))
+        fprintf(stderr, "parsing whole: %s\n", in->err->msg);
+    if (dcpi_model_reset(in->ck, in->err) < 0)
+        return 0;
+    interp_free(in);
+    in->whole = 1;
+    in->sdm_seen = in->saw_new_properties = in->saw_old_properties = 0;
+    return 1;
 }
 
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
@@ -535,7 +726,10 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
     interp in;
     interp_init(&in, ck, err);
     in.identity = !strcmp(relname, ".metadata");
+    in.whole = whole_parse();
     int rc = load_file(&in, relname);
+    if (again_whole(&in, rc))
+        rc = load_file(&in, relname);
     interp_free(&in);
     if (rc == 0)
         ck->info.layout = "global .metadata";
@@ -612,9 +806,15 @@ int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
     qsort(files, n, sizeof *files, cmp_rank);
     interp in;
     interp_init(&in, ck, err);
+    in.whole = whole_parse();
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = load_file(&in, files[i].name);
+    if (again_whole(&in, rc)) {
+        rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++)
+            rc = load_file(&in, files[i].name);
+    }
     interp_free(&in);
     free(files);
     if (rc == 0)

@@ -1,5 +1,7 @@
-/* The checkpoint model: opening a folder, the entry and file tables that the
- * format loaders fill, and the accessors of the public API. */
+/* The checkpoint model: the entry and file tables that the format loaders
+ * fill, and the accessors of the public API, which ask the model's store
+ * (store.h) for what is not in the tables yet: nothing for a parsed model,
+ * entries and chunk sets for one served by the catalog. Opening is open.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +12,10 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "store.h"
+
+/* The model's store; a model built by hand (unit tests) has the tables only. */
+static const dcpi_store *store_of(const dcp_checkpoint *ck) { return ck->store ? ck->store : &dcpi_store_mem; }
 
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err)
 {
@@ -127,6 +133,22 @@ int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim
     return 0;
 }
 
+int dcpi_model_reserve_chunks(dcp_checkpoint *ck, size_t idx, size_t more, dcp_error *err)
+{
+    struct dcpi_entry_priv *p = &ck->priv[idx];
+    size_t need = ck->entries[idx].nchunks + more;
+    if (need <= p->chunk_cap)
+        return 0;
+    if (need > SIZE_MAX / sizeof(dcp_chunk))
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    dcp_chunk *nc = realloc(p->chunks, need * sizeof *nc);
+    if (!nc)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    p->chunks = nc;
+    p->chunk_cap = need;
+    return 0;
+}
+
 int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
                         const int64_t *sizes, size_t *ci, dcp_error *err)
 {
@@ -150,7 +172,7 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
         p->chunk_cap = ncap;
     }
     size_t n = (size_t)e->ndim * sizeof(int64_t);
-    int64_t *box = dcpi_arena_alloc(&ck->arena, 2 * n + 1);
+    int64_t *box = dcpi_arena_alloc(&ck->arena, n ? 2 * n : 1);
     if (!box)
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     memcpy(box, offsets, n);
@@ -163,59 +185,39 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
     return 0;
 }
 
+int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err)
+{
+    (void)err;
+    for (size_t i = 0; i < ck->nentries; i++) {
+        free(ck->priv[i].chunks);
+        free(ck->priv[i].records);
+    }
+    free(ck->entries);
+    free(ck->priv);
+    free(ck->files);
+    ck->entries = NULL;
+    ck->priv = NULL;
+    ck->files = NULL;
+    ck->nentries = ck->entry_cap = ck->nfiles = ck->file_cap = 0;
+    dcpi_strmap_free(&ck->keys);
+    dcpi_strmap_free(&ck->file_index);
+    dcpi_arena_free(&ck->arena);
+    dcpi_strmap_init(&ck->keys);
+    dcpi_strmap_init(&ck->file_index);
+    dcpi_arena_init(&ck->arena);
+    int megatron = ck->info.megatron;
+    memset(&ck->info, 0, sizeof ck->info);
+    ck->info.megatron = megatron;
+    return 0;
+}
+
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s)
 {
     return s ? dcpi_arena_strndup(&ck->arena, s, strlen(s)) : NULL;
 }
 
-/* ---------------------------------------------------------------- open */
-
-static int has_file(int dirfd, const char *name)
-{
-    struct stat st;
-    return fstatat(dirfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
-}
-
-/* Which layout the folder holds, from what is in it. */
-static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
-{
-    if (has_file(ck->dirfd, ".metadata"))
-        return dcpi_load_metadata(ck, ".metadata", err);
-
-    int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
-    DIR *d = fdopendir(fd);
-    if (!d) {
-        close(fd);
-        return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
-    }
-    int rank_local = 0, safetensors = 0, distcp = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        size_t n = strlen(de->d_name);
-        if (n > 11 && strncmp(de->d_name, "__", 2) == 0 && strcmp(de->d_name + n - 9, ".metadata") == 0)
-            rank_local = 1;
-        else if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0)
-            safetensors = 1;
-        else if (n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0)
-            distcp = 1;
-    }
-    closedir(d);
-    if (rank_local)
-        return dcpi_load_rank_local(ck, err);
-    if (safetensors)
-        return dcpi_load_huggingface(ck, err);
-    if (distcp)
-        return dcpi_err(err, ENOENT,
-                       "%s: no .metadata: the checkpoint is incomplete (still being written, or the save was interrupted)",
-                       ck->path);
-    return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files",
-                   ck->path);
-}
-
 /* An empty checkpoint on the folder at path. */
-static dcp_checkpoint *ck_new(const char *path, dcp_error *err)
+dcp_checkpoint *dcpi_ck_new(const char *path, dcp_error *err)
 {
     dcp_checkpoint *ck = calloc(1, sizeof *ck);
     if (!ck) {
@@ -228,6 +230,7 @@ static dcp_checkpoint *ck_new(const char *path, dcp_error *err)
     pthread_mutex_init(&ck->lock, NULL);
     ck->dirfd = -1;
     ck->chunk_budget = DCPI_CHUNK_BUDGET;
+    ck->store = &dcpi_store_mem;
     ck->path = strdup(path);
     if (!ck->path) {
         dcp_close(ck);
@@ -244,14 +247,8 @@ static dcp_checkpoint *ck_new(const char *path, dcp_error *err)
     return ck;
 }
 
-int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)
-{
-    dcp_open_options o = {.flags = flags, .catalog = NULL};
-    return dcp_open_ex(path, &o, out, err);
-}
-
 /* The per-file tables every open checkpoint has. */
-static int ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
+int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
 {
     ck->fds = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->fds);
     ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
@@ -261,63 +258,6 @@ static int ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
         ck->fds[i] = -1;
         ck->file_sizes[i] = -1;
     }
-    return 0;
-}
-
-/* A checkpoint served by the catalog, or NULL (any trouble: the caller
- * parses). from carries the .metadata's key and stamp in and out, so that
- * they are computed once per dcp_open. */
-static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_checkpoint *from)
-{
-    dcp_error err;
-    dcp_checkpoint *ck = ck_new(path, &err);
-    if (!ck)
-        return NULL;
-    memcpy(ck->model_key, from->model_key, sizeof ck->model_key);
-    memcpy(ck->model_stamp, from->model_stamp, sizeof ck->model_stamp);
-    int rc = dcpi_catalog_load(ck, catalog);
-    memcpy(from->model_key, ck->model_key, sizeof ck->model_key);
-    memcpy(from->model_stamp, ck->model_stamp, sizeof ck->model_stamp);
-    if (rc < 0 || ck_files_ready(ck, &err) < 0) {
-        dcp_close(ck);
-        return NULL;
-    }
-    return ck;
-}
-
-int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err)
-{
-    *out = NULL;
-    dcp_checkpoint *ck = ck_new(path, err);
-    if (!ck)
-        return -1;
-    int use_catalog = (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
-    if (use_catalog) {
-        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
-        if (served) {
-            dcp_close(ck);
-            served->from_catalog = 1;
-            *out = served;
-            return 0;
-        }
-    }
-    if (has_file(ck->dirfd, "metadata.json"))
-        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
-    if (detect_and_load(ck, err) < 0 || ck_files_ready(ck, err) < 0) {
-        dcp_close(ck);
-        return -1;
-    }
-    /* Store what was parsed, then serve it from the catalog like any later
-     * open: the parse's memory (a million chunks: ~1 GB at its peak) goes
-     * now rather than at dcp_close. A failure only costs a later parse. */
-    if (use_catalog && dcpi_catalog_store(ck, opts->catalog) == 0) {
-        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
-        if (served) {
-            dcp_close(ck);
-            ck = served;
-        }
-    }
-    *out = ck;
     return 0;
 }
 
@@ -333,19 +273,14 @@ void dcp_close(dcp_checkpoint *ck)
                 close(ck->fds[i]);
     for (int i = 0; i < DCPI_DECODED_CACHE; i++)
         free(ck->decoded[i].data);
-    if (ck->lazy && ck->priv) {   /* store the records located since the model was opened */
-        for (size_t i = 0; i < ck->nentries; i++)
-            if (ck->priv[i].set)
-                dcpi_records_keep(ck, ck->priv[i].set);
-        dcpi_records_flush(ck);
-    }
+    if (store_of(ck)->close)
+        store_of(ck)->close(ck);
     if (ck->priv)
         for (size_t i = 0; i < ck->nentries; i++) {
             free(ck->priv[i].chunks);
             free(ck->priv[i].records);
             free(ck->priv[i].set);
         }
-    dcpi_lazy_free(ck->lazy);
     free(ck->sorted);
     free(ck->entries);
     free(ck->priv);
@@ -379,6 +314,8 @@ const char *dcpi_ck_name(const dcp_checkpoint *ck)
     return ck->path;
 }
 
+bool dcpi_store_sets(const dcp_checkpoint *ck) { return store_of(ck)->chunks != NULL; }
+
 /* Lookups fill a served model's tables behind a const pointer: a cache. */
 static dcp_checkpoint *cache_of(const dcp_checkpoint *ck) { return (dcp_checkpoint *)ck; }
 
@@ -390,61 +327,25 @@ const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i)
         return NULL;
     const dcp_entry *e = &ck->entries[i];
     dcp_error err;
-    if (ck->lazy && !filled(e) && dcpi_lazy_all(cache_of(ck), &err) < 0)
+    if (!filled(e) && store_of(ck)->all(cache_of(ck), &err) < 0)
         return NULL;
     return e;
 }
 
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key)
 {
-    uint64_t v;
-    if (!ck->lazy)
-        return dcpi_strmap_get(&ck->keys, key, strlen(key), &v) ? &ck->entries[v] : NULL;
     size_t idx;
     dcp_error err;
-    return dcpi_lazy_find(cache_of(ck), key, 0, &idx, &err) == 0 && idx != SIZE_MAX ? &ck->entries[idx] : NULL;
-}
-
-static int by_key(const void *a, const void *b, void *arg)
-{
-    const dcp_entry *e = arg;
-    return strcmp(e[*(const size_t *)a].key, e[*(const size_t *)b].key);
+    return store_of(ck)->find(cache_of(ck), key, 0, &idx, &err) == 0 && idx != SIZE_MAX ? &ck->entries[idx] : NULL;
 }
 
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err)
 {
+    size_t idx;
     *out = NULL;
-    if (ck->lazy) {
-        size_t idx;
-        if (dcpi_lazy_find(ck, from, 1, &idx, err) < 0)
-            return -1;
-        *out = idx == SIZE_MAX ? NULL : &ck->entries[idx];
-        return 0;
-    }
-    pthread_mutex_lock(&ck->lock);
-    if (!ck->sorted && ck->nentries) {
-        size_t *s = malloc(ck->nentries * sizeof *s);
-        if (s) {
-            for (size_t i = 0; i < ck->nentries; i++)
-                s[i] = i;
-            qsort_r(s, ck->nentries, sizeof *s, by_key, ck->entries);
-        }
-        __atomic_store_n(&ck->sorted, s, __ATOMIC_RELEASE);
-    }
-    const size_t *s = ck->sorted;
-    pthread_mutex_unlock(&ck->lock);
-    if (!s)
-        return ck->nentries ? dcpi_err(err, ENOMEM, "%s: out of memory", ck->path) : 0;
-    size_t lo = 0, hi = ck->nentries;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (strcmp(ck->entries[s[mid]].key, from) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < ck->nentries)
-        *out = &ck->entries[s[lo]];
+    if (store_of(ck)->find(ck, from, 1, &idx, err) < 0)
+        return -1;
+    *out = idx == SIZE_MAX ? NULL : &ck->entries[idx];
     return 0;
 }
 
@@ -463,24 +364,9 @@ uint64_t dcp_entry_numel(const dcp_entry *e)
     return n;
 }
 
-int dcp_entry_nbytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t *out, dcp_error *err)
-{
-    if (e->kind == DCP_KIND_TENSOR) {
-        *out = dcp_entry_numel(e) * dcp_dtype_size(e->dtype);
-        return 0;
-    }
-    if (!e->has_blob)
-        return dcpi_err(err, ENOENT, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
-    if (!e->blob.transforms) {   /* stored as is: no I/O needed */
-        *out = e->blob.length;
-        return 0;
-    }
-    return dcpi_blob_size(ck, &e->blob, out, e->key, err);
-}
-
 /* ---------------------------------------------------------------- chunks */
 
-static size_t entry_index(const dcp_checkpoint *ck, const dcp_entry *e)
+size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e)
 {
     return e >= ck->entries && e < ck->entries + ck->nentries ? (size_t)(e - ck->entries) : SIZE_MAX;
 }
@@ -520,7 +406,8 @@ static void drop_sets(dcp_checkpoint *ck, dcpi_chunkset *s)
 {
     while (s) {
         dcpi_chunkset *next = s->next;
-        dcpi_records_keep(ck, s);
+        if (store_of(ck)->drop)
+            store_of(ck)->drop(ck, s);
         free(s);
         s = next;
     }
@@ -528,13 +415,13 @@ static void drop_sets(dcp_checkpoint *ck, dcpi_chunkset *s)
 
 int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err)
 {
-    size_t idx = entry_index(ck, e);
+    size_t idx = dcpi_entry_index(ck, e);
     *out = NULL;
     if (idx == SIZE_MAX)
         return dcpi_err(err, EINVAL, "%s: not an entry of this checkpoint", ck->path);
     if (e->kind != DCP_KIND_TENSOR || !e->nchunks)
         return 0;
-    if (!ck->lazy) {
+    if (!store_of(ck)->chunks) {   /* in memory for the model's life */
         *out = ck->priv[idx].chunks;
         return 0;
     }
@@ -550,7 +437,7 @@ int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **o
     }
     pthread_mutex_unlock(&ck->lock);
     dcpi_chunkset *fresh;   /* read without ck->lock: readers of other entries go on */
-    if (dcpi_lazy_chunks(ck, idx, &fresh, err) < 0)
+    if (store_of(ck)->chunks(ck, idx, &fresh, err) < 0)
         return -1;
     dcpi_chunkset *dropped = NULL;
     pthread_mutex_lock(&ck->lock);
@@ -572,8 +459,8 @@ int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **o
 
 void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
 {
-    size_t idx = entry_index(ck, e);
-    if (!ck->lazy || idx == SIZE_MAX)
+    size_t idx = dcpi_entry_index(ck, e);
+    if (!store_of(ck)->chunks || idx == SIZE_MAX)
         return;
     dcpi_chunkset *dropped = NULL;
     pthread_mutex_lock(&ck->lock);
@@ -590,69 +477,3 @@ void dcp_release_chunks(dcp_checkpoint *ck, const dcp_entry *e)
     pthread_mutex_unlock(&ck->lock);
     drop_sets(ck, dropped);   /* (kept records are stored in the background, never here) */
 }
-
-int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
-                     const dcp_record **out, dcp_error *err)
-{
-    size_t idx = entry_index(ck, e);
-    if (idx == SIZE_MAX || e->kind != DCP_KIND_TENSOR || i >= e->nchunks)
-        return dcpi_err(err, EINVAL, "%s: %s: no chunk %zu", ck->path, idx == SIZE_MAX ? "?" : e->key, i);
-    struct dcpi_entry_priv *p = &ck->priv[idx];
-    const dcp_chunk *chunk;
-    dcpi_record_slot *slot;
-    int64_t *strides = NULL;   /* a served model's room for them; a parsed one uses the arena */
-    pthread_mutex_lock(&ck->lock);
-    if (ck->lazy) {
-        if (!p->set || !p->set->pins) {
-            pthread_mutex_unlock(&ck->lock);
-            return dcpi_err(err, EINVAL, "%s: %s: the entry's chunks are not held (dcp_entry_chunks)", ck->path, e->key);
-        }
-        chunk = &p->set->chunks[i];
-        slot = &p->set->records[i];
-        strides = p->set->strides + i * (size_t)e->ndim;
-    } else {
-        if (!p->records && !(p->records = calloc(e->nchunks, sizeof *p->records))) {
-            pthread_mutex_unlock(&ck->lock);
-            return dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
-        }
-        chunk = &p->chunks[i];
-        slot = &p->records[i];
-    }
-    int state = slot->state;
-    pthread_mutex_unlock(&ck->lock);
-    if (state == 1) {
-        *out = &slot->rec;
-        return 0;
-    }
-    /* Locate without the lock (it does I/O); two threads may race to the same
-     * answer, and the first one stored wins. */
-    dcp_record rec;
-    int64_t stride[DCPI_MAX_NDIM];
-    if (dcpi_locate_record(ck, e, chunk, i, &rec, stride, err) < 0)
-        return -1;
-    pthread_mutex_lock(&ck->lock);
-    if (slot->state != 1) {
-        size_t n = (size_t)e->ndim * sizeof *stride;
-        if (!strides)
-            strides = dcpi_arena_alloc(&ck->arena, n ? n : 1);
-        if (!strides) {
-            pthread_mutex_unlock(&ck->lock);
-            return dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
-        }
-        if (n)
-            memcpy(strides, stride, n);
-        rec.stride = strides;
-        slot->rec = rec;
-        __atomic_store_n(&slot->state, 1, __ATOMIC_RELEASE);
-        if (ck->lazy)
-            p->set->dirty = 1;
-    }
-    pthread_mutex_unlock(&ck->lock);
-    *out = &slot->rec;
-    return 0;
-}
-
-/* For loaders of a single file (write/convert.c): the same empty model and
- * file tables as dcp_open's. */
-dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err) { return ck_new(folder, err); }
-int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err) { return ck_files_ready(ck, err); }

@@ -1,11 +1,21 @@
 /* The pickle virtual machine: opcodes of protocols 2-5 to a tree of pk_node,
  * executing nothing. Globals are names; REDUCE/NEWOBJ/BUILD are recorded as
  * PK_CALL nodes for the interpreters (metadata.c, torchsave.c) to recognise.
+ *
+ * Input is a buffer in memory (pk_parse) or a file read in pieces
+ * (pk_parse_stream): the VM sees a window [buf, end) of the input at file
+ * offset off0 and asks need() for more. In stream mode the batches of items
+ * a consumer takes (pk_stream.items) are freed at once: every MARK notes the
+ * arena and memo positions, and a consumed SETITEMS rewinds the arena to its
+ * MARK's; the memo then keeps copies of the scalars, strings and globals
+ * made since (an index map, the memo window restarting empty) and releases
+ * the rest.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "pickle.h"
@@ -13,10 +23,23 @@
 #define PK_MAX_MARKS 32768   /* nested MARKs; CPython nests them as deep as the data */
 #define SMALL_INTS 1024      /* offsets, sizes, memo-free ints: most of a big .metadata */
 #define SLAB_MAX 1024        /* nodes per slab once a pickle proves big */
+#define READ_PIECE (1u << 20)  /* stream mode: bytes read at once */
+#define KEEP_STR_MAX 4096    /* stream mode: longer memoized strings are released */
 
 struct pk_doc {
     dcpi_arena arena;
+    dcpi_arena kept;        /* stream mode: memo entries kept across consumed batches */
 };
+
+/* Stream mode: what a MARK notes for a consumed batch to go back to. */
+typedef struct smark {
+    dcpi_arena_mark arena;
+} smark;
+
+typedef struct kept_slot {
+    uint64_t idx1;          /* memo index + 1; 0: empty */
+    pk_node *n;
+} kept_slot;
 
 /* PK_CALL nodes carry one more field than the others: the items SETITEMS or
  * APPENDS gave the object (OrderedDict(), defaultdict). Keeping it out of
@@ -27,7 +50,16 @@ typedef struct call_ext {
 } call_ext;
 
 typedef struct vm {
-    const unsigned char *p, *end, *start;
+    const unsigned char *p, *end, *buf;   /* the window [buf, end) of the input */
+    uint64_t off0;        /* input offset of buf[0] */
+    uint64_t total;       /* input size */
+    pk_stream *src;       /* stream mode, else NULL */
+    unsigned char *sbuf;  /* stream mode: the window's allocation */
+    size_t scap_bytes;
+    smark *smarks;        /* stream mode: parallel to marks (mcap) */
+    uint64_t memo_base;   /* memo[i] is index memo_base + i; below: kept */
+    kept_slot *kept;
+    size_t kcap, kcount;
     const char *what;
     dcp_error *err;
     pk_doc *doc;
@@ -45,10 +77,13 @@ typedef struct vm {
     pk_node **small_ints; /* 0..SMALL_INTS-1 */
 } vm;
 
+static uint64_t pos(const vm *m) { return m->off0 + (uint64_t)(m->p - m->buf); }
+static uint64_t remaining(const vm *m) { return m->total - pos(m); }
+
 static int fail(vm *m, const char *fmt, const char *detail)
 {
-    return dcpi_err(m->err, EINVAL, "%s: %s%s at offset %zu", m->what, fmt, detail ? detail : "",
-                    (size_t)(m->p - m->start));
+    return dcpi_err(m->err, EINVAL, "%s: %s%s at offset %llu", m->what, fmt, detail ? detail : "",
+                    (unsigned long long)pos(m));
 }
 
 static pk_node *node(vm *m, pk_type t)
@@ -104,12 +139,57 @@ static pk_node *top(vm *m)
     return m->stack[m->sp - 1];
 }
 
+/* Stream mode: read from the file until [p, p + n) is in the window
+ * (n <= remaining(m), checked by need). The window keeps [p, end) and grows
+ * only for an item larger than a piece. */
+static int refill(vm *m, size_t n)
+{
+    pk_stream *s = m->src;
+    size_t keep = (size_t)(m->end - m->p);
+    size_t want = n > READ_PIECE ? n : READ_PIECE;
+    m->off0 = pos(m);
+    if (want > m->scap_bytes) {
+        unsigned char *nb = malloc(want);
+        if (!nb)
+            return dcpi_err(m->err, ENOMEM, "%s: out of memory for %zu bytes", m->what, want);
+        if (keep)
+            memcpy(nb, m->p, keep);
+        free(m->sbuf);
+        m->sbuf = nb;
+        m->scap_bytes = want;
+    } else if (keep) {
+        memmove(m->sbuf, m->p, keep);
+    }
+    m->buf = m->p = m->sbuf;
+    m->end = m->sbuf + keep;
+    while ((size_t)(m->end - m->p) < n) {
+        uint64_t at = m->off0 + (uint64_t)(m->end - m->buf);
+        size_t room = m->scap_bytes - (size_t)(m->end - m->buf);
+        if (room > m->total - at)
+            room = (size_t)(m->total - at);
+        ssize_t r = pread(s->fd, m->sbuf + (m->end - m->buf), room, (off_t)at);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            return dcpi_err(m->err, e, "%s: read failed at offset %llu: %s", m->what, (unsigned long long)at,
+                            r < 0 ? strerror(e) : "the file shrank while being read");
+        }
+        if (s->bytes)
+            s->bytes(s->ctx, m->end, (size_t)r);
+        m->end += r;
+    }
+    return 0;
+}
+
 static int need(vm *m, size_t n)
 {
-    if ((size_t)(m->end - m->p) < n)
-        return dcpi_err(m->err, EINVAL, "%s: truncated pickle (needs %zu more bytes at offset %zu)",
-                        m->what, n, (size_t)(m->p - m->start));
-    return 0;
+    if ((size_t)(m->end - m->p) >= n)
+        return 0;
+    if (n > remaining(m))
+        return dcpi_err(m->err, EINVAL, "%s: truncated pickle (needs %zu more bytes at offset %llu)",
+                        m->what, n, (unsigned long long)pos(m));
+    return m->src ? refill(m, n) : fail(m, "truncated pickle", NULL);
 }
 
 static uint64_t rd_le(const unsigned char *p, int n)
@@ -211,8 +291,15 @@ static int memo_put(vm *m, uint64_t idx, pk_node *n)
     /* Memo indexes come from the file: a writer numbers them densely (one per
      * PUT opcode), so an index beyond the input size (+ any BINPUT index) is
      * hostile. */
-    if (idx > (uint64_t)(m->end - m->start) + 256)
+    if (idx > m->total + 256)
         return fail(m, "memo index out of range", NULL);
+    if (idx < m->memo_base)   /* (stream mode) redefined after its batch went */
+        return dcpi_err(m->err, PK_ERR_RELEASED, "%s: memo index %llu redefined after a streamed batch",
+                        m->what, (unsigned long long)idx);
+    idx -= m->memo_base;
+    if (m->src && idx < m->memo_len && m->memo[idx])   /* a redefinition: not streamed */
+        return dcpi_err(m->err, PK_ERR_RELEASED, "%s: memo index %llu redefined", m->what,
+                        (unsigned long long)(idx + m->memo_base));
     if (idx >= m->memo_len) {
         if (idx >= m->memo_cap) {
             size_t nc = m->memo_cap ? m->memo_cap * 2 : 64;
@@ -232,8 +319,55 @@ static int memo_put(vm *m, uint64_t idx, pk_node *n)
     return 0;
 }
 
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static kept_slot *kept_slot_of(kept_slot *t, size_t cap, uint64_t idx)
+{
+    size_t mask = cap - 1, h = (size_t)mix64(idx) & mask;
+    while (t[h].idx1 && t[h].idx1 != idx + 1)
+        h = (h + 1) & mask;
+    return &t[h];
+}
+
+static int kept_put(vm *m, uint64_t idx, pk_node *n)
+{
+    if ((m->kcount + 1) * 4 > m->kcap * 3) {
+        size_t nc = m->kcap ? m->kcap * 2 : 256;
+        kept_slot *nt = calloc(nc, sizeof *nt);
+        if (!nt)
+            return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+        for (size_t i = 0; i < m->kcap; i++)
+            if (m->kept[i].idx1)
+                *kept_slot_of(nt, nc, m->kept[i].idx1 - 1) = m->kept[i];
+        free(m->kept);
+        m->kept = nt;
+        m->kcap = nc;
+    }
+    kept_slot *sl = kept_slot_of(m->kept, m->kcap, idx);
+    if (!sl->idx1)
+        m->kcount++;
+    sl->idx1 = idx + 1;
+    sl->n = n;
+    return 0;
+}
+
 static int memo_get(vm *m, uint64_t idx)
 {
+    if (idx < m->memo_base) {
+        kept_slot *sl = m->kcap ? kept_slot_of(m->kept, m->kcap, idx) : NULL;
+        if (sl && sl->idx1)
+            return push(m, sl->n);
+        return dcpi_err(m->err, PK_ERR_RELEASED,
+                        "%s: memo index %llu refers back to an object of a streamed batch that was released",
+                        m->what, (unsigned long long)idx);
+    }
+    idx -= m->memo_base;
     if (idx >= m->memo_len || !m->memo[idx])
         return fail(m, "memo index not defined", NULL);
     return push(m, m->memo[idx]);
@@ -335,16 +469,33 @@ static const char *opcode_name(unsigned char op)
     }
 }
 
+/* The length of the text line starting `from` bytes past p, read into the
+ * window (which keeps everything from p on). */
+static int line_at(vm *m, size_t from, size_t *n)
+{
+    for (;;) {
+        size_t have = (size_t)(m->end - m->p);
+        const unsigned char *nl = have > from ? memchr(m->p + from, '\n', have - from) : NULL;
+        if (nl) {
+            *n = (size_t)(nl - (m->p + from));
+            return 0;
+        }
+        if (have >= remaining(m))
+            return dcpi_err(m->err, EINVAL, "%s: truncated pickle (unterminated line at offset %llu)",
+                            m->what, (unsigned long long)pos(m));
+        uint64_t more = (uint64_t)have + (have > READ_PIECE ? have : READ_PIECE);
+        if (need(m, (size_t)(more < remaining(m) ? more : remaining(m))) < 0)
+            return -1;
+    }
+}
+
 /* A text line ending in '\n' (GLOBAL, INT, LONG, PUT, GET, PERSID). */
 static int line(vm *m, const char **s, size_t *n)
 {
-    const unsigned char *nl = memchr(m->p, '\n', (size_t)(m->end - m->p));
-    if (!nl)
-        return dcpi_err(m->err, EINVAL, "%s: truncated pickle (unterminated line at offset %zu)",
-                        m->what, (size_t)(m->p - m->start));
+    if (line_at(m, 0, n) < 0)
+        return -1;
     *s = (const char *)m->p;
-    *n = (size_t)(nl - m->p);
-    m->p = nl + 1;
+    m->p += *n + 1;
     return 0;
 }
 
@@ -366,13 +517,148 @@ static int parse_decimal(vm *m, const char *s, size_t n, int64_t *out)
     return 0;
 }
 
+static bool keepable_leaf(const pk_node *n)
+{
+    switch (n->type) {
+    case PK_NONE: case PK_BOOL: case PK_INT: case PK_FLOAT: case PK_GLOBAL:
+        return true;
+    case PK_STR: case PK_BYTES: case PK_BIGINT:
+        return n->u.s.len <= KEEP_STR_MAX;
+    default:
+        return false;
+    }
+}
+
+/* A copy of a leaf in the kept arena (the shared ones as they are). */
+static pk_node *copy_leaf(vm *m, const pk_node *n)
+{
+    if (n->type == PK_NONE)
+        return m->none;
+    if (n->type == PK_BOOL)
+        return n->u.b ? m->yes : m->no;
+    if (n->type == PK_INT && n->u.i >= 0 && n->u.i < SMALL_INTS)
+        return m->small_ints[n->u.i];
+    size_t extra = 0;
+    if (n->type == PK_STR || n->type == PK_BYTES || n->type == PK_BIGINT)
+        extra = n->u.s.len + 1;
+    else if (n->type == PK_GLOBAL)
+        extra = strlen(n->u.global.module) + strlen(n->u.global.name) + 2;
+    pk_node *c = dcpi_arena_alloc(&m->doc->kept, sizeof *c + extra);
+    if (!c)
+        return NULL;
+    *c = *n;
+    char *text = (char *)(c + 1);
+    if (n->type == PK_STR || n->type == PK_BYTES || n->type == PK_BIGINT) {
+        memcpy(text, n->u.s.p, n->u.s.len);
+        text[n->u.s.len] = 0;
+        c->u.s.p = text;
+    } else if (n->type == PK_GLOBAL) {
+        size_t ml = strlen(n->u.global.module);
+        memcpy(text, n->u.global.module, ml + 1);
+        strcpy(text + ml + 1, n->u.global.name);
+        c->u.global.module = text;
+        c->u.global.name = text + ml + 1;
+    }
+    m->src->memo_kept_bytes += sizeof *c + extra;
+    return c;
+}
+
+/* Stream mode: a copy, in the kept arena, of a memo entry later batches may
+ * refer back to: a scalar, a string, a global, or a call of a global on a
+ * few of those and nothing else (PyTorch's torch.strided and memory
+ * formats: _get_layout('torch.strided') made once, referred to by every
+ * TensorProperties). NULL when it is released, or on a failure (m->err set,
+ * *failed = 1). Tuples and objects with state (every chunk's offsets and
+ * sizes) are released. */
+static pk_node *keep_copy(vm *m, const pk_node *n, int *failed)
+{
+    pk_node *c = NULL;
+    if (keepable_leaf(n)) {
+        c = copy_leaf(m, n);
+    } else if (n->type == PK_CALL && pk_call_global(n) && !n->u.call.state && !pk_call_items(n) &&
+               n->u.call.args && n->u.call.args->type == PK_TUPLE && n->u.call.args->u.seq.n <= 4) {
+        const pk_node *args = n->u.call.args;
+        for (size_t i = 0; i < args->u.seq.n; i++)
+            if (!keepable_leaf(args->u.seq.items[i]))
+                return NULL;
+        call_ext *ce = dcpi_arena_alloc(&m->doc->kept, sizeof *ce);
+        pk_node *t = args->u.seq.n ? dcpi_arena_alloc(&m->doc->kept, sizeof *t) : m->empty_tuple;
+        pk_node **items = args->u.seq.n ? dcpi_arena_alloc(&m->doc->kept, args->u.seq.n * sizeof *items) : NULL;
+        pk_node *callable = copy_leaf(m, n->u.call.callable);
+        if (ce && t && (items || !args->u.seq.n) && callable) {
+            ce->n = *n;
+            ce->n.u.call.callable = callable;
+            ce->n.u.call.args = t;
+            ce->items = NULL;
+            if (args->u.seq.n) {
+                t->type = PK_TUPLE;
+                t->u.seq.items = items;
+                t->u.seq.n = t->u.seq.cap = args->u.seq.n;
+                for (size_t i = 0; i < args->u.seq.n && ce; i++)
+                    if (!(items[i] = copy_leaf(m, args->u.seq.items[i])))
+                        ce = NULL;
+            }
+            m->src->memo_kept_bytes += sizeof *ce + sizeof *t + args->u.seq.n * sizeof *items;
+            c = ce ? &ce->n : NULL;
+        }
+        if (!c) {
+            *failed = 1;
+            dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+            return NULL;
+        }
+        return c;
+    } else {
+        return NULL;
+    }
+    if (!c) {
+        *failed = 1;
+        dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+    }
+    return c;
+}
+
+/* Stream mode: the consumer took the batch opened by the MARK noted in mk.
+ * Every memo entry of the window is kept as a copy or released, even one
+ * made before that MARK: it may lie in a batch of an enclosing MARK that a
+ * later rewind frees (the Metadata object and its dicts, which nothing
+ * refers back to, are released so). The window restarts empty and the arena
+ * goes back to the MARK. */
+static int release_batch(vm *m, const smark *mk)
+{
+    for (size_t i = 0; i < m->memo_len; i++) {
+        pk_node *n = m->memo[i];
+        uint64_t idx = m->memo_base + i;
+        if (!n)
+            continue;
+        int failed = 0;
+        pk_node *c = keep_copy(m, n, &failed);
+        if (failed)
+            return -1;
+        if (!c) {
+            m->src->memo_released++;
+            continue;
+        }
+        if (kept_put(m, idx, c) < 0)
+            return -1;
+        m->src->memo_kept++;
+    }
+    m->memo_base += m->memo_len;
+    if (m->memo_next > m->memo_base)
+        m->memo_base = m->memo_next;
+    m->memo_len = 0;
+    dcpi_arena_rewind(&m->doc->arena, &mk->arena);
+    m->slab_left = 0;   /* (its slab may be gone) */
+    m->src->batches++;
+    return 0;
+}
+
 static int run(vm *m, pk_node **root)
 {
     for (;;) {
         if (need(m, 1) < 0)
             return -1;
         unsigned char op = *m->p++;
-        size_t first;
+        size_t first = 0;
         pk_node *a, *b, *c;
         uint64_t n;
         switch (op) {
@@ -388,8 +674,9 @@ static int run(vm *m, pk_node **root)
                 return -1;
             n = rd_le(m->p, 8);
             m->p += 8;
-            if (need(m, n) < 0)
-                return -1;
+            if (n > remaining(m))   /* (its bytes are read as the opcodes need them) */
+                return dcpi_err(m->err, EINVAL, "%s: truncated pickle (a %llu-byte frame with %llu bytes left)",
+                                m->what, (unsigned long long)n, (unsigned long long)remaining(m));
             break;
         case '.': /* STOP */
             if (!(a = pop(m)))
@@ -403,10 +690,19 @@ static int run(vm *m, pk_node **root)
                 if (!nm)
                     return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
                 m->marks = nm;
+                if (m->src) {
+                    smark *ns = realloc(m->smarks, nc * sizeof *ns);
+                    if (!ns)
+                        return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+                    m->smarks = ns;
+                }
                 m->mcap = nc;
             }
             if (m->nmarks >= PK_MAX_MARKS)
                 return fail(m, "too many nested MARKs", NULL);
+            if (m->src) {
+                m->smarks[m->nmarks].arena = dcpi_arena_here(&m->doc->arena);
+            }
             m->marks[m->nmarks++] = m->sp;
             break;
         case '0': /* POP */
@@ -556,9 +852,12 @@ static int run(vm *m, pk_node **root)
             n = rd_le(m->p, 8);
             m->p += 8;
         sized:
-            if (n > (uint64_t)(m->end - m->p))
-                return dcpi_err(m->err, EINVAL, "%s: truncated pickle (a %llu-byte string with %zu bytes left at offset %zu)",
-                                m->what, (unsigned long long)n, (size_t)(m->end - m->p), (size_t)(m->p - m->start));
+            if (n > remaining(m))
+                return dcpi_err(m->err, EINVAL, "%s: truncated pickle (a %llu-byte string with %llu bytes left at offset %llu)",
+                                m->what, (unsigned long long)n, (unsigned long long)remaining(m),
+                                (unsigned long long)pos(m));
+            if (need(m, n) < 0)
+                return -1;
             if (push(m, make_str(m, (op == 'C' || op == 'B' || op == 0x8e) ? PK_BYTES : PK_STR, m->p, n)) < 0)
                 return -1;
             m->p += n;
@@ -649,8 +948,18 @@ static int run(vm *m, pk_node **root)
                 return -1;
             break;
         case 's': /* SETITEM */
-            if (!(c = pop(m)) || !(b = pop(m)) || !(a = top(m)) || !(a = target(m, a, PK_DICT, "SETITEM")) ||
-                dict_set(m, a, b, c) < 0)
+            if (!(c = pop(m)) || !(b = pop(m)) || !(a = top(m)))
+                return -1;
+            if (m->src && m->src->items && a->type == PK_DICT) {
+                /* (b and c are still there, just above the top) */
+                int r = m->src->items(m->src->ctx, m->stack, m->nmarks ? m->marks[m->nmarks - 1] : 0,
+                                      m->sp - 1, m->stack + m->sp, 1);
+                if (r < 0)
+                    return -1;
+                if (r > 0)
+                    break;
+            }
+            if (!(a = target(m, a, PK_DICT, "SETITEM")) || dict_set(m, a, b, c) < 0)
                 return -1;
             break;
         case 'u': /* SETITEMS */
@@ -660,6 +969,18 @@ static int run(vm *m, pk_node **root)
                 return fail(m, "stack underflow", NULL);
             if ((m->sp - first) % 2)
                 return fail(m, "odd number of items for SETITEMS", NULL);
+            if (m->src && m->src->items && m->stack[first - 1]->type == PK_DICT) {
+                int r = m->src->items(m->src->ctx, m->stack, m->nmarks ? m->marks[m->nmarks - 1] : 0,
+                                      first - 1, m->stack + first, (m->sp - first) / 2);
+                if (r < 0)
+                    return -1;
+                if (r > 0) {
+                    m->sp = first;
+                    if (release_batch(m, &m->smarks[m->nmarks]) < 0)
+                        return -1;
+                    break;
+                }
+            }
             if (!(a = target(m, m->stack[first - 1], PK_DICT, "SETITEMS")))
                 return -1;
             if (dict_reserve(m, a, (m->sp - first) / 2) < 0)
@@ -669,9 +990,13 @@ static int run(vm *m, pk_node **root)
                     return -1;
             m->sp = first;
             break;
-        case 'c': { /* GLOBAL "module\nname\n" */
-            const char *mod, *name; size_t ml, nl;
-            if (line(m, &mod, &ml) < 0 || line(m, &name, &nl) < 0 || global_node(m, mod, ml, name, nl) < 0)
+        case 'c': { /* GLOBAL "module\nname\n" (both lines in the window at once) */
+            size_t ml, nl;
+            if (line_at(m, 0, &ml) < 0 || line_at(m, ml + 1, &nl) < 0)
+                return -1;
+            const char *mod = (const char *)m->p, *name = mod + ml + 1;
+            m->p += ml + 1 + nl + 1;
+            if (global_node(m, mod, ml, name, nl) < 0)
                 return -1;
             break;
         }
@@ -757,6 +1082,54 @@ static int run(vm *m, pk_node **root)
     }
 }
 
+/* Run the VM over m (input set up by the caller) into a new doc. */
+static int parse(vm *m, pk_doc **doc, const pk_node **root)
+{
+    pk_doc *d = calloc(1, sizeof *d);
+    if (!d)
+        return dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+    dcpi_arena_init(&d->arena);
+    dcpi_arena_init(&d->kept);
+    m->doc = d;
+    pk_node *r = NULL;
+    int rc = 0;
+    if ((m->none = node(m, PK_NONE)) && (m->yes = node(m, PK_BOOL)) && (m->no = node(m, PK_BOOL)) &&
+        (m->empty_tuple = node(m, PK_TUPLE))) {
+        m->yes->u.b = true;
+    } else {
+        rc = dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+    }
+    if (rc == 0 && m->src) {
+        /* Shared small ints are made before any MARK: no batch frees them. */
+        pk_node *si = dcpi_arena_alloc(&d->arena, SMALL_INTS * sizeof *si);
+        m->small_ints = calloc(SMALL_INTS, sizeof *m->small_ints);
+        if (!si || !m->small_ints) {
+            rc = dcpi_err(m->err, ENOMEM, "%s: out of memory", m->what);
+        } else {
+            for (int i = 0; i < SMALL_INTS; i++) {
+                si[i].type = PK_INT;
+                si[i].u.i = i;
+                m->small_ints[i] = &si[i];
+            }
+        }
+    }
+    if (rc == 0)
+        rc = run(m, &r);
+    free(m->stack);
+    free(m->marks);
+    free(m->smarks);
+    free(m->memo);
+    free(m->small_ints);
+    free(m->kept);
+    if (rc < 0) {
+        pk_free(d);
+        return -1;
+    }
+    *doc = d;
+    *root = r;
+    return 0;
+}
+
 int pk_parse(const void *data, size_t len, const char *what, pk_doc **doc, const pk_node **root,
              dcp_error *err)
 {
@@ -767,30 +1140,33 @@ int pk_parse(const void *data, size_t len, const char *what, pk_doc **doc, const
         return dcpi_err(err, EINVAL, "%s: empty file, not a pickle", what);
     if (p[0] != 0x80 || len < 2 || p[1] < 2 || p[1] > 5)
         return dcpi_err(err, EINVAL, "%s: is not a pickle (protocol 2 to 5)", what);
-    pk_doc *d = calloc(1, sizeof *d);
-    if (!d)
-        return dcpi_err(err, ENOMEM, "%s: out of memory", what);
-    dcpi_arena_init(&d->arena);
-    vm m = {.p = p, .end = p + len, .start = p, .what = what, .err = err, .doc = d};
-    pk_node *r = NULL;
-    int rc;
-    if ((m.none = node(&m, PK_NONE)) && (m.yes = node(&m, PK_BOOL)) && (m.no = node(&m, PK_BOOL))) {
-        m.yes->u.b = true;
-        rc = run(&m, &r);
-    } else {
-        rc = dcpi_err(err, ENOMEM, "%s: out of memory", what);
+    vm m = {.p = p, .end = p + len, .buf = p, .total = len, .what = what, .err = err};
+    return parse(&m, doc, root);
+}
+
+int pk_parse_stream(pk_stream *s, const char *what, pk_doc **doc, const pk_node **root, dcp_error *err)
+{
+    *doc = NULL;
+    *root = NULL;
+    if (s->size == 0)
+        return dcpi_err(err, EINVAL, "%s: empty file, not a pickle", what);
+    vm m = {.total = s->size, .what = what, .err = err, .src = s};
+    int rc = need(&m, 2);
+    if (rc == 0 && (m.p[0] != 0x80 || m.p[1] < 2 || m.p[1] > 5))
+        rc = dcpi_err(err, EINVAL, "%s: is not a pickle (protocol 2 to 5)", what);
+    if (rc == 0)
+        rc = parse(&m, doc, root);
+    /* The rest of the file after STOP, for the byte observer. */
+    while (rc == 0 && s->bytes && m.off0 + (uint64_t)(m.end - m.buf) < m.total) {
+        m.p = m.end;
+        if ((rc = need(&m, (size_t)(remaining(&m) < READ_PIECE ? remaining(&m) : READ_PIECE))) < 0) {
+            pk_free(*doc);
+            *doc = NULL;
+            *root = NULL;
+        }
     }
-    free(m.stack);
-    free(m.marks);
-    free(m.memo);
-    free(m.small_ints);
-    if (rc < 0) {
-        pk_free(d);
-        return -1;
-    }
-    *doc = d;
-    *root = r;
-    return 0;
+    free(m.sbuf);
+    return rc;
 }
 
 void pk_free(pk_doc *doc)
@@ -798,6 +1174,7 @@ void pk_free(pk_doc *doc)
     if (!doc)
         return;
     dcpi_arena_free(&doc->arena);
+    dcpi_arena_free(&doc->kept);
     free(doc);
 }
 

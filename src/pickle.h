@@ -57,6 +57,39 @@ int pk_parse(const void *data, size_t len, const char *what,
              pk_doc **doc, const pk_node **root, dcp_error *err);
 void pk_free(pk_doc *doc);
 
+/* A pickle read from a file as a stream, in bounded memory.
+ *
+ * The file is read in 1 MiB pieces; `bytes` (may be NULL) sees every byte of
+ * the file once, in order, to its end (a content hash). `items` is offered
+ * the key/value pairs of every SETITEMS (or SETITEM) into a plain dict, kv[2i]
+ * and kv[2i+1], with the stack below them before they are added: stack[base]
+ * is the dict, stack[0..base) what is under it, stack[floor..base) what lies
+ * above the enclosing MARK (floor 0 without one). Returning 1 consumes them: they
+ * are not added, and every node made since the batch's MARK is freed (a
+ * SETITEM has none: its nodes are kept). Memo
+ * entries made meanwhile are kept when they are scalars, strings or globals
+ * (copied: what later entries refer back to: classes, dtypes, field names,
+ * keys, file names) and released otherwise; a later reference to a released
+ * one fails with PK_ERR_RELEASED in err->code (the caller may parse again
+ * without consuming). 0 adds them as pk_parse does; -1 fails the parse
+ * (err filled by the callback).
+ *
+ * Memory: the tree of what was not consumed, the kept memo and the largest
+ * batch. The limits of pk_parse hold, checked against the file's size before
+ * anything is read or allocated. */
+#define PK_ERR_RELEASED 0x7e57   /* err->code when a released memo entry is referred to */
+typedef struct pk_stream {
+    int fd;
+    uint64_t size;                                       /* bytes to parse: [0, size) */
+    void (*bytes)(void *ctx, const void *p, size_t n);
+    int (*items)(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n);
+    void *ctx;
+    /* out: memo entries kept (count, bytes) and released at consumed batches */
+    size_t memo_kept, memo_kept_bytes, memo_released, batches;
+} pk_stream;
+
+int pk_parse_stream(pk_stream *s, const char *what, pk_doc **doc, const pk_node **root, dcp_error *err);
+
 /* Items given to an object by SETITEM(S) or APPEND(S) after its REDUCE or
  * NEWOBJ (OrderedDict(), defaultdict, list subclasses): a PK_DICT or PK_LIST,
  * or NULL when none were given. Accepts any node. */

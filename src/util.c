@@ -93,6 +93,41 @@ void *dcpi_arena_alloc(dcpi_arena *a, size_t n)
     return p;
 }
 
+dcpi_arena_mark dcpi_arena_here(const dcpi_arena *a)
+{
+    dcpi_arena_mark mk = {.head = a->head, .total = a->total};
+    if (a->head) {
+        mk.next = a->head->next;
+        mk.used = a->head->used;
+    }
+    return mk;
+}
+
+/* Blocks made since the mark are the new heads in front of mk->head and the
+ * big one-offs dcpi_arena_alloc put right behind a head (mk->head's own
+ * lie between it and mk->next). */
+void dcpi_arena_rewind(dcpi_arena *a, const dcpi_arena_mark *mk)
+{
+    struct dcpi_arena_block *b = a->head;
+    while (b && b != mk->head) {
+        struct dcpi_arena_block *n = b->next;
+        free(b);
+        b = n;
+    }
+    a->head = mk->head;
+    if (mk->head) {
+        b = mk->head->next;
+        while (b && b != mk->next) {
+            struct dcpi_arena_block *n = b->next;
+            free(b);
+            b = n;
+        }
+        mk->head->next = mk->next;
+        mk->head->used = mk->used;
+    }
+    a->total = mk->total;
+}
+
 char *dcpi_arena_strndup(dcpi_arena *a, const char *s, size_t n)
 {
     if (n == SIZE_MAX)

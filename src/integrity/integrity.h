@@ -65,6 +65,7 @@ struct dcpi_lazy {
     dcpi_arena arena;          /* keys and shapes of the entries filled so far */
     int all_done;
     dcp_checkpoint *parsed;    /* the catalog failed: the rest comes from a parse */
+    dcpi_parse_fn parse;       /* how to parse (dcp_open without the catalog) */
     /* recordcache.c */
     sqlite3_stmt *records;     /* an entry's cached records */
     struct dcpi_file_stamp *stamps;   /* nfiles, each taken once (under lock) */
@@ -82,6 +83,11 @@ struct dcpi_lazy {
 void dcpi_records_load(dcp_checkpoint *ck, dcpi_chunkset *s);
 int dcpi_records_prepare(dcp_checkpoint *ck);
 void dcpi_records_free(struct dcpi_lazy *lz);
+/* Records of a served model: keep those a set located (when the set is
+ * dropped, outside ck->lock: a full batch is stored by a background
+ * thread); store all that is kept (dcp_close). */
+void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
+void dcpi_records_flush(dcp_checkpoint *ck);
 
 /* 1 when the file at path (existing or not) would be inside ck's folder,
  * which nothing may write into. */

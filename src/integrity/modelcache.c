@@ -41,6 +41,7 @@
 #include <xxhash.h>
 
 #include "integrity.h"
+#include "../store.h"
 
 #define MAGIC "DCPMODL4"   /* little-endian varints; see put_head(). Bump when
                             * parsing changes what a model holds (3: generation
@@ -52,52 +53,7 @@
 
 /* ------------------------------------------------------------ metadata key */
 
-/* The content key: XXH3-128 of the .metadata's size and mtime, then of its
- * bytes (fed by the caller). */
-static void key_start(XXH3_state_t *st, const struct stat *sb)
-{
-    uint64_t v[3] = {(uint64_t)sb->st_size, (uint64_t)sb->st_mtim.tv_sec, (uint64_t)sb->st_mtim.tv_nsec};
-    XXH3_128bits_reset(st);
-    XXH3_128bits_update(st, v, sizeof v);
-}
-
-static void key_finish(XXH3_state_t *st, char key[33])
-{
-    XXH128_hash_t h = XXH3_128bits_digest(st);
-    snprintf(key, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-}
-
-/* The stat stamp, which serves a reopen without reading the file: device,
- * inode, size, mtime and ctime. Users cannot set ctime, and any write to the
- * file or replacement of it changes ctime or the inode. "-" (none: the
- * content key decides) when the file changed in the last two seconds, since
- * a change within the same clock tick would not show. */
-static void stamp_from(dcp_checkpoint *ck, const struct stat *sb)
-{
-    struct timespec now;
-    if (clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec - sb->st_mtim.tv_sec < 2 ||
-        now.tv_sec - sb->st_ctim.tv_sec < 2) {
-        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
-        return;
-    }
-    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
-             (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (unsigned long long)sb->st_size,
-             (long long)sb->st_mtim.tv_sec, sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
-}
-
 static int stamp_usable(const dcp_checkpoint *ck) { return ck->model_stamp[0] && ck->model_stamp[0] != '-'; }
-
-void dcpi_model_identity(dcp_checkpoint *ck, const void *buf, size_t len, const struct stat *sb)
-{
-    XXH3_state_t *st = XXH3_createState();
-    if (!st)
-        return;   /* the key is computed from the file when it is needed */
-    key_start(st, sb);
-    XXH3_128bits_update(st, buf, len);
-    key_finish(st, ck->model_key);
-    XXH3_freeState(st);
-    stamp_from(ck, sb);
-}
 
 /* The content key, read from the file unless a parse (or an earlier
  * lookup) gave it. */
@@ -115,18 +71,17 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
         close(fd);
         return -1;
     }
-    XXH3_state_t *st = XXH3_createState();
+    dcpi_identity *id = dcpi_identity_begin(&sb);
     char *buf = malloc(1u << 20);   /* stays in cache while it is hashed */
     ssize_t r = -1;
-    if (st && buf) {
-        key_start(st, &sb);
+    if (id && buf) {
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         while ((r = read(fd, buf, 1u << 20)) > 0)
-            XXH3_128bits_update(st, buf, (size_t)r);
-        key_finish(st, key);
+            dcpi_identity_update(id, buf, (size_t)r);
+        dcpi_identity_key(id, key);
     }
     free(buf);
-    XXH3_freeState(st);
+    dcpi_identity_free(id);
     close(fd);
     if (r != 0)
         return -1;
@@ -143,7 +98,7 @@ static void metadata_stamp(dcp_checkpoint *ck)
     if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0)
         snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
     else
-        stamp_from(ck, &sb);
+        dcpi_identity_stamp(ck, &sb);
 }
 
 /* ------------------------------------------------------------ serialising */
@@ -420,7 +375,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
         return 0;
     dcp_checkpoint *p;
     char key[33];
-    if (dcp_open(ck->path, 0, &p, err) < 0)
+    if (lz->parse(ck->path, &p, err) < 0)
         return -1;
     int same = metadata_key(p, key) == 0 && !strcmp(key, ck->model_key) && p->nentries == ck->nentries &&
                p->nfiles == ck->nfiles;
@@ -481,7 +436,7 @@ static int all_from_catalog(dcp_checkpoint *ck, dcp_error *err)
     return rc;
 }
 
-int dcpi_lazy_all(dcp_checkpoint *ck, dcp_error *err)
+static int lazy_all(dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     pthread_mutex_lock(&lz->lock);
@@ -521,7 +476,7 @@ static int find_in_catalog(dcp_checkpoint *ck, const char *key, int seek, size_t
     return rc;
 }
 
-int dcpi_lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+static int lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     *idx = SIZE_MAX;
@@ -659,7 +614,7 @@ static int chunks_from_catalog(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **o
     return rc;
 }
 
-int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
+static int lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     *out = NULL;
@@ -673,7 +628,7 @@ int dcpi_lazy_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_er
     return rc;
 }
 
-void dcpi_lazy_free(struct dcpi_lazy *lz)
+static void lazy_free(struct dcpi_lazy *lz)
 {
     if (!lz)
         return;
@@ -690,6 +645,30 @@ void dcpi_lazy_free(struct dcpi_lazy *lz)
     free(lz);
 }
 
+/* dcp_close: store the records located since the model was opened, then
+ * free the store. */
+static void lazy_close(dcp_checkpoint *ck)
+{
+    if (ck->lazy && ck->priv) {
+        for (size_t i = 0; i < ck->nentries; i++)
+            if (ck->priv[i].set)
+                dcpi_records_keep(ck, ck->priv[i].set);
+        dcpi_records_flush(ck);
+    }
+    lazy_free(ck->lazy);
+    ck->lazy = NULL;
+}
+
+/* The model's store (store.h) while the catalog serves it. */
+static const dcpi_store dcpi_store_catalog = {
+    .name = "catalog",
+    .all = lazy_all,
+    .find = lazy_find,
+    .chunks = lazy_chunks,
+    .drop = dcpi_records_keep,
+    .close = lazy_close,
+};
+
 /* ------------------------------------------------------------ the tables */
 
 static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
@@ -697,7 +676,7 @@ static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st)
     return sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL) == SQLITE_OK ? 0 : -1;
 }
 
-int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
+int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn parse)
 {
     char key[33];
     dcp_catalog *cat;
@@ -714,7 +693,9 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog)
     lz->cat = cat;
     pthread_mutex_init(&lz->lock, NULL);
     dcpi_arena_init(&lz->arena);
+    lz->parse = parse;
     ck->lazy = lz;   /* dcp_close frees it */
+    ck->store = &dcpi_store_catalog;
     sqlite3 *db = dcpi_catalog_db(cat);
     sqlite3_stmt *st;
     int rc = -1, src = SQLITE_OK;

@@ -345,6 +345,20 @@ def synthetic(out):
         "w": obj(OLD + ".metadata", "ShardedTensorStorageMetadata", {"tensor_metadata": None, "storage_metadata": []}),
         "b": obj(OLD + ".metadata", "BytesStorageMetadata", {"storage_key": "b", "length": 3})}}))
     write("not_dcp", {"state_dict": {"w": [1, 2, 3]}})
+    # The streaming parse: 1100 keys (two SETITEMS batches) whose chunks all share one
+    # torch.Size object, so the second batch refers back to an object of the first (the
+    # parse starts again on the whole tree); and one key of 20 chunks listed out of order,
+    # one of them twice, its storage_data in another order (the sorted-index lookup).
+    shared = Size((4,))
+    many = {f"k{i}": obj(NEW + ".metadata", "TensorStorageMetadata", {
+        "properties": props("float32"), "size": Size((4,)),
+        "chunks": [obj(NEW + ".metadata", "ChunkStorageMetadata", {"offsets": Size((0,)), "sizes": shared})]})
+        for i in range(1100)}
+    write("shared_across_batches", metadata(NEW, many,
+          {index(NEW, f"k{i}", (0,)): sinfo(NEW, "__0_0.distcp", 16 * i, 16) for i in range(1100)}))
+    order = [7, 3, 19, 0, 12, 5, 16, 1, 9, 14, 2, 18, 6, 11, 4, 17, 8, 13, 10, 15, 5]
+    write("chunks_out_of_order", metadata(NEW, {"w": tensor_md(NEW, "float32", (20,), [((o,), (1,)) for o in order])},
+          {index(NEW, "w", (o,)): sinfo(NEW, "__0_0.distcp", 4 * o, 4) for o in sorted(set(order), key=lambda o: (o * 7) % 20)}))
     write("same_offsets_other_sizes", metadata(NEW, {
         "w": tensor_md(NEW, "float32", (4,), [((0,), (2,)), ((0,), (4,))])},
         {index(NEW, "w", (0,)): sinfo(NEW, "__0_0.distcp", 0, 8)}))

@@ -482,6 +482,39 @@ START_TEST(pytorch_2x_truncated_and_flipped)
 }
 END_TEST
 
+/* The streaming parse: a back-reference to an object of a freed batch (every
+ * chunk's sizes one torch.Size) parses the whole tree instead, with the same
+ * model; chunks listed out of order (one twice) are found by their offsets. */
+START_TEST(stream_backref_and_unordered_chunks)
+{
+    char *dir = synthetic("shared_across_batches");
+    dcp_checkpoint *ck = open_ok(dir);
+    ck_assert_uint_eq(dcp_num_entries(ck), 1100);
+    const dcp_entry *e = dcp_find(ck, "k1099");
+    ck_assert_ptr_nonnull(e);
+    ck_assert_uint_eq(e->nchunks, 1);
+    const dcp_chunk *c = chunks_of(ck, e);
+    ck_assert(c[0].has_blob);
+    ck_assert_int_eq(c[0].sizes[0], 4);
+    ck_assert_uint_eq(c[0].blob.offset, 16 * 1099);
+    dcp_close(ck);
+    remove_tree(dir);
+
+    dir = synthetic("chunks_out_of_order");
+    ck = open_ok(dir);
+    e = dcp_find(ck, "w");
+    ck_assert_uint_eq(e->nchunks, 20);   /* the replica of [5] dropped */
+    c = chunks_of(ck, e);
+    static const int64_t order[] = {7, 3, 19, 0, 12, 5, 16, 1, 9, 14, 2, 18, 6, 11, 4, 17, 8, 13, 10, 15};
+    for (size_t i = 0; i < 20; i++) {
+        ck_assert_int_eq(c[i].offsets[0], order[i]);   /* the order of the list */
+        ck_assert_msg(c[i].has_blob && c[i].blob.offset == 4 * (uint64_t)order[i], "chunk %zu", i);
+    }
+    dcp_close(ck);
+    remove_tree(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("metadata");
@@ -499,6 +532,7 @@ static Suite *suite(void)
     tcase_add_test(y, dict_and_long_properties_float_version_slots);
     tcase_add_test(y, generations_from_fields);
     tcase_add_test(y, int_keys_in_decimal);
+    tcase_add_test(y, stream_backref_and_unordered_chunks);
     tcase_add_test(y, schema_errors_name_file_key_reason);
     tcase_add_test(y, file_errors);
     suite_add_tcase(s, y);

@@ -1,11 +1,14 @@
 /* The pickle VM opcode by opcode, on hand-written byte strings: values,
  * containers, the memo (shared and mutated nodes), objects, persistent ids,
  * frames; then hostile input: every error names its reason and offset, and
- * truncated, flipped and random bytes never crash (run under ASan too). */
+ * truncated, flipped and random bytes never crash (run under ASan too);
+ * streams: batches handed over in order and freed, memo references back
+ * across them, hostile files. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "pickle.h"
@@ -590,6 +593,221 @@ START_TEST(real_metadata_prefixes_and_flips)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- streams */
+
+/* A Metadata-shaped pickle: m.M() with BUILD {'state_dict_metadata': {...}},
+ * whose items come in two SETITEMS batches and one SETITEM. Batch 2 refers
+ * back to a string and a global of batch 1 (and before it), the SETITEM to
+ * batch 1's key; batch 1's tuple (1, 2) is memo 10. `tail` is batch 2's
+ * last value: "h\x02" (the global) or "h\x0a" (the released tuple). */
+static size_t stream_pickle(char *out, const char *tail)
+{
+    static const char head[] =
+        "\x80\x04"
+        "\x8c\x01m\x94" "\x8c\x01M\x94" "\x93\x94" ")\x81\x94"      /* memo 0-3: m.M() */
+        "}\x94("                                                    /* memo 4: its state */
+        "\x8c\x13state_dict_metadata\x94" "}\x94"                   /* memo 5, 6 */
+        "(" "\x8c\x02k0\x94" "\x8c\x06shared\x94"                   /* batch 1: memo 7, 8 */
+        "\x8c\x02k1\x94" "K\x01K\x02\x86\x94" "u"                   /* memo 9, 10 */
+        "(" "\x8c\x02k2\x94" "h\x08" "\x8c\x02k3\x94";              /* batch 2: memo 11, 12 */
+    static const char end[] =
+        "u"
+        "\x8c\x02k4\x94" "h\x07" "s"                                /* a SETITEM: memo 13 */
+        "u" "b" ".";
+    size_t n = 0;
+    memcpy(out + n, head, sizeof head - 1);
+    n += sizeof head - 1;
+    memcpy(out + n, tail, 2);
+    n += 2;
+    memcpy(out + n, end, sizeof end - 1);
+    return n + sizeof end - 1;
+}
+
+typedef struct sink {
+    char seen[8][32];
+    int n;
+    size_t bytes;
+    int fail_at;      /* fail the nth item (1-based), 0: never */
+} sink;
+
+static int sink_items(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n)
+{
+    sink *k = ctx;
+    const char *f;
+    if (floor != 2 || !pk_str(stack[base - 1], &f, NULL) || strcmp(f, "state_dict_metadata"))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        const pk_node *v = kv[2 * i + 1];
+        const char *key = sval(kv[2 * i]);
+        ck_assert_int_lt(k->n, 8);
+        if (k->fail_at && k->n + 1 == k->fail_at)
+            return -1;
+        if (v->type == PK_STR)
+            snprintf(k->seen[k->n++], 32, "%s=str:%s", key, sval(v));
+        else if (v->type == PK_GLOBAL)
+            snprintf(k->seen[k->n++], 32, "%s=global:%s.%s", key, v->u.global.module, v->u.global.name);
+        else
+            snprintf(k->seen[k->n++], 32, "%s=type%d:%zu", key, (int)v->type, pk_len(v));
+    }
+    return 1;
+}
+
+static void sink_bytes(void *ctx, const void *p, size_t n)
+{
+    (void)p;
+    ((sink *)ctx)->bytes += n;
+}
+
+/* A file holding b (size n); its fd. */
+static int file_of(const char *b, size_t n)
+{
+    FILE *f = tmpfile();
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+    fflush(f);
+    int fd = dup(fileno(f));
+    fclose(f);
+    return fd;
+}
+
+START_TEST(stream_batches_in_order_and_backrefs)
+{
+    char b[512];
+    size_t n = stream_pickle(b, "h\x02");
+    int fd = file_of(b, n);
+    sink k = {0};
+    pk_stream s = {.fd = fd, .size = n, .bytes = sink_bytes, .items = sink_items, .ctx = &k};
+    pk_doc *d;
+    const pk_node *root;
+    dcp_error err;
+    ck_assert_msg(pk_parse_stream(&s, "t.pkl", &d, &root, &err) == 0, "%s", err.msg);
+    static const char *want[] = {"k0=str:shared", "k1=type7:2", "k2=str:shared", "k3=global:m.M", "k4=str:k0"};
+    ck_assert_int_eq(k.n, 5);
+    for (int i = 0; i < 5; i++)
+        ck_assert_str_eq(k.seen[i], want[i]);
+    ck_assert_uint_eq(k.bytes, n);               /* every byte seen once */
+    ck_assert_uint_eq(s.batches, 2);
+    ck_assert_uint_ge(s.memo_released, 1);       /* the tuple (1, 2) */
+    ck_assert_uint_ge(s.memo_kept, 2);
+    /* What was consumed is not in the tree; the rest is. */
+    ck_assert(pk_is_global(pk_call_global(root), "m", "M"));
+    const pk_node *sdm = pk_dict_get(root->u.call.state, "state_dict_metadata");
+    ck_assert_ptr_nonnull(sdm);
+    ck_assert_uint_eq(pk_len(sdm), 0);
+    pk_free(d);
+    /* The same bytes in memory, no consumer: the whole tree. */
+    const pk_node *r2 = ok(b, n);
+    ck_assert_uint_eq(pk_len(pk_dict_get(r2->u.call.state, "state_dict_metadata")), 5);
+    done();
+    close(fd);
+}
+END_TEST
+
+START_TEST(stream_released_backref_and_consumer_error)
+{
+    char b[512];
+    size_t n = stream_pickle(b, "h\x0a");
+    int fd = file_of(b, n);
+    sink k = {0};
+    pk_stream s = {.fd = fd, .size = n, .items = sink_items, .ctx = &k};
+    pk_doc *d = (pk_doc *)1;
+    const pk_node *root;
+    dcp_error err;
+    ck_assert_int_eq(pk_parse_stream(&s, "t.pkl", &d, &root, &err), -1);
+    ck_assert_ptr_null(d);
+    ck_assert_int_eq(err.code, PK_ERR_RELEASED);
+    ck_assert_msg(strstr(err.msg, "memo index 10") && strstr(err.msg, "released"), "%s", err.msg);
+    /* Without a consumer the same stream parses (nothing is released). */
+    pk_stream whole = {.fd = fd, .size = n};
+    ck_assert_msg(pk_parse_stream(&whole, "t.pkl", &d, &root, &err) == 0, "%s", err.msg);
+    pk_free(d);
+    /* A consumer's failure ends the parse. */
+    sink f = {.fail_at = 3};
+    pk_stream s3 = {.fd = fd, .size = n, .items = sink_items, .ctx = &f};
+    ck_assert_int_eq(pk_parse_stream(&s3, "t.pkl", &d, &root, &err), -1);
+    ck_assert_int_eq(f.n, 2);
+    close(fd);
+}
+END_TEST
+
+START_TEST(stream_hostile_input)
+{
+    char b[512];
+    size_t n = stream_pickle(b, "h\x02");
+    pk_doc *d;
+    const pk_node *root;
+    dcp_error err;
+    /* Every truncation fails cleanly, naming it. */
+    for (size_t cut = 0; cut < n; cut++) {
+        int fd = file_of(b, cut);
+        sink k = {0};
+        pk_stream s = {.fd = fd, .size = cut, .bytes = sink_bytes, .items = sink_items, .ctx = &k};
+        ck_assert_int_eq(pk_parse_stream(&s, "t.pkl", &d, &root, &err), -1);
+        ck_assert_msg(cut < 2 || strstr(err.msg, "truncated"), "cut %zu: %s", cut, err.msg);
+        close(fd);
+    }
+    /* A file shorter than it was said to be: a read error, not a hang. */
+    int fd = file_of(b, n);
+    sink k = {0};
+    pk_stream s = {.fd = fd, .size = n + 100, .bytes = sink_bytes, .items = sink_items, .ctx = &k};
+    ck_assert_int_eq(pk_parse_stream(&s, "t.pkl", &d, &root, &err), -1);
+    ck_assert_msg(strstr(err.msg, "shrank"), "%s", err.msg);
+    close(fd);
+    /* Huge declared sizes are refused before anything is allocated. */
+    static const char big_str[] = "\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x3fxx.";
+    static const char big_frame[] = "\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x40N.";
+    static const char big_long[] = "\x80\x04\x8b\xff\xff\xff\x7fxx.";
+    const char *cases[] = {big_str, big_frame, big_long};
+    size_t lens[] = {sizeof big_str - 1, sizeof big_frame - 1, sizeof big_long - 1};
+    for (int i = 0; i < 3; i++) {
+        fd = file_of(cases[i], lens[i]);
+        pk_stream h = {.fd = fd, .size = lens[i]};
+        ck_assert_int_eq(pk_parse_stream(&h, "t.pkl", &d, &root, &err), -1);
+        ck_assert_msg(strstr(err.msg, "truncated"), "case %d: %s", i, err.msg);
+        close(fd);
+    }
+}
+END_TEST
+
+static int take_all(void *ctx, pk_node *const *stack, size_t floor, size_t base, pk_node *const *kv, size_t n)
+{
+    (void)stack, (void)floor, (void)base;
+    for (size_t i = 0; i < 2 * n; i++)   /* what is handed over is whole */
+        if (kv[i]->type == PK_STR)
+            ck_assert_uint_eq(strlen(kv[i]->u.s.p), kv[i]->u.s.len);
+    ++*(size_t *)ctx;
+    return 1;
+}
+
+/* A consumer that takes every batch, nested ones too (a batch inside a
+ * batch that is taken later): memo entries kept across an inner batch must
+ * not point into the outer one's freed nodes (run under ASan too). */
+START_TEST(stream_nested_batches)
+{
+    const char *top = getenv("top_srcdir");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/05_mixed_2ranks/ckpt/.metadata", top ? top : "..");
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char data[65536];
+    size_t n = fread(data, 1, sizeof data, f);
+    fclose(f);
+    int fd = file_of(data, n);
+    size_t taken = 0;
+    pk_stream s = {.fd = fd, .size = n, .items = take_all, .ctx = &taken};
+    pk_doc *d;
+    const pk_node *root;
+    dcp_error err;
+    int rc = pk_parse_stream(&s, "m", &d, &root, &err);
+    ck_assert_msg(rc == 0 || err.code == PK_ERR_RELEASED, "%s", err.msg);
+    if (rc == 0)
+        pk_free(d);
+    ck_assert_uint_gt(taken, 10);
+    ck_assert_uint_eq(s.batches, taken);
+    close(fd);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("pickle");
@@ -617,6 +835,12 @@ static Suite *suite(void)
     tcase_add_test(h, random_opcode_soup);
     tcase_add_test(h, real_metadata_prefixes_and_flips);
     suite_add_tcase(s, h);
+    TCase *st = tcase_create("stream");
+    tcase_add_test(st, stream_batches_in_order_and_backrefs);
+    tcase_add_test(st, stream_released_backref_and_consumer_error);
+    tcase_add_test(st, stream_hostile_input);
+    tcase_add_test(st, stream_nested_batches);
+    suite_add_tcase(s, st);
     return s;
 }
 

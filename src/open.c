@@ -1,0 +1,135 @@
+/* Opening a checkpoint: the catalog's model when it holds one, else the
+ * format loader the folder's content calls for, whose model is then stored
+ * in the catalog and served from it.
+ *
+ * The top of the core: it uses the model (model.c), the loaders (metadata.c,
+ * safetensors.c) and the catalog (integrity/modelcache.c), and none of them
+ * calls back here (the catalog gets parse_folder as a function to fall back
+ * on).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err);
+
+static int has_file(int dirfd, const char *name)
+{
+    struct stat st;
+    return fstatat(dirfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Which layout the folder holds, from what is in it. */
+static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
+{
+    if (has_file(ck->dirfd, ".metadata"))
+        return dcpi_load_metadata(ck, ".metadata", err);
+
+    int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
+    }
+    int rank_local = 0, safetensors = 0, distcp = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t n = strlen(de->d_name);
+        if (n > 11 && strncmp(de->d_name, "__", 2) == 0 && strcmp(de->d_name + n - 9, ".metadata") == 0)
+            rank_local = 1;
+        else if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0)
+            safetensors = 1;
+        else if (n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0)
+            distcp = 1;
+    }
+    closedir(d);
+    if (rank_local)
+        return dcpi_load_rank_local(ck, err);
+    if (safetensors)
+        return dcpi_load_huggingface(ck, err);
+    if (distcp)
+        return dcpi_err(err, ENOENT,
+                       "%s: no .metadata: the checkpoint is incomplete (still being written, or the save was interrupted)",
+                       ck->path);
+    return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files",
+                   ck->path);
+}
+
+int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)
+{
+    dcp_open_options o = {.flags = flags, .catalog = NULL};
+    return dcp_open_ex(path, &o, out, err);
+}
+
+/* A checkpoint served by the catalog, or NULL (any trouble: the caller
+ * parses). from carries the .metadata's key and stamp in and out, so that
+ * they are computed once per dcp_open. */
+static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_checkpoint *from)
+{
+    dcp_error err;
+    dcp_checkpoint *ck = dcpi_ck_new(path, &err);
+    if (!ck)
+        return NULL;
+    memcpy(ck->model_key, from->model_key, sizeof ck->model_key);
+    memcpy(ck->model_stamp, from->model_stamp, sizeof ck->model_stamp);
+    int rc = dcpi_catalog_load(ck, catalog, parse_folder);
+    memcpy(from->model_key, ck->model_key, sizeof ck->model_key);
+    memcpy(from->model_stamp, ck->model_stamp, sizeof ck->model_stamp);
+    if (rc < 0 || dcpi_ck_files_ready(ck, &err) < 0) {
+        dcp_close(ck);
+        return NULL;
+    }
+    return ck;
+}
+
+int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err)
+{
+    *out = NULL;
+    dcp_checkpoint *ck = dcpi_ck_new(path, err);
+    if (!ck)
+        return -1;
+    int use_catalog = (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
+    if (use_catalog) {
+        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
+        if (served) {
+            dcp_close(ck);
+            served->from_catalog = 1;
+            *out = served;
+            return 0;
+        }
+    }
+    if (has_file(ck->dirfd, "metadata.json"))
+        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
+    if (detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+        dcp_close(ck);
+        return -1;
+    }
+    /* Store what was parsed, then serve it from the catalog like any later
+     * open: the model's memory (a million chunks: ~350 MiB) goes
+     * now rather than at dcp_close. A failure only costs a later parse. */
+    if (use_catalog && dcpi_catalog_store(ck, opts->catalog) == 0) {
+        dcp_checkpoint *served = open_served(path, opts->catalog, ck);
+        if (served) {
+            dcp_close(ck);
+            ck = served;
+        }
+    }
+    *out = ck;
+    return 0;
+}
+
+/* A parse of the folder without the catalog: the catalog's fall-back. */
+static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err)
+{
+    return dcp_open(path, 0, out, err);
+}
+
