@@ -1,6 +1,6 @@
 /* Reading data files: the fd cache, exact reads with many requests in
- * flight, and fetching an op's source bytes. Plan execution (reader.c), the
- * blob decoder, the FUSE daemon and the loaders all read through here.
+ * flight, the cached read and prefetch advice of an op. Plan execution
+ * (reader.c), the blob decoder, the FUSE daemon and the loaders read through here.
  *
  * File descriptors. A checkpoint can have thousands of data files (one per
  * rank and thread, or one per key), more than the usual RLIMIT_NOFILE of
@@ -419,18 +419,6 @@ int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, ui
 }
 
 /* ------------------------------------------------------------ fetching */
-
-static const char *op_key(const dcp_entry *e) { return e && e->key ? e->key : ""; }
-
-int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err)
-{
-    if (op->length > SIZE_MAX)
-        return dcpi_err(err, EOVERFLOW, "%s: %s: read of %" PRIu64 " bytes is too large", ck->path,
-                       op_key(e), op->length);
-    if (op->flags & DCP_OP_DECODED)
-        return dcpi_blob_read(ck, &op->blob, buf, (size_t)op->length, op->src_offset, op_key(e), err);
-    return dcpi_pread_full(ck, op->file, buf, (size_t)op->length, op->src_offset, op_key(e), err);
-}
 
 uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
 {

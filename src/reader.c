@@ -1,7 +1,8 @@
 /* The reader: the execution of read plans (dcp_plan_execute): ops sorted
  * by file and offset, adjacent direct ops in one vectored read straight
  * into the region buffer, strided and transformed ones through a bounce
- * buffer and placed (dcp_op_place). Reading the files is files.c's. */
+ * buffer and placed (dcp_op_place); dcp_op_fetch, an op read whole (from
+ * a decoded blob or the file). Reading the files is files.c's. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -126,6 +127,20 @@ void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dty
     }
     if (op->flags & (DCP_OP_BSWAP | DCP_OP_CONJ | DCP_OP_NEG))
         fix_elems(d, n, stride, esz, op->flags, dtype);
+}
+
+/* ------------------------------------------------------------ fetching */
+
+static const char *op_key(const dcp_entry *e) { return e && e->key ? e->key : ""; }
+
+int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void *buf, dcp_error *err)
+{
+    if (op->length > SIZE_MAX)
+        return dcpi_err(err, EOVERFLOW, "%s: %s: read of %" PRIu64 " bytes is too large", ck->path,
+                       op_key(e), op->length);
+    if (op->flags & DCP_OP_DECODED)
+        return dcpi_blob_read(ck, &op->blob, buf, (size_t)op->length, op->src_offset, op_key(e), err);
+    return dcpi_pread_full(ck, op->file, buf, (size_t)op->length, op->src_offset, op_key(e), err);
 }
 
 /* ------------------------------------------------------------ executing */
