@@ -17,9 +17,9 @@ fi
 # (an unpinned torch is a multi-GB CUDA build). Debian's python3 is "externally managed"
 # (PEP 668): pip installs into it anyway, as a fresh machine for dcpfs.
 if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zstandard' 2>/dev/null; then
-    echo "== pip install torch==2.13.0 numpy safetensors zstandard cffi setuptools pytest"
+    echo "== pip install torch==2.13.0 numpy safetensors zstandard cffi setuptools pytest xxhash"
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q torch==2.13.0 numpy safetensors zstandard \
-        cffi setuptools pytest || echo "pip install failed: the Python package and its tests will skip"
+        cffi setuptools pytest xxhash || echo "pip install failed: the Python package and its tests will skip"
 fi
 
 echo "== building"

@@ -17,6 +17,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "dcp_integrity.h"
 #include "dcpfs.h"
 
 #define FS(req) ((struct dfs *)fuse_req_userdata(req))
@@ -463,6 +464,9 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* ----------------------------------------------------------------- xattrs */
 
+/* An entry's dcp digest (XXH3-128 of its value, hex), computed on request. */
+#define DIGEST_XATTR "user.dcp.xxh3_128"
+
 /* Builds "name\0value\0..." of a node's attributes into a malloc'd buffer. */
 struct xlist {
     char *buf;
@@ -531,6 +535,26 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         fuse_reply_err(req, ENOENT);
         return;
     }
+    if (n->type == DFS_N_ENTRY && strcmp(name, DIGEST_XATTR) == 0) {
+        /* computed when asked: it reads the whole value (dcp digest's digest) */
+        unsigned char d[16];
+        char hex[33];
+        dcp_error err;
+        if (dcp_value_digest(n->ck->ck, n->entry, d, &err) < 0) {
+            dfs_log(LOG_ERR, "%s", err.msg);
+            fuse_reply_err(req, err.code == ENOMEM ? ENOMEM : EIO);
+            return;
+        }
+        for (int k = 0; k < 16; k++)
+            snprintf(hex + 2 * k, 3, "%02x", d[k]);
+        if (size == 0)
+            fuse_reply_xattr(req, 32);
+        else if (size < 32)
+            fuse_reply_err(req, ERANGE);
+        else
+            fuse_reply_buf(req, hex, 32);
+        return;
+    }
     struct xlist x = {0};
     if (node_xattrs(n, &x) < 0) {
         free(x.buf);
@@ -565,7 +589,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
         return;
     }
     struct xlist x = {0};
-    if (node_xattrs(n, &x) < 0) {
+    if (node_xattrs(n, &x) < 0 || (n->type == DFS_N_ENTRY && xl_add(&x, DIGEST_XATTR, "") < 0)) {
         free(x.buf);
         fuse_reply_err(req, ENOMEM);
         return;

@@ -26,6 +26,12 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
 /* XXH3-64 of a blob's stored bytes, read in large sequential pieces. */
 int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_error *err);
 
+/* XXH3-128 of entry e's value, independent of how it is stored: a tensor's
+ * global bytes in C order (as dcp cat writes them), a bytes item's bytes.
+ * digest: the canonical (big-endian) 16 bytes, as XXH128_canonicalFromHash
+ * gives and `dcp digest` prints in hex. Bounded memory (16 MiB pieces). */
+int dcp_value_digest(dcp_checkpoint *ck, const dcp_entry *e, unsigned char digest[16], dcp_error *err);
+
 /* The catalog: a SQLite file outside every checkpoint folder, by default
  * $XDG_CACHE_HOME/dcpfs/catalog.sqlite (or ~/.cache/dcpfs/catalog.sqlite).
  * Records are tied to a checkpoint's identity: its metadata files' sizes,

@@ -15,6 +15,7 @@ int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
+int cmd_digest(int argc, char **argv);
 
 /* Print "dcp: <message>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -15,6 +15,7 @@ static const struct command {
     {"layout", cmd_layout, "show which file and offset hold each chunk"},
     {"verify", cmd_verify, "check structure and, with --record, content digests"},
     {"diff", cmd_diff, "compare two checkpoints"},
+    {"digest", cmd_digest, "XXH3-128 of each key's value, the same in every format and layout"},
     {"convert", cmd_convert, "convert between DCP, torch.save and safetensors"},
     {"synth", cmd_synth, "write a synthetic checkpoint"},
 };

@@ -1,5 +1,6 @@
-/* Content digests: XXH3-64 of each blob's stored bytes, and the identity of a
- * checkpoint (what the catalog's records are tied to). */
+/* Content digests: XXH3-64 of each blob's stored bytes, XXH3-128 of each
+ * entry's global value whatever its layout (dcp digest), and the identity
+ * of a checkpoint (what the catalog's records are tied to). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include "integrity.h"
 
 #define HASH_PIECE (8u << 20)        /* dcp_blob_digest's reads (the bulk hasher: hashing.c) */
+#define VALUE_PIECE (16u << 20)      /* dcp_value_digest's planned pieces */
 
 int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_error *err)
 {
@@ -35,6 +37,48 @@ int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_e
     }
     *xxh3 = XXH3_64bits_digest(st);
 out:
+    free(buf);
+    XXH3_freeState(st);
+    return rc;
+}
+
+int dcp_value_digest(dcp_checkpoint *ck, const dcp_entry *e, unsigned char digest[16], dcp_error *err)
+{
+    uint64_t total;
+    if (dcp_entry_nbytes(ck, e, &total, err) < 0)
+        return -1;
+    uint64_t esz = e->kind == DCP_KIND_TENSOR ? dcp_dtype_size(e->dtype) : 1;
+    if (esz == 0)
+        esz = 1;
+    uint64_t step = VALUE_PIECE - VALUE_PIECE % esz;
+    if (step == 0)
+        step = esz;   /* an element larger than a piece: one element a step */
+    size_t cap = total < step ? (size_t)(total ? total : 1) : (size_t)step;
+    XXH3_state_t *st = XXH3_createState();
+    void *buf = malloc(cap);
+    dcp_plan plan;
+    dcp_plan_init(&plan);
+    int rc = 0;
+    if (!st || !buf) {
+        rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory for a %zu-byte piece", ck->path, e->key, cap);
+        goto out;
+    }
+    XXH3_128bits_reset(st);
+    /* the C-order image in pieces: the planner assembles each from whatever
+     * chunks hold it, so every layout of the same values hashes alike */
+    for (uint64_t off = 0; off < total; off += step) {
+        uint64_t n = total - off < step ? total - off : step;
+        if (dcp_plan_bytes(ck, e, off, n, &plan, err) < 0 || dcp_plan_execute(ck, &plan, buf, err) < 0) {
+            rc = -1;
+            goto out;
+        }
+        XXH3_128bits_update(st, buf, (size_t)plan.nbytes);
+    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(st));
+    memcpy(digest, c.digest, 16);
+out:
+    dcp_plan_free(&plan);
     free(buf);
     XXH3_freeState(st);
     return rc;

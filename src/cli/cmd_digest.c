@@ -1,0 +1,78 @@
+/* dcp digest: a digest of each key's value that does not depend on how it
+ * is stored (DCP of any sharding, rank-local, Megatron, torch.save,
+ * safetensors, Hugging Face folders): XXH3-128 of a tensor's global bytes
+ * in C order, of a bytes item's bytes. JSON lines with --json, a format
+ * anyone can produce from Python (README, man dcp). */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "dcp_integrity.h"
+
+static void usage(FILE *f) { fprintf(f, "usage: dcp digest [--json] [--keys PATTERN] SOURCE\n"); }
+
+int cmd_digest(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'}, {"keys", required_argument, 0, 'k'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int json = 0, c;
+    const char *pattern = NULL;
+    while ((c = getopt_long(argc, argv, "jk:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'k': pattern = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 2;
+    }
+    dcp_checkpoint *ck = cli_open(argv[optind]);
+    if (!ck)
+        return 1;
+    int status = 0;
+    size_t n = dcp_num_entries(ck);
+    for (size_t i = 0; i < n; i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e) {
+            cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+            status = 1;
+            break;
+        }
+        if (!dcp_key_matches(pattern, e->key))
+            continue;
+        unsigned char d[16];
+        dcp_error err;
+        if (dcp_value_digest(ck, e, d, &err) < 0) {
+            cli_error("%s", err.msg);
+            status = 1;
+            continue;
+        }
+        char hex[33];
+        for (int k = 0; k < 16; k++)
+            snprintf(hex + 2 * k, 3, "%02x", d[k]);
+        if (json) {
+            fputs("{\"key\":", stdout);
+            cli_json_string(stdout, e->key);
+            if (e->kind == DCP_KIND_TENSOR) {
+                printf(",\"dtype\":\"%s\",\"shape\":", dcp_dtype_name(e->dtype));
+                cli_json_shape(stdout, e->shape, e->ndim);
+            } else {
+                fputs(",\"dtype\":\"bytes\",\"shape\":null", stdout);
+            }
+            printf(",\"xxh3_128\":\"%s\"}\n", hex);
+        } else {
+            printf("%s  %s\n", hex, e->key);
+        }
+    }
+    if (fflush(stdout) != 0) {
+        cli_error("stdout: write failed");
+        status = 1;
+    }
+    dcp_close(ck);
+    return status;
+}
