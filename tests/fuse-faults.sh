@@ -12,6 +12,7 @@
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
+need prlimit
 need_fuse
 fuse_scratch
 A=$SCRATCH/a B=$SCRATCH/b
@@ -28,12 +29,16 @@ for k in $keys; do
 done
 cp -r "$A" "$SCRATCH/a.orig"
 
-# run_fault NAME MODE: mount a fresh copy of A, start the readers, strike after 1 s.
+# run_fault NAME MODE [NOFILE]: mount a fresh copy of A (the daemon allowed
+# NOFILE fds, set before its first read), start the readers, strike after 1 s.
 run_fault() {
     local name=$1 mode=$2 ck=$SCRATCH/ck-$1-$2 mnt=$SCRATCH/mnt-$1-$2 pairs=() k
     rm -rf "$ck"; cp -r "$SCRATCH/a.orig" "$ck"
     mount_dcpfs "$ck" "$mnt" -o read="$mode"
     local pid=$DCPFS_PID
+    if [ -n "${3:-}" ]; then
+        prlimit --pid "$pid" --nofile="$3:$3" || fail "prlimit --pid $pid --nofile=$3"
+    fi
     for k in $keys; do
         pairs+=("$mnt/$(echo "$k" | tr . /)=$SCRATCH/ref.$k=$SCRATCH/other.$k")
     done
@@ -80,3 +85,21 @@ for mode in splice pread; do
         run_fault "$f" "$mode"
     done
 done
+
+# A replacement while the daemon's fds are closed: 32 shard files, every key
+# chunked over all of them, and a daemon allowed 40 fds keeps at most 20
+# open (pread mode: fds are cached, not pinned). Before the fix a reopened
+# shard gave the new checkpoint's bytes beside the old ones; now EIO.
+A=$SCRATCH/a32 B=$SCRATCH/b32
+"$DCP" synth "$A" --keys 2 --shape 512,1024 --ranks 32 --seed 1 >/dev/null || fail "dcp synth"
+"$DCP" synth "$B" --keys 2 --shape 512,1024 --ranks 32 --seed 2 >/dev/null || fail "dcp synth"
+keys=$("$DCP" ls "$A" | awk 'NR > 1 {print $1}')
+shards=$(cd "$A" && ls -- *.distcp)
+for k in $keys; do
+    "$DCP" cat "$A" "$k" >"$SCRATCH/ref.$k" || fail "dcp cat $k"
+    "$DCP" cat "$B" "$k" >"$SCRATCH/other.$k" || fail "dcp cat $k"
+done
+rm -rf "$SCRATCH/a.orig"; cp -r "$A" "$SCRATCH/a.orig"
+run_fault replace pread 40
+grep -q "EIO" "$SCRATCH/readers-replace-pread" ||
+    fail "replace with evicted fds: no reader met the replaced shards"
