@@ -523,6 +523,7 @@ int main(int argc, char **argv)
              st.seconds_deliver, st.seconds_place, cpu);
     }
     print_all(comm, &txt, stdout);
+    fflush(stdout);   /* before MPI_Finalize, which can hang in the transport's teardown */
     free(txt.p);
     rc = 0;
 out:
