@@ -361,7 +361,7 @@ out1:
     dfs_close_dirs(&fs);
     dfs_free_all(&fs);
     dcp_catalog_close(fs.catalog);
-out0:
+out0:;   /* a label takes a statement, not a declaration, before C23 */
     int rfd = __atomic_exchange_n(&fs.opt.ready_fd, -1, __ATOMIC_SEQ_CST);
     if (rfd >= 0)
         close(rfd);   /* EOF without a byte: the mount failed */

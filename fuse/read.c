@@ -401,6 +401,29 @@ static int read_fd_pieces(struct reply *r)
     return 0;
 }
 
+/* Just before a splice reply: does every fd piece still lie inside its file?
+ * libfuse answers a splice that meets the end of the file with the shorter
+ * count, which a reader takes for the end of the tensor (O_DIRECT, or a
+ * page the cache lacks): a shard truncated since the mount must give EIO, as
+ * the pread path does (read_fd_pieces). One fstat per piece; a truncation
+ * between this check and the splice still gives a short reply. */
+static int fd_pieces_present(struct reply *r)
+{
+    const struct fuse_bufvec *bv = r->c->bv;
+    for (size_t i = 0; i < r->k; i++) {
+        const struct fuse_buf *b = &bv->buf[i];
+        struct stat st;
+        if (!(b->flags & FUSE_BUF_IS_FD))
+            continue;
+        if (fstat(b->fd, &st) < 0 || (uint64_t)st.st_size < (uint64_t)b->pos + b->size) {
+            dfs_log(LOG_ERR, "a shard file ends before the chunk's bytes (needs %llu bytes, has %lld): changed since the mount",
+                    (unsigned long long)b->pos + b->size, (long long)st.st_size);
+            return -EIO;
+        }
+    }
+    return 0;
+}
+
 /* Answer a read of [off, off+size) of a file laid out as `lay`. */
 static void read_layout(fuse_req_t req, struct dfs *fs, struct dfs_ckpt *ck, const struct dfs_layout *lay,
                         size_t size, off_t off)
@@ -452,6 +475,10 @@ static void read_layout(fuse_req_t req, struct dfs *fs, struct dfs_ckpt *ck, con
         return;
     }
     if (fs->opt.readmode == DFS_READ_SPLICE || pipe_fits(fs, r.k, r.slots, r.len)) {
+        if ((rc = fd_pieces_present(&r)) < 0) {
+            fuse_reply_err(req, -rc);
+            return;
+        }
         c->bv->count = r.k;
         c->bv->idx = 0;
         c->bv->off = 0;

@@ -14,6 +14,11 @@
  * dcp_close. All of this is guarded by ck->lock; only the opens happen under
  * it, the reads do not.
  *
+ * A file reopened after its fd was closed must be the file first opened
+ * (same device and inode): a checkpoint replaced by rename while its fd was
+ * closed gives EIO rather than the new file's bytes at the old offsets,
+ * mixed with bytes of files whose fds stayed open.
+ *
  * Paths come from metadata and were checked lexically when the model was
  * built (relative, no ".."); symlinks inside the folder are followed because
  * the Hugging Face cache layout is made of them. Files are opened O_NONBLOCK
@@ -49,6 +54,8 @@ struct dcpi_fdtab {
     uint32_t *users;      /* reads in flight per file: the fd stays open while > 0 */
     uint64_t *last_use;   /* clock of the last acquire, to close the oldest first */
     uint8_t *pinned;      /* handed out to a caller with no release: open until dcp_close */
+    uint8_t *seen;        /* opened before: dev and ino hold its identity */
+    uint64_t *dev, *ino;
     size_t nopen;         /* fds open now, pinned included */
     size_t cap;           /* soft bound on nopen */
     uint64_t clock;
@@ -66,7 +73,10 @@ static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
     t->users = dcpi_arena_alloc(&ck->arena, n * sizeof *t->users);
     t->last_use = dcpi_arena_alloc(&ck->arena, n * sizeof *t->last_use);
     t->pinned = dcpi_arena_alloc(&ck->arena, n);
-    if (!t->users || !t->last_use || !t->pinned)
+    t->seen = dcpi_arena_alloc(&ck->arena, n);
+    t->dev = dcpi_arena_alloc(&ck->arena, n * sizeof *t->dev);
+    t->ino = dcpi_arena_alloc(&ck->arena, n * sizeof *t->ino);
+    if (!t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino)
         return NULL;
     struct rlimit rl;
     t->cap = 512;
@@ -137,6 +147,14 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, co
         return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is not a regular file", ck->path, rel,
                        k, sep);
     }
+    if (t->seen[file] && (t->dev[file] != (uint64_t)st.st_dev || t->ino[file] != (uint64_t)st.st_ino)) {
+        close(fd);
+        return dcpi_err(err, EIO, "%s/%s: %s%sthe data file was replaced since it was first read (the checkpoint changed)",
+                        ck->path, rel, k, sep);
+    }
+    t->seen[file] = 1;
+    t->dev[file] = (uint64_t)st.st_dev;
+    t->ino[file] = (uint64_t)st.st_ino;
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);

@@ -364,6 +364,19 @@ static int gone(dcp_checkpoint *ck, dcp_error *err)
 
 /* ------------------------------------------------------------ falling back */
 
+/* An entry given out from the catalog describes the parsed one: the parse's
+ * chunks are copied by the catalog entry's nchunks and ndim (copy_parsed). */
+static int same_entry(const dcp_entry *e, const dcp_entry *pe)
+{
+    if (e->kind != pe->kind || e->dtype != pe->dtype || e->ndim != pe->ndim || e->nchunks != pe->nchunks ||
+        e->has_blob != pe->has_blob || memcmp(&e->blob, &pe->blob, sizeof e->blob))
+        return 0;
+    for (int d = 0; d < e->ndim; d++)
+        if (e->shape[d] != pe->shape[d])
+            return 0;
+    return 1;
+}
+
 /* Under lz->lock: the catalog failed (a damaged row, a model removed by
  * another process, an I/O error). Parse the .metadata now and serve the rest
  * of the model from the parse, provided it is still the model that was
@@ -380,7 +393,8 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
     int same = metadata_key(p, key) == 0 && !strcmp(key, ck->model_key) && p->nentries == ck->nentries &&
                p->nfiles == ck->nfiles;
     for (size_t i = 0; same && i < ck->nentries; i++)
-        same = !ck->entries[i].key || !strcmp(ck->entries[i].key, p->entries[i].key);
+        same = !ck->entries[i].key ||
+               (!strcmp(ck->entries[i].key, p->entries[i].key) && same_entry(&ck->entries[i], &p->entries[i]));
     for (size_t f = 0; same && f < ck->nfiles; f++)
         same = !strcmp(ck->files[f], p->files[f]);
     if (!same) {

@@ -11,7 +11,8 @@
  * --bcast-local, --shm. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
  * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
- * rank 0 in pieces of N bytes.
+ * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
+ * N ms before each unit a rank reads.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -522,6 +523,7 @@ int main(int argc, char **argv)
              st.seconds_deliver, st.seconds_place, cpu);
     }
     print_all(comm, &txt, stdout);
+    fflush(stdout);   /* before MPI_Finalize, which can hang in the transport's teardown */
     free(txt.p);
     rc = 0;
 out:

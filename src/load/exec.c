@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "load.h"
 
@@ -185,10 +186,24 @@ static int free_slot(struct exec *x, unsigned from, unsigned to)
     return -1;
 }
 
+/* Test hook: DCPLOAD_TEST_READ_DELAY_MS=N sleeps N ms before each unit
+ * read, so that a test can strike mid-load (tests/load-faults.sh). */
+static void test_read_delay(void)
+{
+    static int ms = -1;   /* read once; only the I/O thread reads units */
+    if (ms < 0) {
+        const char *s = getenv("DCPLOAD_TEST_READ_DELAY_MS");
+        ms = s && atoi(s) > 0 ? atoi(s) : 0;
+    }
+    if (ms > 0)
+        nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL);
+}
+
 /* Read unit k of this rank's reads into buf: the cached bytes first, the
  * next unit advised when some are missing (dcp_gunit_read). */
 static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, dcp_error *e)
 {
+    test_read_delay();
     const dcp_gunit *u = &x->g->units[x->reads[k]];
     const dcp_gunit *next = k + 1 < x->nreads ? &x->g->units[x->reads[k + 1]] : NULL;
     return dcp_gunit_read(x->ck, x->g, u, next, buf, e);

@@ -1,57 +1,152 @@
-/* libFuzzer harness: the fuzz input becomes one file of a checkpoint folder
- * (MODE 0: .metadata next to fixture 05's shards; MODE 1: fixture 01's
- * __0_0.distcp; MODE 2: a Hugging Face model.safetensors), which is then
- * opened, and the first 64 KiB of every entry planned and read. Run by
- * `make fuzz` (tests/fuzz/local.mk); FIXTURES names tests/fixtures. */
+/* libFuzzer harness for the files a checkpoint folder holds: the fuzz input
+ * becomes one file of a folder copied from a fixture, which is then opened
+ * (dcp_open, or dcp_open_file for a single .pt/.safetensors), and every
+ * entry's chunks, records and first 64 KiB planned and read. The target
+ * (FUZZ_TARGET, or replay.c's first argument) picks the file:
+ *
+ *   metadata    .metadata (1.13 and 2.x) next to fixture 05's shards
+ *   megatron    .metadata (MCoreMetadata) next to fixture 09's shards
+ *   ranklocal   __0.metadata of a rank-local (__R.metadata) save
+ *   shard       __0_0.distcp of fixture 01: torch.save zip records
+ *               (central directory, zip64, local headers, data.pkl)
+ *   zstd        __0_0.distcp of a save with the ZStandard extension
+ *   safetensors model.safetensors of a Hugging Face folder (header JSON,
+ *               DCP_SHARDING_INFO), also opened as a single file
+ *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
+ *
+ * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
+ * `make check`, which runs every committed input (tests/fuzz-regress.sh).
+ * SRCDIR names the source tree (the bases are fixtures under tests/). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "dcp.h"
 
-static char dir[256], target[300];
+#include "dcp.h"
+#include "dcp_write.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+
+enum open_how { AS_FOLDER, AS_FILE, AS_BOTH };
+
+static const struct target {
+    const char *name;
+    const char *base;      /* folder under SRCDIR copied as the checkpoint, or NULL */
+    const char *file;      /* the file the input replaces */
+    enum open_how how;
+} targets[] = {
+    {"metadata", "tests/fixtures/05_mixed_2ranks/ckpt", ".metadata", AS_FOLDER},
+    {"megatron", "tests/fixtures/09_megatron_torch_dist/ckpt", ".metadata", AS_FOLDER},
+    {"ranklocal", "tests/data/metadata/pt_ranklocal", "__0.metadata", AS_FOLDER},
+    {"shard", "tests/fixtures/01_single_plain/ckpt", "__0_0.distcp", AS_FOLDER},
+    {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
+    {"safetensors", NULL, "model.safetensors", AS_BOTH},
+    {"torchfile", NULL, "common.pt", AS_FILE},
+};
+
+static const struct target *tg;
+static char dir[256], path[320];
+
+static void cleanup(void)
+{
+    char cmd[300];
+    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= sizeof cmd || system(cmd) != 0)
+        fprintf(stderr, "fuzz_open: cannot remove %s\n", dir);
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    (void)argc; (void)argv;
-    snprintf(dir, sizeof dir, "/dev/shm/dcpfuzz.%d", (int)getpid());
-    const char *fx = getenv("FIXTURES");
-    char cmd[1024];
-#if MODE == 0
-    snprintf(cmd, sizeof cmd, "rm -rf %s; mkdir -p %s && cp %s/05_mixed_2ranks/ckpt/__* %s/", dir, dir, fx, dir);
-    snprintf(target, sizeof target, "%s/.metadata", dir);
-#elif MODE == 1
-    snprintf(cmd, sizeof cmd, "rm -rf %s; mkdir -p %s && cp -r %s/01_single_plain/ckpt/. %s/", dir, dir, fx, dir);
-    snprintf(target, sizeof target, "%s/__0_0.distcp", dir);
-#else
-    snprintf(cmd, sizeof cmd, "rm -rf %s; mkdir -p %s", dir, dir);
-    snprintf(target, sizeof target, "%s/model.safetensors", dir);
-#endif
-    if (system(cmd) != 0)
-        abort();
+    (void)argc;
+    (void)argv;
+    const char *name = getenv("FUZZ_TARGET"), *src = getenv("SRCDIR");
+    for (size_t i = 0; name && i < sizeof targets / sizeof *targets; i++)
+        if (!strcmp(name, targets[i].name))
+            tg = &targets[i];
+    if (!tg || !src) {
+        fprintf(stderr, "fuzz_open: set SRCDIR and FUZZ_TARGET to one of:");
+        for (size_t i = 0; i < sizeof targets / sizeof *targets; i++)
+            fprintf(stderr, " %s", targets[i].name);
+        fprintf(stderr, "\n");
+        exit(2);
+    }
+    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(dir, sizeof dir, "%s/dcpfuzz.%s.%d", tmp, tg->name, (int)getpid());
+    snprintf(path, sizeof path, "%s/%s", dir, tg->file);
+    char cmd[4096];
+    int n = tg->base ? snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp -r '%s/%s/.' '%s/'", dir, dir,
+                                src, tg->base, dir)
+                     : snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
+    if ((size_t)n >= sizeof cmd || system(cmd) != 0) {
+        fprintf(stderr, "fuzz_open: cannot lay out %s\n", dir);
+        exit(2);
+    }
+    atexit(cleanup);
     return 0;
+}
+
+/* Read what an open gives: chunks, records, the first 64 KiB of each entry,
+ * and whole byte entries up to 1 MiB. */
+static void walk(dcp_checkpoint *ck)
+{
+    static unsigned char buf[65536];
+    dcp_error err;
+    dcp_plan plan;
+    dcp_plan_init(&plan);
+    (void)dcp_get_info(ck);
+    for (size_t i = 0; i < dcp_num_entries(ck); i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        if (!e)
+            continue;
+        const dcp_chunk *chunks;
+        if (dcp_entry_chunks(ck, e, &chunks, &err) == 0) {
+            for (size_t c = 0; c < e->nchunks; c++) {
+                const dcp_record *rec;
+                (void)dcp_chunk_record(ck, e, c, &rec, &err);
+            }
+            dcp_release_chunks(ck, e);
+        }
+        uint64_t nb;
+        if (e->kind == DCP_KIND_BYTES && dcp_entry_nbytes(ck, e, &nb, &err) == 0 && nb <= (1u << 20)) {
+            void *p;
+            uint64_t len;
+            if (dcp_read_entry(ck, e, &p, &len, &err) == 0)
+                free(p);
+        }
+        dcp_plan_reset(&plan);
+        if (dcp_plan_bytes(ck, e, 0, sizeof buf, &plan, &err) == 0 && plan.nbytes <= sizeof buf)
+            (void)dcp_plan_execute(ck, &plan, buf, &err);
+    }
+    dcp_plan_free(&plan);
 }
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
-    int fd = open(target, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 || write(fd, data, size) != (ssize_t)size)
         abort();
     close(fd);
     dcp_checkpoint *ck;
     dcp_error err;
-    if (dcp_open(dir, 0, &ck, &err) < 0)
-        return 0;
-    static unsigned char buf[65536];
-    dcp_plan plan;
-    dcp_plan_init(&plan);
-    for (size_t i = 0; i < dcp_num_entries(ck); i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (dcp_plan_bytes(ck, e, 0, sizeof buf, &plan, &err) == 0 && plan.nbytes <= sizeof buf)
-            (void)dcp_plan_execute(ck, &plan, buf, &err);
+    int verbose = getenv("FUZZ_VERBOSE") != NULL;   /* what a seed opens to, for its author */
+    if (tg->how != AS_FILE) {
+        int rc = dcp_open(dir, 0, &ck, &err);
+        if (verbose)
+            fprintf(stderr, "fuzz_open: folder: %s\n", rc == 0 ? "opened" : err.msg);
+        if (rc == 0) {
+            walk(ck);
+            dcp_close(ck);
+        }
     }
-    dcp_plan_free(&plan);
-    dcp_close(ck);
+    if (tg->how != AS_FOLDER) {
+        int rc = dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err);
+        if (verbose)
+            fprintf(stderr, "fuzz_open: file: %s\n", rc == 0 ? "opened" : err.msg);
+        if (rc == 0) {
+            walk(ck);
+            dcp_close(ck);
+        }
+    }
     return 0;
 }

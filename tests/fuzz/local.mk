@@ -1,20 +1,31 @@
-# make fuzz: libFuzzer runs of the hostile-input entry points (a .metadata
-# pickle, a shard's torch.save blob, a Hugging Face safetensors file), each for
-# FUZZ_SECONDS. Needs a clang build of libdcp:
-#   configure CC=clang CFLAGS='-O1 -g -fsanitize=fuzzer-no-link,address,undefined'
-# Not part of `make check`: a fuzz run is open-ended. Crashes land in tests/fuzz/out/.
-FUZZ_SECONDS = 300
-EXTRA_DIST += tests/fuzz/fuzz_open.c
-fuzz: libdcp.la
-	@set -e; mkdir -p tests/fuzz/out; for m in 0 1 2; do \
-	  $(CC) -DMODE=$$m -O1 -g -fsanitize=fuzzer,address,undefined -I$(top_srcdir)/include \
-	    $(top_srcdir)/tests/fuzz/fuzz_open.c -o tests/fuzz/out/fuzz_open$$m .libs/libdcp.so \
-	    -Wl,-rpath,$(abs_top_builddir)/.libs; \
-	  mkdir -p tests/fuzz/out/corpus$$m; \
-	  FIXTURES='$(abs_top_srcdir)/tests/fixtures' tests/fuzz/out/fuzz_open$$m \
-	    -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 -max_len=65536 \
-	    -artifact_prefix=tests/fuzz/out/ tests/fuzz/out/corpus$$m; \
-	done
+# Fuzzing. `make fuzz` builds libdcp's sources and the harnesses with clang's
+# libFuzzer, ASan and UBSan (whatever compiler configured the tree) and runs
+# every target from its committed seeds for FUZZ_SECONDS each
+# (tests/fuzz/run.sh; exit 77 when clang or libFuzzer is missing). New
+# crash inputs land in tests/fuzz/out/; copy them to tests/fuzz/crashes/TARGET/.
+# `make check` replays every seed and crash input through the same harnesses
+# built by the normal compiler (tests/fuzz-regress.sh), without libFuzzer.
+FUZZ_SECONDS = 60
+FUZZ_CC = clang
+FUZZ_TARGETS = metadata megatron ranklocal shard zstd safetensors torchfile rows sidecar
+FUZZ_HARNESSES = tests/fuzz/fuzz_open.c tests/fuzz/fuzz_catalog.c
+EXTRA_DIST += $(FUZZ_HARNESSES) tests/fuzz/run.sh tests/fuzz/corpus tests/fuzz/crashes tests/fuzz/dict
+
+check_PROGRAMS += tests/fuzz/replay_open tests/fuzz/replay_catalog
+tests_fuzz_replay_open_SOURCES = tests/fuzz/replay.c tests/fuzz/fuzz_open.c
+tests_fuzz_replay_open_LDADD = libdcp.la
+tests_fuzz_replay_catalog_SOURCES = tests/fuzz/replay.c tests/fuzz/fuzz_catalog.c
+tests_fuzz_replay_catalog_CFLAGS = $(AM_CFLAGS) $(SQLITE_CFLAGS) $(XXHASH_CFLAGS)
+tests_fuzz_replay_catalog_LDADD = libdcp.la $(SQLITE_LIBS) $(XXHASH_LIBS)
+TESTS += tests/fuzz-regress.sh
+dist_check_SCRIPTS += tests/fuzz-regress.sh
+
+fuzz:
+	@FUZZ_CC='$(FUZZ_CC)' FUZZ_SECONDS='$(FUZZ_SECONDS)' FUZZ_TARGETS='$(FUZZ_TARGETS)' \
+	  FUZZ_SOURCES='$(filter %.c,$(libdcp_la_SOURCES))' \
+	  FUZZ_CPPFLAGS='-include $(abs_top_builddir)/config.h -I$(abs_top_srcdir)/include -I$(abs_top_srcdir)/src -I$(abs_top_builddir) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) $(SQLITE_CFLAGS) $(XXHASH_CFLAGS) $(ZLIB_CFLAGS) $(LIBDEFLATE_CFLAGS)' \
+	  FUZZ_LIBS='$(libdcp_la_LIBADD)' \
+	  $(SHELL) $(abs_top_srcdir)/tests/fuzz/run.sh '$(abs_top_srcdir)' tests/fuzz/out
 clean-local: clean-fuzz
 clean-fuzz:
 	rm -rf tests/fuzz/out

@@ -1,0 +1,264 @@
+/* libFuzzer harness for what the catalog reads back: the rows of a stored
+ * model (src/integrity/modelcache.c, recordcache.c, decoded with rowcodec.c)
+ * and the digest sidecars of `dcp verify --import`. The target (FUZZ_TARGET,
+ * or replay.c's first argument):
+ *
+ *   rows     byte 0 picks a column (0 models.head, 1 model_entries.head,
+ *            2 model_entries.chunks, 3 model_records.data), byte 1 an entry
+ *            index; the rest is the row's body. The harness appends the
+ *            row's XXH3 so that mutations reach the decoders behind it (a
+ *            row that fails its checksum is never decoded), stores it in a
+ *            fresh copy of a catalog that serves fixture 05, then opens the
+ *            checkpoint from the catalog and reads every entry.
+ *   sidecar  a digest file imported into a catalog for fixture 01, then
+ *            every blob verified against it.
+ *
+ * The seeds of checksums repeat SEED_HEAD, SEED_CHUNKS and SEED_RECORDS of
+ * modelcache.c and recordcache.c: if those change, rows stops getting past
+ * the checksums (its seeds, dumped with FUZZ_DUMP=DIR, then fail to open
+ * from the catalog). SRCDIR names the source tree. */
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "dcp.h"
+#include "dcp_integrity.h"
+
+#define SEED_HEAD 0x68656164u
+#define SEED_CHUNKS 0x63686b73u
+#define SEED_RECORDS 0x72656373u
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
+
+static int rows;                     /* the target: rows (1) or sidecar (0) */
+static char dir[256], catpath[300], sidepath[300];
+static unsigned char *pristine;      /* the catalog file as stored by the first open */
+static size_t npristine;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "fuzz_catalog: %s\n", what);
+    exit(2);
+}
+
+static void cleanup(void)
+{
+    char cmd[2048];
+    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s'-wal '%s'-shm '%s'", dir, catpath, catpath, catpath,
+                         sidepath) >= sizeof cmd || system(cmd) != 0)
+        fprintf(stderr, "fuzz_catalog: cannot remove %s\n", dir);
+}
+
+static void walk(dcp_checkpoint *ck)
+{
+    static unsigned char buf[65536];
+    dcp_error err;
+    dcp_plan plan;
+    dcp_plan_init(&plan);
+    for (size_t i = 0; i < dcp_num_entries(ck); i++) {
+        const dcp_entry *e = dcp_entry_at(ck, i);
+        const dcp_chunk *chunks;
+        if (!e || dcp_entry_chunks(ck, e, &chunks, &err) < 0)
+            continue;
+        for (size_t c = 0; c < e->nchunks; c++) {
+            const dcp_record *rec;
+            (void)dcp_chunk_record(ck, e, c, &rec, &err);
+        }
+        dcp_release_chunks(ck, e);
+        dcp_plan_reset(&plan);
+        if (dcp_plan_bytes(ck, e, 0, sizeof buf, &plan, &err) == 0 && plan.nbytes <= sizeof buf)
+            (void)dcp_plan_execute(ck, &plan, buf, &err);
+    }
+    (void)dcp_find(ck, "model.weight");
+    dcp_plan_free(&plan);
+}
+
+static void write_file(const char *p, const void *data, size_t n)
+{
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, data, n) != (ssize_t)n)
+        abort();
+    close(fd);
+}
+
+static void open_served(void)
+{
+    dcp_open_options o = {.flags = DCP_OPEN_CATALOG, .catalog = catpath};
+    dcp_checkpoint *ck;
+    dcp_error err;
+    if (dcp_open_ex(dir, &o, &ck, &err) == 0) {
+        if (getenv("FUZZ_VERBOSE"))   /* fuzz-regress.sh: the stored rows' seeds must be served */
+            fprintf(stderr, "fuzz_catalog: %s\n", dcp_from_catalog(ck) ? "served by the catalog" : "parsed");
+        walk(ck);
+        dcp_close(ck);
+    }
+}
+
+/* The catalog back to the state the first opens left. */
+static void restore(void)
+{
+    char p[320];
+    snprintf(p, sizeof p, "%s-wal", catpath);
+    unlink(p);
+    snprintf(p, sizeof p, "%s-shm", catpath);
+    unlink(p);
+    write_file(catpath, pristine, npristine);
+}
+
+static const char *const columns[4][2] = {
+    {"models", "head"}, {"model_entries", "head"}, {"model_entries", "chunks"}, {"model_records", "data"}};
+
+/* FUZZ_DUMP=DIR: write each stored row as a seed (selector, index, body). */
+static void dump_seeds(sqlite3 *db, const char *out)
+{
+    for (int c = 0; c < 4; c++) {
+        char q[160];
+        snprintf(q, sizeof q, "SELECT %s, %s FROM %s ORDER BY 1 LIMIT 6", c ? "idx" : "0", columns[c][1],
+                 columns[c][0]);
+        sqlite3_stmt *st;
+        if (sqlite3_prepare_v2(db, q, -1, &st, NULL) != SQLITE_OK)
+            die(sqlite3_errmsg(db));
+        while (sqlite3_step(st) == SQLITE_ROW) {
+            int idx = sqlite3_column_int(st, 0), n = sqlite3_column_bytes(st, 1);
+            const unsigned char *b = sqlite3_column_blob(st, 1);
+            if (c && n < 8)
+                continue;
+            size_t body = (size_t)n - (c ? 8 : 0);
+            unsigned char *seed = malloc(body + 2);
+            seed[0] = (unsigned char)c;
+            seed[1] = (unsigned char)idx;
+            if (body)
+                memcpy(seed + 2, b, body);
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s.%s.%d", out, columns[c][0], columns[c][1], idx);
+            write_file(p, seed, body + 2);
+            free(seed);
+        }
+        sqlite3_finalize(st);
+    }
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    const char *name = getenv("FUZZ_TARGET"), *src = getenv("SRCDIR");
+    if (!src || !name || (strcmp(name, "rows") && strcmp(name, "sidecar")))
+        die("set SRCDIR and FUZZ_TARGET to rows or sidecar");
+    rows = !strcmp(name, "rows");
+    const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(dir, sizeof dir, "%s/dcpfuzz.%s.%d", tmp, name, (int)getpid());
+    snprintf(catpath, sizeof catpath, "%s.sqlite", dir);
+    snprintf(sidepath, sizeof sidepath, "%s.digests", dir);
+    char cmd[4096];
+    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'* && mkdir -p '%s' && cp -r '%s/tests/fixtures/%s/ckpt/.' '%s/'",
+                         dir, catpath, dir, src, rows ? "05_mixed_2ranks" : "01_single_plain", dir) >= sizeof cmd ||
+        system(cmd) != 0)
+        die("cannot lay out the checkpoint");
+    atexit(cleanup);
+    if (!rows)
+        return 0;
+    /* Parse and store, then open from the catalog and locate every record,
+     * which stores the records rows at close. */
+    open_served();
+    open_served();
+    struct stat sb;
+    int fd = open(catpath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &sb) < 0 || !(pristine = malloc((size_t)sb.st_size)) ||
+        read(fd, pristine, (size_t)sb.st_size) != sb.st_size)
+        die("cannot read the catalog back");
+    close(fd);
+    npristine = (size_t)sb.st_size;
+    const char *out = getenv("FUZZ_DUMP");
+    if (out) {
+        sqlite3 *db;
+        if (sqlite3_open_v2(catpath, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
+            die("cannot open the catalog");
+        dump_seeds(db, out);
+        sqlite3_close(db);
+    }
+    return 0;
+}
+
+static void fuzz_row(const unsigned char *data, size_t size)
+{
+    if (size < 2)
+        return;
+    int c = data[0] & 3;
+    int idx = data[1];
+    restore();
+    sqlite3 *db;
+    if (sqlite3_open_v2(catpath, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK)
+        abort();
+    size_t body = size - 2;
+    unsigned char *row = malloc(body + 8 + 1);
+    if (!row)
+        abort();
+    memcpy(row, data + 2, body);
+    size_t n = body;
+    if (c) {
+        uint64_t seed;
+        if (c == 1) {
+            /* the entry's key is part of its header's checksum */
+            sqlite3_stmt *st;
+            seed = SEED_HEAD ^ (uint64_t)idx;
+            if (sqlite3_prepare_v2(db, "SELECT key FROM model_entries WHERE idx=?", -1, &st, NULL) != SQLITE_OK)
+                abort();
+            sqlite3_bind_int(st, 1, idx);
+            if (sqlite3_step(st) == SQLITE_ROW)
+                seed = XXH3_64bits_withSeed(sqlite3_column_blob(st, 0), (size_t)sqlite3_column_bytes(st, 0), seed);
+            sqlite3_finalize(st);
+        } else {
+            seed = (c == 2 ? SEED_CHUNKS : SEED_RECORDS) ^ (uint64_t)idx;
+        }
+        uint64_t h = XXH3_64bits_withSeed(row, body, seed);
+        for (int i = 0; i < 8; i++)
+            row[n++] = (unsigned char)(h >> (8 * i));
+    }
+    char q[160];
+    snprintf(q, sizeof q, "UPDATE %s SET %s=?1%s", columns[c][0], columns[c][1], c ? " WHERE idx=?2" : "");
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, q, -1, &st, NULL) != SQLITE_OK)
+        abort();
+    sqlite3_bind_blob(st, 1, n ? (const void *)row : (const void *)"", (int)n, SQLITE_TRANSIENT);
+    if (c)
+        sqlite3_bind_int(st, 2, idx);
+    (void)sqlite3_step(st);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    free(row);
+    open_served();
+}
+
+static void fuzz_sidecar(const unsigned char *data, size_t size)
+{
+    write_file(sidepath, data, size);
+    dcp_checkpoint *ck;
+    dcp_catalog *cat;
+    dcp_error err;
+    if (dcp_open(dir, 0, &ck, &err) < 0)
+        abort();
+    if (dcp_catalog_open(":memory:", &cat, &err) < 0)
+        abort();
+    uint64_t n, checked, missing, nproblems;
+    if (dcp_catalog_import(cat, ck, sidepath, &n, &err) == 0 && n)
+        (void)dcp_verify_digests(cat, ck, NULL, NULL, NULL, NULL, &checked, &missing, &nproblems, &err);
+    dcp_catalog_close(cat);
+    dcp_close(ck);
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
+{
+    if (rows)
+        fuzz_row(data, size);
+    else
+        fuzz_sidecar(data, size);
+    return 0;
+}
