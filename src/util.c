@@ -1,10 +1,15 @@
-/* Errors as values, an arena for open-time data, and a string hash map. */
+/* The library's version, errors as values, an arena for open-time data, and a string hash map. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+unsigned dcp_version_number(void)
+{
+    return DCP_VERSION_NUMBER;
+}
 
 int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
 {

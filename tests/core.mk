@@ -17,3 +17,9 @@ EXTRA_tests_unit_test_core_DEPENDENCIES = libdcp.la
 INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh tests/catalog-model.sh
 TESTS += $(INTEGRITY_TESTS)
 dist_check_SCRIPTS += $(INTEGRITY_TESTS)
+
+# The ABI: exported symbols and their versions against tests/abi; a man page for every public call.
+ABI_TESTS = tests/abi-symbols.sh tests/man-coverage.sh
+TESTS += $(ABI_TESTS)
+dist_check_SCRIPTS += $(ABI_TESTS)
+EXTRA_DIST += tests/abi/libdcp.symbols tests/abi/libdcpload.symbols tests/public_protos.awk

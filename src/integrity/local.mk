@@ -5,3 +5,4 @@ libdcp_la_SOURCES += src/integrity/coverage.c src/integrity/digest.c src/integri
 libdcp_la_CFLAGS += $(SQLITE_CFLAGS) $(XXHASH_CFLAGS)
 libdcp_la_LIBADD += $(SQLITE_LIBS) $(XXHASH_LIBS)
 noinst_HEADERS += src/integrity/integrity.h
+dist_man_MANS += man/dcp_integrity.3

@@ -17,7 +17,10 @@ libdcpload_la_SOURCES = \
 	src/load/api.c
 libdcpload_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -pthread
 libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread
-libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -export-symbols-regex '^dcp_'
+# Exports: the dcp_load* calls, with the symbol version DCP_LOAD_0.1 (src/load/libdcpload.map).
+libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -Wl,--version-script=$(srcdir)/src/load/libdcpload.map
+EXTRA_libdcpload_la_DEPENDENCIES = $(srcdir)/src/load/libdcpload.map
+EXTRA_DIST += src/load/libdcpload.map
 
 bin_PROGRAMS += dcpload
 dcpload_SOURCES = src/load/dcpload.c

@@ -12,4 +12,4 @@ libdcp_la_SOURCES += \
 	src/write/synth.c
 libdcp_la_CFLAGS += $(ZLIB_CFLAGS) $(LIBDEFLATE_CFLAGS)
 libdcp_la_LIBADD += $(ZLIB_LIBS) $(LIBDEFLATE_LIBS)
-dist_man_MANS += man/dcp-convert.1 man/dcp-synth.1
+dist_man_MANS += man/dcp-convert.1 man/dcp-synth.1 man/dcp_write.3

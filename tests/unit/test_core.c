@@ -457,11 +457,26 @@ START_TEST(zip64_central_directory)
 }
 END_TEST
 
+/* The version macros agree with each other and with the library. */
+START_TEST(version_numbers)
+{
+    ck_assert_uint_eq(dcp_version_number(), DCP_VERSION_NUMBER);
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", DCP_VERSION_MAJOR, DCP_VERSION_MINOR, DCP_VERSION_PATCH);
+    ck_assert_str_eq(DCP_VERSION_STRING, want);
+    ck_assert_int_eq(DCP_VERSION_NUMBER,
+                     DCP_VERSION_MAJOR * 10000 + DCP_VERSION_MINOR * 100 + DCP_VERSION_PATCH);
+}
+END_TEST
+
 int main(void)
 {
     const char *top = getenv("top_srcdir");
     snprintf(fixtures, sizeof fixtures, "%s/tests/fixtures", top ? top : "..");
     Suite *s = suite_create("core");
+    TCase *v = tcase_create("version");
+    tcase_add_test(v, version_numbers);
+    suite_add_tcase(s, v);
     TCase *p = tcase_create("pickle");
     tcase_add_test(p, pickle_scalars);
     tcase_add_test(p, pickle_objects_and_memo);
