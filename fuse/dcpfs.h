@@ -249,6 +249,11 @@ extern const struct fuse_lowlevel_ops dfs_ops;
 void dfs_close_dirs(struct dfs *fs);
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 
+/* loop.c: receive requests until unmount, answering names and attributes on
+ * this thread and the rest (reads) on up to max_threads workers. 0, or
+ * -errno when receiving failed. */
+int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
+
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
 void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

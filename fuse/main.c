@@ -337,6 +337,9 @@ int main(int argc, char *argv[])
     }
     if (cmd.singlethread) {
         ret = fuse_session_loop(se);
+    } else if (!cmd.clone_fd) {
+        /* loop.c: names and attributes answered by the receiving thread */
+        ret = dfs_loop(&fs, se, cmd.max_threads > 0 && cmd.max_threads <= 100000 ? cmd.max_threads : 10);
     } else {
         cfg = fuse_loop_cfg_create();
         if (!cfg)
