@@ -4,8 +4,12 @@
  * negative lookups there are cached by the kernel for the life of the mount,
  * directory listings are cached (cache_readdir) and file data is kept
  * (keep_cache). Scan folders (folder mode) change as training writes new
- * checkpoints: they get one-second timeouts and are rescanned on lookup and
- * opendir. Nodes are never freed before unmount, so forget is a no-op.
+ * checkpoints: they get one-second timeouts and are rescanned on lookup,
+ * getattr and a listing from offset 0; where the kernel opens directories
+ * itself (no opendir) it caches their listings too, and lists one again when
+ * its attributes (at most a second old) show that its mtime moved, which
+ * dfs_stat makes it do whenever the scan's listing changed. Nodes are never
+ * freed before unmount, so forget is a no-op.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -217,7 +221,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_entry(req, &e);
         return;
     }
-    int rc = prepare_file(n);
+    /* A scan folder's attributes say whether the kernel's cached listing of
+     * it is stale (dfs_scan_version): rescan it before giving them. */
+    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -400,7 +406,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
  * key-tree directory's never change once listed; a scan folder's are
  * rescanned at offset 0): as many as a reply of size bytes can hold, copied
  * under fs->lock into d. */
-static int node_kids(fuse_req_t req, struct dfs *fs, fuse_ino_t ino, size_t size, off_t off, struct dfs_dh *d)
+static int node_kids(struct dfs *fs, fuse_ino_t ino, size_t size, off_t off, struct dfs_dh *d)
 {
     struct dfs_node *n = get_node(fs, ino);
     if (!n)
@@ -410,7 +416,6 @@ static int node_kids(fuse_req_t req, struct dfs *fs, fuse_ino_t ino, size_t size
     int rc = off == 0 || n->type != DFS_N_SCANDIR ? prepare_dir(fs, n, 1) : 0;
     if (rc < 0)
         return rc;
-    (void)req;
     d->node = n;
     size_t from = off > 2 ? (size_t)off - 2 : 0, most = size / 24 + 1;   /* an entry takes >= 24 bytes */
     pthread_rwlock_rdlock(&fs->lock);
@@ -432,7 +437,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
     struct dfs *fs = FS(req);
     struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh, tmp = {0};
     if (!d) {
-        int rc = node_kids(req, fs, ino, size, off, &tmp);
+        int rc = node_kids(fs, ino, size, off, &tmp);
         if (rc < 0) {
             fuse_reply_err(req, -rc);
             return;
@@ -459,12 +464,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         } else {
             n = d->kids[i - 2 - d->base];
             name = n->name;
-            if (plus && n->type != DFS_N_VIRTUAL)
+            if (plus && n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR)
                 fill_entry(fs, d->node, n, &e);
             else {
                 /* Without attributes (and e.ino 0 for readdirplus) the kernel
                  * looks the file up when it is used: listing a checkpoint
-                 * does not lay out its virtual file. */
+                 * does not lay out its virtual file, and a scan folder is
+                 * rescanned by its lookup. */
                 e.attr.st_ino = n->ino;
                 e.attr.st_mode = dfs_is_dir(n) ? S_IFDIR : S_IFREG;
             }
