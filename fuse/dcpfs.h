@@ -69,6 +69,7 @@ struct dfs_options {
     char *catalog;          /* -o catalog=PATH: parsed metadata and recorded digests */
     int no_catalog;         /* -o no_catalog: parse .metadata on every open, write no catalog */
     int verify;             /* -o verify: check each chunk's recorded digest before serving it */
+    int opendir;            /* -o opendir: answer opendir/releasedir (else ENOSYS, where the kernel allows it) */
 };
 
 /* -------------------------------------------------------------------- nodes */
@@ -175,6 +176,8 @@ struct dfs {
     size_t nnodes;
     struct dfs_ckpt *ckpts;
     int splice_ok;             /* the kernel connection accepted splice writes */
+    int no_opendir;            /* opendir answers ENOSYS: the kernel opens directories itself, with
+                                * their listings cached (readdir works from the node) */
     uint64_t pipe_max;         /* bytes libfuse's splice pipes can hold (fs/pipe-max-size, or more) */
     struct fuse_session *se;
     const char *mountpoint;
@@ -220,6 +223,10 @@ struct dfs_scan;
  * already logged). */
 int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen);
 const struct stat *dfs_scan_stat(const struct dfs_scan *s);
+/* Changes whenever the folder's listing does (a checkpoint appearing in a
+ * pending subfolder leaves the folder's mtime as it is): its getattr adds it
+ * to the mtime, which is what tells the kernel that its cached listing is stale. */
+unsigned dfs_scan_version(const struct dfs_scan *s);
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
 void dfs_scan_free(struct dfs_scan *s);
 /* Does this folder hold a checkpoint (.metadata)? Fills *st with its stat. */
@@ -248,6 +255,11 @@ extern const struct fuse_lowlevel_ops dfs_ops;
  * ended (a directory still open at unmount). */
 void dfs_close_dirs(struct dfs *fs);
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
+
+/* loop.c: receive requests until unmount, answering names and attributes on
+ * this thread and the rest (reads) on up to max_threads workers. 0, or
+ * -errno when receiving failed. */
+int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
 void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -58,6 +58,7 @@ static const struct fuse_opt dfs_optspec[] = {
     OPT("catalog=%s", catalog),
     OPT("verify", verify),
     OPT("no_catalog", no_catalog),
+    OPT("opendir", opendir),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
     FUSE_OPT_END
 };
@@ -90,7 +91,8 @@ static void usage(void)
            "    -o max_read=BYTES      largest read request (default: half of what a pipe can hold, at most 1 MiB)\n"
            "    -o verify              check each chunk against the digest `dcp verify --record` stored\n"
            "    -o catalog=PATH        the catalog of parsed metadata and digests (default ~/.cache/dcpfs/catalog.sqlite)\n"
-           "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n\n",
+           "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n"
+           "    -o opendir             answer opendir and releasedir (default: the kernel opens directories itself)\n\n",
            DFS_SPLICE_MIN);
 }
 
@@ -337,6 +339,9 @@ int main(int argc, char *argv[])
     }
     if (cmd.singlethread) {
         ret = fuse_session_loop(se);
+    } else if (!cmd.clone_fd) {
+        /* loop.c: names and attributes answered by the receiving thread */
+        ret = dfs_loop(&fs, se, cmd.max_threads > 0 && cmd.max_threads <= 100000 ? cmd.max_threads : 10);
     } else {
         cfg = fuse_loop_cfg_create();
         if (!cfg)

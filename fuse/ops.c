@@ -4,8 +4,12 @@
  * negative lookups there are cached by the kernel for the life of the mount,
  * directory listings are cached (cache_readdir) and file data is kept
  * (keep_cache). Scan folders (folder mode) change as training writes new
- * checkpoints: they get one-second timeouts and are rescanned on lookup and
- * opendir. Nodes are never freed before unmount, so forget is a no-op.
+ * checkpoints: they get one-second timeouts and are rescanned on lookup,
+ * getattr and a listing from offset 0; where the kernel opens directories
+ * itself (no opendir) it caches their listings too, and lists one again when
+ * its attributes (at most a second old) show that its mtime moved, which
+ * dfs_stat makes it do whenever the scan's listing changed. Nodes are never
+ * freed before unmount, so forget is a no-op.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,6 +31,7 @@ struct dfs_dh {
     struct dfs_node *node;
     struct dfs_node **kids;     /* snapshot at opendir: offsets stay stable */
     size_t nkids;
+    size_t base;                /* kids[0] is child number base (0 but without opendir) */
 };
 
 static struct dfs_node *get_node(struct dfs *fs, fuse_ino_t ino)
@@ -88,6 +93,11 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
         st->st_atim = src->st_mtim;
         st->st_mtim = src->st_mtim;
         st->st_ctim = src->st_ctim;
+        if (n->type == DFS_N_SCANDIR) {   /* a listing the kernel cached is stale when this moves */
+            long ns = st->st_mtim.tv_nsec + (long)(dfs_scan_version(n->scan) % 1000000000u);
+            st->st_mtim.tv_sec += ns / 1000000000;
+            st->st_mtim.tv_nsec = ns % 1000000000;
+        }
     }
     st->st_ino = n->ino;
     st->st_blksize = 1 << 20;   /* cp and friends size their buffers from it */
@@ -157,8 +167,19 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
         conn->want |= FUSE_CAP_SPLICE_WRITE;
         fs->splice_ok = 1;
     }
+    /* Always READDIRPLUS, not only for the first request of a listing
+     * (readdirplus_auto): every name listed comes with its entry, so a walk
+     * into the directories of a large one needs no LOOKUP of each (100,000
+     * of them for `ls -R` of 100,000 keys). */
     if (conn->capable & FUSE_CAP_READDIRPLUS)
         conn->want |= FUSE_CAP_READDIRPLUS;
+    conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
+    /* Directories are opened by the kernel alone, their listings cached
+     * (two requests fewer for every directory a walk enters). */
+    if ((conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT) && !fs->opt.opendir) {
+        conn->want |= FUSE_CAP_NO_OPENDIR_SUPPORT;
+        fs->no_opendir = 1;
+    }
     if (conn->capable & FUSE_CAP_ASYNC_READ)
         conn->want |= FUSE_CAP_ASYNC_READ;
     if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
@@ -201,7 +222,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_entry(req, &e);
         return;
     }
-    int rc = prepare_file(n);
+    /* A scan folder's attributes say whether the kernel's cached listing of
+     * it is stale (dfs_scan_version): rescan it before giving them. */
+    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -238,7 +261,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fuse_reply_err(req, ENOENT);
         return;
     }
-    int rc = prepare_file(n);
+    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -344,6 +367,10 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     struct dfs_node *n = ready_dir(req, fs, ino, 1);
     if (!n)
         return;
+    if (fs->no_opendir) {   /* from now on the kernel opens directories itself (with fi->fh 0) */
+        fuse_reply_err(req, ENOSYS);
+        return;
+    }
     struct dfs_dh *d = calloc(1, sizeof *d);
     if (!d) {
         fuse_reply_err(req, ENOMEM);
@@ -376,12 +403,51 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         close_dir(fs, d);
 }
 
-static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_info *fi, int plus)
+/* Without an opendir handle, the children of node from offset off (a
+ * key-tree directory's never change once listed; a scan folder's are
+ * rescanned at offset 0): as many as a reply of size bytes can hold, copied
+ * under fs->lock into d. */
+static int node_kids(struct dfs *fs, fuse_ino_t ino, size_t size, off_t off, struct dfs_dh *d)
+{
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n)
+        return -ENOENT;
+    if (!dfs_is_dir(n))
+        return -ENOTDIR;
+    int rc = off == 0 || n->type != DFS_N_SCANDIR ? prepare_dir(fs, n, 1) : 0;
+    if (rc < 0)
+        return rc;
+    d->node = n;
+    size_t from = off > 2 ? (size_t)off - 2 : 0, most = size / 24 + 1;   /* an entry takes >= 24 bytes */
+    pthread_rwlock_rdlock(&fs->lock);
+    size_t avail = from < n->nkids ? n->nkids - from : 0, take = avail < most ? avail : most;
+    d->kids = malloc((take ? take : 1) * sizeof *d->kids);
+    if (d->kids && take)
+        memcpy(d->kids, n->kids + from, take * sizeof *d->kids);
+    pthread_rwlock_unlock(&fs->lock);
+    if (!d->kids)
+        return -ENOMEM;
+    d->base = from;
+    d->nkids = from + take;   /* offsets as in the whole listing */
+    return 0;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi,
+                       int plus)
 {
     struct dfs *fs = FS(req);
-    struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh;
+    struct dfs_dh *d = (struct dfs_dh *)(uintptr_t)fi->fh, tmp = {0};
+    if (!d) {
+        int rc = node_kids(fs, ino, size, off, &tmp);
+        if (rc < 0) {
+            fuse_reply_err(req, -rc);
+            return;
+        }
+        d = &tmp;
+    }
     char *buf = malloc(size ? size : 1);
     if (!buf) {
+        free(tmp.kids);
         fuse_reply_err(req, ENOMEM);
         return;
     }
@@ -397,14 +463,15 @@ static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_
             e.attr.st_ino = n->ino;
             e.attr.st_mode = S_IFDIR;
         } else {
-            n = d->kids[i - 2];
+            n = d->kids[i - 2 - d->base];
             name = n->name;
-            if (plus && n->type != DFS_N_VIRTUAL)
+            if (plus && n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR)
                 fill_entry(fs, d->node, n, &e);
             else {
                 /* Without attributes (and e.ino 0 for readdirplus) the kernel
                  * looks the file up when it is used: listing a checkpoint
-                 * does not lay out its virtual file. */
+                 * does not lay out its virtual file, and a scan folder is
+                 * rescanned by its lookup. */
                 e.attr.st_ino = n->ino;
                 e.attr.st_mode = dfs_is_dir(n) ? S_IFDIR : S_IFREG;
             }
@@ -417,18 +484,17 @@ static void do_readdir(fuse_req_t req, size_t size, off_t off, struct fuse_file_
     }
     fuse_reply_buf(req, buf, used);
     free(buf);
+    free(tmp.kids);
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-    (void)ino;
-    do_readdir(req, size, off, fi, 0);
+    do_readdir(req, ino, size, off, fi, 0);
 }
 
 static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
 {
-    (void)ino;
-    do_readdir(req, size, off, fi, 1);
+    do_readdir(req, ino, size, off, fi, 1);
 }
 
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

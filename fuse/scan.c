@@ -30,6 +30,7 @@ struct dfs_scan {
     struct stat st;          /* of the folder at the last scan (getattr uses it) */
     char **pending;          /* subfolders with no checkpoint below yet */
     size_t npending;
+    unsigned version;        /* bumped whenever the listing changes (dfs_scan_version) */
 };
 
 enum { FOUND_NONE = 0, FOUND_CKPT, FOUND_FOLDER };
@@ -48,6 +49,11 @@ void dfs_scan_free(struct dfs_scan *s)
 const struct stat *dfs_scan_stat(const struct dfs_scan *s)
 {
     return &s->st;
+}
+
+unsigned dfs_scan_version(const struct dfs_scan *s)
+{
+    return __atomic_load_n(&s->version, __ATOMIC_RELAXED);
 }
 
 static char *join(const char *a, const char *b)
@@ -229,6 +235,8 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     for (size_t i = 0; i < n && rc == 0; i++)
         if (kids[i]->ino == 0)
             rc = dfs_map_insert(fs, kids[i]);
+    if (dir->scan && (n != dir->nkids || (n && memcmp(kids, dir->kids, n * sizeof *kids))))
+        __atomic_add_fetch(&dir->scan->version, 1, __ATOMIC_RELAXED);
     struct dfs_node **old = dir->kids;
     dir->kids = kids;
     dir->nkids = n;

@@ -21,9 +21,13 @@ python3 "$FUSE_CHECK" tree "$mnt/run_a/step_100" "$FIXTURES/02_rowwise_4ranks/ex
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_200" "$FIXTURES/05_mixed_2ranks/expected/manifest.json"
 python3 "$FUSE_CHECK" tree "$mnt/run_b/nested/final" "$FIXTURES/08_single_file_per_rank/expected/manifest.json"
 
-# A new checkpoint copied in while mounted, and the pending one completing.
+# A new checkpoint copied in while mounted, and the pending one completing
+# (which leaves run_a's mtime as it is, while the kernel holds run_a's listing:
+# it is listed again once run_a's attributes, kept one second, say it moved).
+ls "$mnt/run_a" >/dev/null
 cp -r "$FIXTURES/04_block_4ranks/ckpt" "$src/run_b/added"
 cp -r "$FIXTURES/05_mixed_2ranks/ckpt/." "$src/run_a/step_300/"
+sleep 1.2
 [ -d "$mnt/run_b/added" ] || fail "a checkpoint copied in while mounted does not appear"
 ls "$mnt/run_b" | grep -qx added || fail "readdir does not list the added checkpoint"
 python3 "$FUSE_CHECK" tree "$mnt/run_b/added" "$FIXTURES/04_block_4ranks/expected/manifest.json"

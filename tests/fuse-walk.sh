@@ -1,0 +1,66 @@
+# A whole walk of a mount (os.walk and a stat of every file, as ls -lR does):
+# names and sizes equal `dcp ls`, and it costs the daemon only listing
+# requests: no LOOKUP of any name a listing gave (every listing is
+# READDIRPLUS), no OPENDIR/RELEASEDIR after the first (the kernel opens
+# directories itself). A second walk reaches the daemon not at all (entries,
+# attributes and listings are cached for the life of the mount).
+# With -o opendir the walk gives the same names and sizes.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/fuse_lib.sh"
+need python3
+need_fuse
+fuse_scratch
+DCP="$top_builddir/dcp"
+ck="$SCRATCH/ck"
+"$DCP" synth "$ck" --keys 300 --shape 4,2 --ranks 2 >/dev/null || fail "dcp synth failed"
+"$DCP" --no-catalog ls --json "$ck" >"$SCRATCH/ls.json" || fail "dcp ls failed"
+
+walk() {   # walk MNT OUT: "path size" of every file below MNT/model, sorted
+    python3 - "$1" >"$2" <<'PY' || fail "walking $1 failed"
+import os, sys
+root = sys.argv[1]
+out = []
+for d, dirs, files in os.walk(os.path.join(root, "model")):
+    for f in files:
+        p = os.path.join(d, f)
+        out.append(f"{os.path.relpath(p, root).replace('/', '.')} {os.stat(p).st_size}")
+print("\n".join(sorted(out)))
+PY
+}
+python3 -c 'import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("\n".join(sorted("%s %d" % (r["key"], r["nbytes"]) for r in rows)))' "$SCRATCH/ls.json" >"$SCRATCH/want"
+[ "$(wc -l <"$SCRATCH/want")" -eq 300 ] || fail "dcp ls lists $(wc -l <"$SCRATCH/want") keys, not 300"
+
+ops() {   # ops LOG OPCODE: how many requests of that kind the debug log shows
+    grep -c "opcode: $2\b" "$1" || true
+}
+mnt="$SCRATCH/mnt"
+mount_dcpfs "$ck" "$mnt" -d -o no_catalog
+ls "$mnt" >/dev/null   # the checkpoint opened and its root listed
+n0=$(ops "$mnt.log" LOOKUP)
+walk "$mnt" "$SCRATCH/got"
+cmp -s "$SCRATCH/want" "$SCRATCH/got" || fail "the walk differs from dcp ls: $(diff "$SCRATCH/want" "$SCRATCH/got" | head -5)"
+lookups=$(( $(ops "$mnt.log" LOOKUP) - n0 ))
+opendirs=$(ops "$mnt.log" OPENDIR)
+plain=$(ops "$mnt.log" READDIR)
+plus=$(ops "$mnt.log" READDIRPLUS)
+[ "$lookups" -le 2 ] || fail "walking 302 directories looked up $lookups names (the listings should bring them)"
+[ "$plain" -eq 0 ] || fail "$plain listings were READDIR, not READDIRPLUS"
+[ "$plus" -ge 302 ] || fail "only $plus READDIRPLUS requests for 302 directories"
+if [ "$opendirs" -gt 1 ]; then
+    echo "note: this kernel sent $opendirs OPENDIR (no opendir-less directories before Linux 5.1)"
+fi
+before=$(grep -c "opcode:" "$mnt.log")
+walk "$mnt" "$SCRATCH/again"
+cmp -s "$SCRATCH/want" "$SCRATCH/again" || fail "a second walk differs"
+after=$(grep -c "opcode:" "$mnt.log")
+[ $((after - before)) -le 2 ] || fail "a second walk sent $((after - before)) requests (all of it should be cached)"
+unmount_dcpfs "$mnt"
+
+mnt2="$SCRATCH/mnt2"
+mount_dcpfs "$ck" "$mnt2" -o no_catalog -o opendir
+walk "$mnt2" "$SCRATCH/got2"
+cmp -s "$SCRATCH/want" "$SCRATCH/got2" || fail "with -o opendir the walk differs from dcp ls"
+unmount_dcpfs "$mnt2"
+echo "ok: 300 files, $lookups lookups, $plus READDIRPLUS, $opendirs OPENDIR"
