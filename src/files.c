@@ -14,10 +14,11 @@
  * dcp_close. All of this is guarded by ck->lock; only the opens happen under
  * it, the reads do not.
  *
- * A file reopened after its fd was closed must be the file first opened
- * (same device and inode): a checkpoint replaced by rename while its fd was
- * closed gives EIO rather than the new file's bytes at the old offsets,
- * mixed with bytes of files whose fds stayed open.
+ * A file opened later must be the file that was there when the checkpoint
+ * was opened (same device and inode, noted by dcp_open), and one reopened
+ * after its fd was closed the file first opened: a checkpoint replaced by
+ * rename gives EIO rather than the new files' bytes at the old offsets,
+ * mixed with bytes of the old ones.
  *
  * Paths come from metadata and were checked lexically when the model was
  * built (relative, no ".."); symlinks inside the folder are followed because
@@ -61,6 +62,17 @@ struct dcpi_fdtab {
     uint64_t clock;
 };
 
+/* Half of RLIMIT_NOFILE (the rest is the front end's), at least 16. Read at
+ * every open, as a daemon's limit may change after the checkpoint opened. */
+static size_t fd_cap(void)
+{
+    struct rlimit rl;
+    size_t cap = 512;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        cap = rl.rlim_cur / 2;
+    return cap < 16 ? 16 : cap;
+}
+
 /* Under ck->lock. The table lives in the arena, so dcp_close frees it. */
 static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
 {
@@ -78,12 +90,7 @@ static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
     t->ino = dcpi_arena_alloc(&ck->arena, n * sizeof *t->ino);
     if (!t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino)
         return NULL;
-    struct rlimit rl;
-    t->cap = 512;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        t->cap = rl.rlim_cur / 2;
-    if (t->cap < 16)
-        t->cap = 16;
+    t->cap = fd_cap();
     ck->fdtab = t;
     return t;
 }
@@ -120,6 +127,7 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, co
     const char *rel = ck->files[file];
     const char *k = key ? key : "";
     const char *sep = key ? ": " : "";
+    t->cap = fd_cap();
     if (t->nopen >= t->cap)
         evict_idle(ck, t);
     int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -163,6 +171,21 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, co
         ck->file_sizes[file] = (int64_t)st.st_size;   /* the checkpoint is immutable */
     t->nopen++;
     return 0;
+}
+
+void dcpi_files_note_identity(dcp_checkpoint *ck)
+{
+    pthread_mutex_lock(&ck->lock);
+    struct dcpi_fdtab *t = fdtab(ck);
+    for (size_t i = 0; t && i < ck->nfiles; i++) {
+        struct stat st;
+        if (t->seen[i] || fstatat(ck->dirfd, ck->files[i], &st, 0) != 0 || !S_ISREG(st.st_mode))
+            continue;   /* missing or odd: the read that needs it reports it */
+        t->seen[i] = 1;
+        t->dev[i] = (uint64_t)st.st_dev;
+        t->ino[i] = (uint64_t)st.st_ino;
+    }
+    pthread_mutex_unlock(&ck->lock);
 }
 
 /* Take a use of file's fd (opening it if needed). With pin, it is never

@@ -17,6 +17,12 @@ int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin,
                     uint64_t *size, dcp_error *err);
 void dcpi_fd_release(dcp_checkpoint *ck, uint32_t file);
 
+/* Note each data file's device and inode now (dcp_open, right after the
+ * metadata was read): a file opened later must be the same one, else the
+ * read fails with EIO (the checkpoint was replaced). Missing files are
+ * left to the read that needs them. */
+void dcpi_files_note_identity(dcp_checkpoint *ck);
+
 /* Read iov[0..cnt) (not modified) from offset off: all of it, up to end of
  * file, or with RWF_NOWAIT in flags the prefix in the page cache. Large
  * reads go in pieces on several threads (dcp_read_threads). *got: the bytes

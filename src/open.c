@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "files.h"
 #include "internal.h"
 
 static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err);
@@ -88,6 +89,7 @@ static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_ch
         dcp_close(ck);
         return NULL;
     }
+    dcpi_files_note_identity(ck);
     return ck;
 }
 
@@ -113,6 +115,7 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
         dcp_close(ck);
         return -1;
     }
+    dcpi_files_note_identity(ck);
     /* Store what was parsed, then serve it from the catalog like any later
      * open: the model's memory (a million chunks: ~350 MiB) goes
      * now rather than at dcp_close. A failure only costs a later parse. */

@@ -7,11 +7,11 @@
 # changed checkpoint it could not read. (Without a hook to slow them, the
 # fault lands before, during or after the first runs; the later ones meet
 # the changed files.)
-# Known and counted, not failed: a replacement by rename can give a run
-# bytes mixed from both versions (each chunk whole from one of them), since
-# libdcp opens a shard file when it first reads from it, which may be after
-# the rename: `dcp cat` printing the first half of a tensor from the old
-# checkpoint and the second from the new. Bytes in neither fail.
+# Known and counted, not failed: a replacement by rename that lands between
+# dcp_open's read of the metadata and its record of the data files'
+# identities (after that, a replaced shard reads as EIO) can give a run
+# bytes mixed from both versions (each chunk whole from one of them).
+# Bytes in neither fail.
 . "$top_srcdir/tests/lib.sh"
 need timeout
 scratch

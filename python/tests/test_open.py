@@ -374,6 +374,36 @@ def test_damaged_metadata(tmp_path, use_catalog):
         dcpfs.open(ck, catalog=use_catalog, catalog_path=cat)
 
 
+@pytest.mark.parametrize("use_catalog", [False, True], ids=["parsed", "catalog"])
+def test_shard_replaced_after_open(tmp_path, use_catalog):
+    """A shard replaced by rename after the checkpoint was opened (another
+    file, even with the same bytes) reads as an error naming it, never as
+    the new file's bytes beside the old ones'."""
+    ck = copy_ckpt(tmp_path)
+    cat = str(tmp_path / "catalog.sqlite")
+    with dcpfs.open(ck, catalog=use_catalog, catalog_path=cat) as c:
+        want = {k: c.read_bytes(k) if c.info(k).kind == "bytes" else c.read(k).tobytes() for k in c.keys()}
+    with dcpfs.open(ck, catalog=use_catalog, catalog_path=cat) as c:
+        shard = sorted(ck.glob("*.distcp"))[0]
+        tmp = shard.with_name(shard.name + ".new")
+        shutil.copyfile(shard, tmp)
+        os.rename(tmp, shard)                           # same bytes, another inode
+        errors = 0
+        for k in c.keys():
+            try:
+                got = c.read_bytes(k) if c.info(k).kind == "bytes" else c.read(k).tobytes()
+            except dcpfs.DcpError as e:
+                assert e.errno == errno.EIO and shard.name in str(e) and "replaced" in str(e), str(e)
+                errors += 1
+                continue
+            assert got == want[k], k                     # keys of other shards read as before
+        assert errors > 0, "no read met the replaced shard"
+    with dcpfs.open(ck, catalog=use_catalog, catalog_path=cat) as c:   # a new open sees the new file
+        for k in c.keys():
+            got = c.read_bytes(k) if c.info(k).kind == "bytes" else c.read(k).tobytes()
+            assert got == want[k], k
+
+
 def test_missing_and_short_shard(tmp_path):
     ck = copy_ckpt(tmp_path)
     (ck / "__0_2.distcp").unlink()                      # dec.weight's first chunk (dcp layout)
