@@ -263,6 +263,8 @@ int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
 void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* main.c: called from the init operation once the kernel connection is up (readiness). */
+void dfs_mounted(struct dfs *fs);
 
 /* -o verify (verify.c): 0 when every blob the plan reads matches its recorded
  * digest (or has none), -EIO (logged with key and file) when one does not. */

@@ -158,7 +158,6 @@ static void fill_entry(struct dfs *fs, const struct dfs_node *dir, const struct 
 
 /* ------------------------------------------------------------- lifecycle */
 
-void dfs_mounted(struct dfs *fs);   /* main.c */
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {

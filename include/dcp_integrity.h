@@ -13,8 +13,7 @@ extern "C" {
 
 /* Called once per problem found; msg names the key, file and offset. */
 typedef void (*dcp_problem_fn)(void *ctx, const char *msg);
-/* Called as bytes are hashed (for progress bars); may be NULL. */
-typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
+/* Progress as bytes are hashed: dcp_progress_fn, from dcp.h; may be NULL. */
 
 /* Structure: every tensor's chunks cover its global shape exactly once (no
  * gaps, no overlaps), every chunk's record lies inside its blob and shard
