@@ -262,7 +262,11 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
+/* log.c: a line to stderr, or to syslog after dfs_log_to_syslog (the daemon
+ * detached); LOG_DEBUG lines only after dfs_log_debug(1). */
 void dfs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void dfs_log_debug(int on);
+void dfs_log_to_syslog(void);
 /* main.c: called from the init operation once the kernel connection is up (readiness). */
 void dfs_mounted(struct dfs *fs);
 

@@ -2,7 +2,7 @@
 # mount bench/bench-fuse.sh compares it with.
 bin_PROGRAMS += dcpfs
 dcpfs_SOURCES = \
-	fuse/dcpfs.h fuse/main.c fuse/names.c fuse/names.h fuse/tree.c \
+	fuse/dcpfs.h fuse/main.c fuse/log.c fuse/names.c fuse/names.h fuse/tree.c \
 	fuse/scan.c fuse/ops.c fuse/loop.c fuse/read.c fuse/npy.c fuse/verify.c fuse/stview.c
 dcpfs_CFLAGS = $(AM_CFLAGS) $(FUSE_CFLAGS) $(XXHASH_CFLAGS) -pthread
 dcpfs_LDADD = libdcp.la $(FUSE_LIBS) $(XXHASH_LIBS) -lpthread

@@ -20,30 +20,6 @@
 
 #include "dcpfs.h"
 
-static int log_to_syslog;
-static int log_debug;
-
-void dfs_log(int level, const char *fmt, ...)
-{
-    if (level >= LOG_DEBUG && !log_debug)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    if (log_to_syslog) {
-        vsyslog(level, fmt, ap);
-    } else {
-        fputs("dcpfs: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-    }
-    va_end(ap);
-}
-
-static void fuse_log_to_syslog(enum fuse_log_level level, const char *fmt, va_list ap)
-{
-    vsyslog((int)level, fmt, ap);
-}
-
 /* ---------------------------------------------------------------- options */
 
 #define OPT(t, p) {t, offsetof(struct dfs_options, p), 1}
@@ -282,7 +258,7 @@ int main(int argc, char *argv[])
         fprintf(stderr, "dcpfs: -o ready_fd=%d: %s\n", fs.opt.ready_fd, strerror(errno));
         goto out0;
     }
-    log_debug = cmd.debug;
+    dfs_log_debug(cmd.debug);
     fs.pipe_max = pipe_capacity();
     fs.mountpoint = cmd.mountpoint;
     raise_nofile();
@@ -333,9 +309,7 @@ int main(int argc, char *argv[])
     if (fuse_daemonize(cmd.foreground) != 0)
         goto out4;
     if (!cmd.foreground) {
-        openlog("dcpfs", LOG_PID, LOG_DAEMON);
-        log_to_syslog = 1;
-        fuse_set_log_func(fuse_log_to_syslog);
+        dfs_log_to_syslog();
     }
     if (cmd.singlethread) {
         ret = fuse_session_loop(se);
