@@ -201,6 +201,13 @@ int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)
         res = fuse_session_receive_buf(se, &buf);
         if (res == -EINTR)
             continue;
+        /* The kernel tears the connection down at unmount; a read that was
+         * being handed a request at that moment gets ECONNABORTED, not ENODEV.
+         * Either way the mount is gone and the session ended cleanly. */
+        if (res == -ECONNABORTED || res == -ENODEV) {
+            res = 0;
+            break;
+        }
         if (res <= 0)
             break;
         if (answer_here(fs, &buf) || hand_off(&p, &buf) < 0)

@@ -64,7 +64,7 @@ static void check_roundtrip(int proto)
     pw_dict_key(&w);
     pw_cstr(&w, "big");
     pw_dict_begin(&w);
-    char k[32];
+    char k[48];
     for (int i = 0; i < 2500; i++) {
         pw_dict_key(&w);
         snprintf(k, sizeof k, "key.%04d.with.a.longer.name", i);
