@@ -41,7 +41,7 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         close(fd);
         return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
     }
-    int rank_local = 0, safetensors = 0, distcp = 0;
+    int rank_local = 0, safetensors = 0, distcp = 0, rank_files = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t n = strlen(de->d_name);
@@ -51,6 +51,8 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
             safetensors = 1;
         else if (n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0)
             distcp = 1;
+        else if (dcpi_rank_file_name(de->d_name))
+            rank_files = 1;   /* torch-checkpointing, verl: rankfiles.c */
     }
     closedir(d);
     if (rank_local)
@@ -61,6 +63,8 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         return dcpi_err(err, ENOENT,
                        "%s: no .metadata: the checkpoint is incomplete (still being written, or the save was interrupted)",
                        ck->path);
+    if (rank_files)
+        return dcpi_load_rank_files(ck, err);
     return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files",
                    ck->path);
 }
