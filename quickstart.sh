@@ -21,6 +21,11 @@ if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zst
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q torch==2.13.0 numpy safetensors zstandard \
         cffi setuptools pytest xxhash || echo "pip install failed: the Python package and its tests will skip"
 fi
+if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torch_checkpointing' 2>/dev/null; then
+    echo "== pip install --no-deps torch-checkpointing==0.1.1"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps torch-checkpointing==0.1.1 ||
+        echo "pip install torch-checkpointing failed: tests/*-rankfiles.sh will fail"
+fi
 
 echo "== building"
 [ -x configure ] || autoreconf -fi >/dev/null

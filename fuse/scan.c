@@ -344,8 +344,9 @@ out:
 }
 
 /* SOURCE is one checkpoint when it has .metadata, or the files of another
- * layout libdcp reads (rank-local metadata, safetensors, or bare .distcp
- * files, for which dcp_open explains what is missing). */
+ * layout libdcp reads (rank-local metadata, safetensors, per-rank torch.save
+ * files of DTensors, or bare .distcp files, for which dcp_open explains what
+ * is missing). */
 static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
 {
     if (dfs_has_metadata(fs->srcfd, ".", meta))
@@ -358,7 +359,7 @@ static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
     while (!yes && (de = readdir(d))) {
         const char *nm = de->d_name;
         if (ends_with(nm, ".distcp") || ends_with(nm, ".safetensors") ||
-            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")))
+            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")) || dcp_is_rank_file(nm))
             yes = 1;
     }
     closedir(d);

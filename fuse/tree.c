@@ -593,6 +593,8 @@ static int is_data_name(const char *name, struct dfs_ckpt *ck)
         return 1;
     if (n > 11 && strncmp(name, "__", 2) == 0 && strcmp(name + n - 9, ".metadata") == 0)
         return 1;
+    if (dcp_is_rank_file(name))   /* torch-checkpointing, verl: every rank's, used or not */
+        return 1;
     for (size_t i = 0; i < ck->nfiles; i++)
         if (strcmp(dcp_file_name(ck->ck, (uint32_t)i), name) == 0)
             return 1;

@@ -183,10 +183,18 @@ typedef struct dcp_open_options {
 } dcp_open_options;
 
 /* Open the checkpoint folder at path: a global .metadata, rank-local
- * __R.metadata files, or a Hugging Face safetensors layout. The folder is
+ * __R.metadata files, a Hugging Face safetensors layout, or per-rank
+ * torch.save files of DTensors (torch-checkpointing, verl). The folder is
  * never written to. */
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err);
 int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err);
+/* 1 when name (a file name, without folder) is one of the per-rank
+ * torch.save files dcp_open reads a folder of as one checkpoint:
+ * torch-checkpointing's <item>_<rank>.pt, verl's
+ * <item>_world_size_<W>_rank_<R>.pt (rank and W decimal, no leading zeros);
+ * 0 otherwise. For front ends that tell a checkpoint folder by its names.
+ * Since DCP_0.2. */
+int dcp_is_rank_file(const char *name);
 /* Where the model came from: 1 when this open was served by the catalog. */
 int dcp_from_catalog(const dcp_checkpoint *ck);
 void dcp_close(dcp_checkpoint *ck);

@@ -212,9 +212,8 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
 /* Per-rank torch.save files of DTensors (torch-checkpointing <item>_<R>.pt,
- * verl <item>_world_size_<W>_rank_<R>.pt), and whether a name is one. */
+ * verl <item>_world_size_<W>_rank_<R>.pt; dcp_is_rank_file tells their names). */
 int dcpi_load_rank_files(dcp_checkpoint *ck, dcp_error *err);                         /* rankfiles.c */
-int dcpi_rank_file_name(const char *name);                                            /* rankfiles.c */
 
 /* Data-file access (reader.c). Files are opened lazily and cached; idle
  * cached fds may be closed to stay under RLIMIT_NOFILE. dcpi_ck_fd (like

@@ -51,7 +51,7 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
             safetensors = 1;
         else if (n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0)
             distcp = 1;
-        else if (dcpi_rank_file_name(de->d_name))
+        else if (dcp_is_rank_file(de->d_name))
             rank_files = 1;   /* torch-checkpointing, verl: rankfiles.c */
     }
     closedir(d);

@@ -12,17 +12,19 @@
  * the DeviceMesh with this rank's coordinate on it (_coordinate_on_dim; the
  * mesh's shape from _layout, or from the `mesh` tensor of older torch).
  *
- * From that this loader computes each rank's box as torch does
+ * From that this loader computes each rank's piece as torch does
  * (compute_local_shape_and_global_offset: per mesh dimension left to right,
- * torch.chunk's sizes, ceil(n/k), the last ones smaller or empty) and makes
- * the rank's local tensor a chunk whose record is its storage in the zip,
- * located now (strides, storage offset, byte order), so the planner never
- * parses again. The same box from several ranks (Replicate) is kept once;
+ * torch.chunk's sizes, ceil(n/k), the last ones smaller or empty;
+ * _StridedShard's split_factor pieces each cut again, so that a rank may hold
+ * several runs of indexes of a dimension: one box per combination of runs)
+ * and makes each box of the rank's local tensor a chunk whose record is its
+ * storage in the zip, located now (strides, storage offset, byte order), so
+ * the planner never parses again. The same box from several ranks (Replicate) is kept once;
  * the boxes of a tensor must cover it exactly. A plain tensor is taken from
  * the lowest rank holding it. An item without any tensor is a bytes item:
  * the lowest rank's file, a torch.save blob as DCP stores bytes items. Other
  * non-tensor values inside a dict of tensors are left out. Partial
- * placements (a pending reduction) and _StridedShard are refused.
+ * placements (a pending reduction) are refused.
  *
  * Nothing is executed: data.pkl is read by pickle.c into a tree of calls and
  * interpreted here; every shape, stride, size and offset is checked.
@@ -94,8 +96,10 @@ static int split_name(const char *name, size_t *item_len, uint32_t *rank, uint32
     return 0;
 }
 
-int dcpi_rank_file_name(const char *name)
+int dcp_is_rank_file(const char *name)
 {
+    if (!name)
+        return 0;
     size_t il;
     uint32_t r, w;
     return split_name(name, &il, &r, &w) == 0;
@@ -349,18 +353,19 @@ static int tensor_entry(rf *R, const char *key, size_t klen, int kind, dcp_dtype
     return 0;
 }
 
-/* A chunk of entry idx over the local tensor rb (checked against the box),
- * unless the same box is there already. */
-static int add_chunk(rf *R, const char *key, size_t idx, const dcpi_rebuild *rb, const int64_t *off,
-                     const int64_t *size)
+/* The local tensor rb of entry idx: its shape (lsize, what the placements
+ * give this rank), dtype, storage record and view checked; the record's data
+ * start and length. */
+static int local_record(rf *R, const char *key, size_t idx, const dcpi_rebuild *rb, const int64_t *lsize,
+                        uint64_t *dstart, uint64_t *dlen)
 {
     dcp_checkpoint *ck = R->ck;
     int nd = ck->entries[idx].ndim;
     char why[512];
-    if (rb->ndim != nd || memcmp(rb->size, size, (size_t)nd * sizeof *size)) {
+    if (rb->ndim != nd || memcmp(rb->size, lsize, (size_t)nd * sizeof *lsize)) {
         char a[512], b[512];
         box_text(a, sizeof a, rb->size, rb->ndim);
-        box_text(b, sizeof b, size, nd);
+        box_text(b, sizeof b, lsize, nd);
         return fail(R, key, "the local tensor's shape [%s] is not the [%s] its placements give this rank", a, b);
     }
     if (dcp_dtype_size(rb->dtype) != dcp_dtype_size(ck->entries[idx].dtype))
@@ -376,10 +381,17 @@ static int add_chunk(rf *R, const char *key, size_t idx, const dcpi_rebuild *rb,
                     rb->storage_bytes);
     if (dcpi_torch_rebuild_check_view(rb, why, sizeof why) < 0)
         return fail(R, key, "%s", why);
-    uint64_t dstart;
-    if (dcpi_zip_data(R->rd, &R->whole, key, de, R->flen, &dstart, R->err) < 0)
-        return -1;
+    *dlen = de->size;
+    return dcpi_zip_data(R->rd, &R->whole, key, de, R->flen, dstart, R->err);
+}
 
+/* A chunk of entry idx: the box (off, size) of the local tensor rb whose
+ * element 0 is storage element soff, unless the same box is there already. */
+static int add_box(rf *R, size_t idx, const dcpi_rebuild *rb, uint64_t dstart, uint64_t dlen, const int64_t *off,
+                   const int64_t *size, int64_t soff)
+{
+    dcp_checkpoint *ck = R->ck;
+    int nd = ck->entries[idx].ndim;
     /* An empty box (torch.chunk's last pieces) holds nothing: no chunk, but
      * for an empty tensor, which keeps its first. */
     uint64_t vol = 1, numel = 1;
@@ -411,7 +423,7 @@ static int add_chunk(rf *R, const char *key, size_t idx, const dcpi_rebuild *rb,
         dcpi_model_add_chunk(ck, idx, off, size, &ci, R->err) < 0)
         return -1;
     dcp_chunk *c = &ck->priv[idx].chunks[ci];
-    c->blob = (dcp_blob){.file = file, .offset = dstart, .length = de->size};
+    c->blob = (dcp_blob){.file = file, .offset = dstart, .length = dlen};
     c->has_blob = 1;
     int64_t *st = dcpi_arena_memdup(&ck->arena, rb->stride, (size_t)(nd ? nd : 1) * sizeof *rb->stride);
     if (!st)
@@ -426,8 +438,65 @@ static int add_chunk(rf *R, const char *key, size_t idx, const dcpi_rebuild *rb,
     }
     R->pend[R->npend++] = (rf_pend){
         .idx = idx, .ci = ci,
-        .rec = {.data_offset = dstart, .data_length = de->size, .storage_offset = rb->storage_offset,
+        .rec = {.data_offset = dstart, .data_length = dlen, .storage_offset = soff,
                 .stride = st, .dtype = rb->dtype, .flags = R->rec_flags | rb->flags}};
+    return 0;
+}
+
+/* Which global indexes of one tensor dimension a rank holds, in the order of
+ * its local tensor: runs of consecutive indexes. Shard keeps one run;
+ * _StridedShard (FSDP2 over tensor parallel) makes up to split_factor. */
+#define RF_MAX_RUNS 64
+#define RF_MAX_BOXES 4096          /* chunks of one rank's DTensor */
+typedef struct rf_runs {
+    int n;
+    int64_t start[RF_MAX_RUNS], len[RF_MAX_RUNS];
+} rf_runs;
+
+static int64_t runs_total(const rf_runs *r)
+{
+    int64_t t = 0;
+    for (int k = 0; k < r->n; k++)
+        t += r->len[k];   /* <= the dimension's size */
+    return t;
+}
+
+/* Append local positions [a, b) of r to out, joining runs that continue. */
+static int runs_select(const rf_runs *r, int64_t a, int64_t b, rf_runs *out)
+{
+    int64_t p = 0;
+    for (int k = 0; k < r->n && p < b; p += r->len[k], k++) {
+        int64_t lo = a > p ? a : p, hi = b < p + r->len[k] ? b : p + r->len[k];
+        if (lo >= hi)
+            continue;
+        int64_t s = r->start[k] + (lo - p);
+        if (out->n && out->start[out->n - 1] + out->len[out->n - 1] == s) {
+            out->len[out->n - 1] += hi - lo;
+            continue;
+        }
+        if (out->n == RF_MAX_RUNS)
+            return -1;
+        out->start[out->n] = s;
+        out->len[out->n++] = hi - lo;
+    }
+    return 0;
+}
+
+/* torch's _StridedShard.local_shard_size_and_offset: the cur positions in
+ * split_factor torch.chunk pieces, each cut in n by torch.chunk; piece c of
+ * every one, in order. */
+static int strided_piece(const rf_runs *r, int64_t sf, int64_t n, int64_t c, rf_runs *out)
+{
+    int64_t cur = runs_total(r);
+    int64_t first = cur / sf + (cur % sf != 0);
+    out->n = 0;
+    for (int64_t s = 0; s < sf && first * s < cur; s++) {   /* first * s < 2 * cur: no overflow */
+        int64_t fs = first * s, fe = fs + first < cur ? fs + first : cur, flen = fe - fs;
+        int64_t ps, po;
+        shard_piece(flen, n, c, &ps, &po);
+        if (ps && runs_select(r, fs + po, fs + po + ps, out) < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -479,37 +548,109 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
     size_t idx;
     if (tensor_entry(R, key, klen, 1, dt, nd, shape, &idx) < 0)
         return -1;
-    int64_t off[DCPI_MAX_NDIM], size[DCPI_MAX_NDIM];
+    /* The shape is the model's now: no dimension over 2^59 elements. */
+    rf_runs *runs = malloc((size_t)(nd ? nd : 1) * sizeof *runs), tmp;
+    if (!runs)
+        return oom(R);
     for (int d = 0; d < nd; d++) {
-        off[d] = 0;
-        size[d] = shape[d];
+        runs[d].n = 1;
+        runs[d].start[0] = 0;
+        runs[d].len[0] = shape[d];
     }
+    int rc = -1;
+    /* Per mesh dimension, left to right, as compute_local_shape_and_global_offset. */
     for (size_t i = 0; i < pk_len(pl); i++) {
         const pk_node *p = pk_item(pl, i);
         const pk_node *g = pk_call_global(p);
         const char *pn = g ? g->u.global.name : "(not an object)";
         if (g && !strcmp(pn, "Replicate"))
             continue;
-        if (g && strstr(pn, "Partial"))   /* Partial, _MaskPartial, _NormPartial... */
-            return fail(R, key, "placement %zu is %s: a pending reduction over the mesh, whose shards are not the tensor's values (reduce it, e.g. full_tensor(), before saving)",
-                        i, pn);
-        if (!g || strcmp(pn, "Shard"))
-            return fail(R, key, "placement %zu is %s, which this reader does not support (Shard and Replicate only)", i, pn);
-        int64_t dim;
-        if (!pk_int(pk_dict_get(call_state(p), "dim"), &dim) && !pk_int(pk_item(p->u.call.args, 0), &dim))
-            return fail(R, key, "placement %zu (Shard) has no dim", i);
-        if (dim < 0 || dim >= nd)
-            return fail(R, key, "placement %zu shards dimension %" PRId64 " of a %d-dimensional tensor", i, dim, nd);
+        if (g && strstr(pn, "Partial")) {   /* Partial, _MaskPartial, _NormPartial... */
+            fail(R, key, "placement %zu is %s: a pending reduction over the mesh, whose shards are not the tensor's values (reduce it, e.g. full_tensor(), before saving)",
+                 i, pn);
+            goto out;
+        }
+        int strided = g && !strcmp(pn, "_StridedShard");
+        if (!g || (strcmp(pn, "Shard") && !strided)) {
+            fail(R, key, "placement %zu is %s, which this reader does not support (Shard, _StridedShard and Replicate only)",
+                 i, pn);
+            goto out;
+        }
+        const pk_node *ps = call_state(p);
+        int64_t dim, sf = 1;
+        if (!pk_int(pk_dict_get(ps, "dim"), &dim) && !pk_int(pk_item(p->u.call.args, 0), &dim)) {
+            fail(R, key, "placement %zu (%s) has no dim", i, pn);
+            goto out;
+        }
+        if (dim < 0 || dim >= nd) {
+            fail(R, key, "placement %zu shards dimension %" PRId64 " of a %d-dimensional tensor", i, dim, nd);
+            goto out;
+        }
+        if (strided && ((!pk_int(pk_dict_get(ps, "split_factor"), &sf) && !pk_int(pk_dict_get(ps, "sf"), &sf)) ||
+                        sf < 1 || sf > RF_MAX_RANKS)) {
+            fail(R, key, "placement %zu (_StridedShard) has no split_factor from 1 to %u", i, RF_MAX_RANKS);
+            goto out;
+        }
         if (r == 1)
             continue;
-        int64_t s, o;
-        shard_piece(size[dim], mshape[i], coord[i], &s, &o);
-        off[dim] += o;
-        size[dim] = s;
+        if (strided) {
+            if (strided_piece(&runs[dim], sf, mshape[i], coord[i], &tmp) < 0) {
+                fail(R, key, "placement %zu (_StridedShard) leaves more than %d pieces of dimension %" PRId64, i,
+                     RF_MAX_RUNS, dim);
+                goto out;
+            }
+        } else {
+            int64_t s, o;
+            shard_piece(runs_total(&runs[dim]), mshape[i], coord[i], &s, &o);
+            tmp.n = 0;
+            (void)runs_select(&runs[dim], o, o + s, &tmp);   /* fewer runs than before: fits */
+        }
+        runs[dim] = tmp;
     }
-    if (r == 1)   /* the rank is not part of the mesh: it holds nothing */
-        return 0;
-    return add_chunk(R, key, idx, &rb, off, size);
+    if (r == 1) {   /* the rank is not part of the mesh: it holds nothing */
+        rc = 0;
+        goto out;
+    }
+    int64_t lsize[DCPI_MAX_NDIM] = {0};
+    uint64_t nboxes = 1;
+    for (int d = 0; d < nd; d++) {
+        lsize[d] = runs_total(&runs[d]);
+        nboxes *= (uint64_t)(runs[d].n ? runs[d].n : 1);
+        if (nboxes > RF_MAX_BOXES) {
+            fail(R, key, "the placements cut this rank's piece in more than %d boxes", RF_MAX_BOXES);
+            goto out;
+        }
+    }
+    uint64_t dstart, dlen;
+    if (local_record(R, key, idx, &rb, lsize, &dstart, &dlen) < 0)
+        goto out;
+    /* One chunk per combination of runs, its storage offset moved to its
+     * first element (inside the storage: the whole view was checked). */
+    int k[DCPI_MAX_NDIM] = {0};
+    int64_t pos[DCPI_MAX_NDIM] = {0};   /* local position of run k[d] */
+    for (uint64_t b = 0; b < nboxes; b++) {
+        int64_t off[DCPI_MAX_NDIM], size[DCPI_MAX_NDIM], soff = rb.storage_offset;
+        for (int d = 0; d < nd; d++) {
+            off[d] = runs[d].n ? runs[d].start[k[d]] : 0;
+            size[d] = runs[d].n ? runs[d].len[k[d]] : 0;
+            soff += pos[d] * rb.stride[d];
+        }
+        if (add_box(R, idx, &rb, dstart, dlen, off, size, soff) < 0)
+            goto out;
+        for (int d = nd - 1; d >= 0; d--) {   /* the next combination, last dimension fastest */
+            if (runs[d].n && k[d] + 1 < runs[d].n) {
+                pos[d] += runs[d].len[k[d]];
+                k[d]++;
+                break;
+            }
+            k[d] = 0;
+            pos[d] = 0;
+        }
+    }
+    rc = 0;
+out:
+    free(runs);
+    return rc;
 }
 
 /* A plain tensor: one chunk over the whole, from the lowest rank holding it. */
@@ -525,7 +666,10 @@ static int plain_tensor(rf *R, const char *key, size_t klen, const pk_node *n)
     if (R->ck->entries[idx].nchunks)
         return 0;
     int64_t zero[DCPI_MAX_NDIM] = {0};
-    return add_chunk(R, key, idx, &rb, zero, rb.size);
+    uint64_t dstart, dlen;
+    if (local_record(R, key, idx, &rb, rb.size, &dstart, &dlen) < 0)
+        return -1;
+    return add_box(R, idx, &rb, dstart, dlen, zero, rb.size, rb.storage_offset);
 }
 
 static int walk(rf *R, rf_item *it, const pk_node *n, char *key, size_t klen, int depth)
@@ -589,7 +733,7 @@ static int read_file(rf *R, rf_item *it, uint32_t rank)
     if (dcpi_ck_file_size(rd, R->rfile, &R->flen, R->err) < 0)
         return -1;
     R->whole = (dcp_blob){.file = R->rfile, .offset = 0, .length = R->flen};
-    if (dcpi_zip_open(rd, &R->whole, "(rank file)", &R->z, R->err) < 0)
+    if (dcpi_zip_open(rd, &R->whole, "rank file", &R->z, R->err) < 0)
         return -1;
     int rc = -1;
     char *pkl = NULL;
@@ -735,6 +879,10 @@ static int list_items(rf *R)
     qsort(R->items, R->nitems, sizeof *R->items, item_cmp);
     for (size_t i = 0; i < R->nitems; i++) {
         rf_item *it = &R->items[i];
+        if (!it->files[0])
+            return dcpi_err(R->err, ENOENT,
+                            "%s: not a checkpoint: %s looks like a rank file, but there is no rank 0 of item %s",
+                            ck->path, it->files[it->nranks - 1], it->name);
         for (uint32_t r = 0; r < it->nranks; r++)
             if (!it->files[r])
                 return dcpi_err(R->err, ENOENT,
@@ -744,6 +892,12 @@ static int list_items(rf *R)
             return dcpi_err(R->err, ENOENT, "%s: item %s: %u rank files of world size %u: an incomplete save",
                             ck->path, it->name, it->nranks, it->world);
     }
+    /* Every rank saves every item. */
+    for (size_t i = 1; i < R->nitems; i++)
+        if (R->items[i].nranks != R->items[0].nranks)
+            return dcpi_err(R->err, ENOENT, "%s: item %s has %u rank files, item %s %u: an incomplete save",
+                            ck->path, R->items[0].name, R->items[0].nranks, R->items[i].name,
+                            R->items[i].nranks);
     return 0;
 }
 

@@ -3,6 +3,10 @@ CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.
 	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh
 TESTS += $(CORE_TESTS)
 dist_check_SCRIPTS += $(CORE_TESTS)
+# Per-rank DTensor files (torch-checkpointing, verl; src/rankfiles.c).
+TESTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
+dist_check_SCRIPTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
+EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
 
 # Pickle VM, metadata model and record locator (Check).
