@@ -123,6 +123,8 @@ typedef struct rf_pend {     /* a chunk's record, set once every chunk is added 
 typedef struct rf_entry {    /* per entry of the model: where it came from */
     int dtensor;             /* 1 DTensor, 2 plain tensor */
     uint32_t first_file;     /* the scratch file index that set its shape */
+    uint32_t last_file;      /* 1 + the scratch file index that named it last */
+    size_t item;             /* the item whose files hold it */
     uint64_t covered;        /* elements of its distinct boxes */
 } rf_entry;
 
@@ -147,6 +149,9 @@ typedef struct rf {
     uint64_t flen;
     uint32_t rec_flags;      /* byteorder */
     uint32_t rank;
+    size_t cur_item;         /* its item's index */
+    uint64_t visits, visit_cap;   /* values walked in it, and the bound: a pickle's memo
+                                     may share one dict under many keys */
 } rf;
 
 __attribute__((format(printf, 3, 4)))
@@ -302,7 +307,7 @@ static int mesh_of(rf *R, const char *key, const pk_node *mesh, int64_t *shape, 
 static void shard_piece(int64_t cur, int64_t n, int64_t c, int64_t *size, int64_t *off)
 {
     int64_t full = cur / n + (cur % n != 0);   /* no overflow: cur >= 0, n >= 1 */
-    /* full * c <= cur + n: fits, cur < 2^62 (the model bounds shapes), n <= 2^20 */
+    /* full * c < cur + n: fits, cur < 2^59 (checked), n <= 2^20 */
     int64_t start = full * c, end = start + full;
     if (end > cur)
         end = cur;
@@ -335,10 +340,18 @@ static int tensor_entry(rf *R, const char *key, size_t klen, int kind, dcp_dtype
             return dcpi_err_prefix(R->err, "%s/%s", ck->path, R->file);
         re->dtensor = kind;
         re->first_file = R->rfile;
+        re->last_file = R->rfile + 1;
+        re->item = R->cur_item;
         return 0;
     }
     const dcp_entry *e = &ck->entries[*idx];
     const char *other = R->rd->files[re->first_file];
+    if (re->item != R->cur_item)
+        return fail(R, key, "also a key of item %s (%s): item names and keys collide", R->items[re->item].name,
+                    other);
+    if (re->last_file == R->rfile + 1)
+        return fail(R, key, "the key appears twice in the file");
+    re->last_file = R->rfile + 1;
     if (re->dtensor != kind)
         return fail(R, key, "a %s here, a %s in %s", kind == 1 ? "DTensor" : "plain tensor",
                     kind == 1 ? "plain tensor" : "DTensor", other);
@@ -533,6 +546,11 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
                        ? dcp_dtype_from_name(dtn->u.global.name) : DCP_DTYPE_INVALID;
     if (dt == DCP_DTYPE_INVALID)
         return fail(R, key, "the DTensor's dtype is not a torch dtype");
+    /* The model bounds the element count, but not a dimension beside an
+     * empty one; the pieces' arithmetic needs room. */
+    for (int d = 0; d < nd; d++)
+        if (shape[d] > (INT64_MAX >> 4))
+            return fail(R, key, "dimension %d of the global shape (%" PRId64 ") is too large", d, shape[d]);
 
     int64_t mshape[DCPI_MAX_NDIM], coord[DCPI_MAX_NDIM];
     int mnd = 0;
@@ -548,7 +566,7 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
     size_t idx;
     if (tensor_entry(R, key, klen, 1, dt, nd, shape, &idx) < 0)
         return -1;
-    /* The shape is the model's now: no dimension over 2^59 elements. */
+    /* The shape is the model's now, each dimension under 2^59 elements. */
     rf_runs *runs = malloc((size_t)(nd ? nd : 1) * sizeof *runs), tmp;
     if (!runs)
         return oom(R);
@@ -676,6 +694,8 @@ static int walk(rf *R, rf_item *it, const pk_node *n, char *key, size_t klen, in
 {
     if (depth > RF_MAX_DEPTH)
         return fail(R, key, "values nested too deeply");
+    if (++R->visits > R->visit_cap)
+        return fail(R, key, "more values than data.pkl has bytes: dicts shared under many keys");
     const pk_node *call = dtensor_call(n);
     if (call) {
         it->ntensors++;
@@ -778,6 +798,8 @@ static int read_file(rf *R, rf_item *it, uint32_t rank)
         pk_parse(pkl, (size_t)pe->size, what, &doc, &root, R->err) < 0)
         goto out;
     R->pkl_bytes += pe->size;
+    R->visits = 0;
+    R->visit_cap = 2 * pe->size + 64;   /* a value takes at least one opcode byte */
     char *key = strdup(it->name);
     if (!key) {
         oom(R);
@@ -922,6 +944,7 @@ int dcpi_load_rank_files(dcp_checkpoint *ck, dcp_error *err)
         goto out;
     for (size_t i = 0; i < R.nitems; i++) {
         rf_item *it = &R.items[i];
+        R.cur_item = i;
         for (uint32_t r = 0; r < it->nranks; r++)
             if (read_file(&R, it, r) < 0)
                 goto out;
