@@ -13,6 +13,8 @@
  *   safetensors model.safetensors of a Hugging Face folder (header JSON,
  *               DCP_SHARDING_INFO), also opened as a single file
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
+ *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
+ *               folder's shards (tests/data/hf_sharded)
  *
  * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
  * `make check`, which runs every committed input (tests/fuzz-regress.sh).
@@ -44,6 +46,7 @@ static const struct target {
     {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
+    {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
 };
 
 static const struct target *tg;
