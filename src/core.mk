@@ -15,6 +15,7 @@ libdcp_la_SOURCES = \
 	src/torchsave.c \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
+	src/hf_index.c \
 	src/rankfiles.c \
 	src/planner.c \
 	src/files.c src/files.h \

@@ -20,6 +20,10 @@ grep -qE '^step +bytes' "$SCRATCH/ls" || fail "step: $(cat "$SCRATCH/ls")"
 [ "$(stat -c %s "$SCRATCH/box")" = 96 ] || fail "box of 4x6 float32 is not 96 bytes"
 "$DCP" cat "$T" model.w0 | tail -c +73 | head -c 96 | cmp - "$SCRATCH/box" || fail "the box differs from the whole's rows 3-6"
 "$DCP" cat "$T" step | cmp - "$T/step_0.pt" || fail "step is not step_0.pt"
+# metadata.pkl (torch-checkpointing writes it when an item has a resharder) is not read
+cp -r "$T" "$SCRATCH/withmeta"; printf 'not read' >"$SCRATCH/withmeta/metadata.pkl"
+"$DCP" digest --keys 'model.*' "$SCRATCH/withmeta" | sort | diff "$top_srcdir/tests/data/rankfiles/tc2.digest" - ||
+    fail "a metadata.pkl beside the rank files changed the digests"
 cp -r "$T" "$SCRATCH/cut"; truncate -s 2000 "$SCRATCH/cut/model_0.pt"
 expect_fail "cut/model_0.pt: rank file: corrupt torch.save archive" "$DCP" ls "$SCRATCH/cut"
 cp -r "$T" "$SCRATCH/gone"; rm "$SCRATCH/gone/step_1.pt"

@@ -13,6 +13,8 @@
  *   safetensors model.safetensors of a Hugging Face folder (header JSON,
  *               DCP_SHARDING_INFO), also opened as a single file
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
+ *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
+ *               folder's shards (tests/data/hf_sharded)
  *   rankfile    model_1.pt of a torch-checkpointing folder (per-rank
  *               torch.save files of DTensors: meshes, placements, shapes)
  *
@@ -46,6 +48,7 @@ static const struct target {
     {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
+    {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
     {"rankfile", "tests/data/rankfiles/tc2", "model_1.pt", AS_FOLDER},
 };
 
