@@ -593,7 +593,10 @@ static int is_data_name(const char *name, struct dfs_ckpt *ck)
         return 1;
     if (n > 11 && strncmp(name, "__", 2) == 0 && strcmp(name + n - 9, ".metadata") == 0)
         return 1;
-    if (dcp_is_rank_file(name))   /* torch-checkpointing, verl: every rank's, used or not */
+    /* torch-checkpointing, verl: every rank's file, used or not (step_1.pt), in
+     * such a folder only: beside a .metadata a model_0.pt is the user's */
+    const dcp_info *in = ck->ck ? dcp_get_info(ck->ck) : NULL;
+    if (in && in->layout && strcmp(in->layout, "per-rank torch.save files") == 0 && dcp_is_rank_file(name))
         return 1;
     for (size_t i = 0; i < ck->nfiles; i++)
         if (strcmp(dcp_file_name(ck->ck, (uint32_t)i), name) == 0)

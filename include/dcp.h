@@ -153,7 +153,8 @@ typedef struct dcp_record {
 typedef struct dcp_info {
     const char *generation;     /* e.g. "torch 1.13 (torch.distributed._shard.checkpoint)" */
     const char *serialization;  /* "torch_save", "safetensors", "hf_safetensors" */
-    const char *layout;         /* "global .metadata", "rank-local __R.metadata", "huggingface" */
+    const char *layout;         /* "global .metadata", "rank-local __R.metadata", "huggingface",
+                                   "per-rank torch.save files" (torch-checkpointing, verl) */
     const char *version;        /* Metadata.version, or NULL */
     const char *checkpoint_id;  /* StorageMeta.checkpoint_id, or NULL */
     const char *save_id;        /* StorageMeta.save_id, or NULL */

@@ -24,7 +24,9 @@
  * the lowest rank holding it. An item without any tensor is a bytes item:
  * the lowest rank's file, a torch.save blob as DCP stores bytes items. Other
  * non-tensor values inside a dict of tensors are left out. Partial
- * placements (a pending reduction) are refused.
+ * placements (a pending reduction) are refused. FSDP1's sharded state dicts
+ * (verl with FSDP1) hold ShardedTensors instead: each local shard names its
+ * own offsets and sizes (ShardMetadata), which become the boxes.
  *
  * Nothing is executed: data.pkl is read by pickle.c into a tree of calls and
  * interpreted here; every shape, stride, size and offset is checked.
@@ -227,6 +229,17 @@ static const pk_node *dtensor_call(const pk_node *n)
             return n;
         return NULL;
     }
+    return NULL;
+}
+
+/* The _rebuild_from_type_v2 call of a ShardedTensor (FSDP1's sharded state
+ * dict: local shards with their offsets), or NULL. */
+static const pk_node *sharded_call(const pk_node *n)
+{
+    const pk_node *g = pk_call_global(n);
+    if (g && pk_is_global(g, "torch._tensor", "_rebuild_from_type_v2") &&
+        global_is(pk_item(n->u.call.args, 1), "torch.distributed._shard", "ShardedTensor"))
+        return n;
     return NULL;
 }
 
@@ -671,6 +684,48 @@ out:
     return rc;
 }
 
+/* A ShardedTensor: _rebuild_wrapper_subclass's (ShardedTensor, dtype, size,
+ * ...) gives the global shape and dtype, the state (__getstate__: local
+ * shards, metadata, process group, spec, rrefs) the rank's shards, each
+ * Shard(tensor, ShardMetadata(shard_offsets, shard_sizes, placement)). */
+static int sharded(rf *R, const char *key, size_t klen, const pk_node *call)
+{
+    const pk_node *args = call->u.call.args, *wa = pk_item(args, 2);
+    int64_t shape[DCPI_MAX_NDIM];
+    int nd;
+    if (int_vec(pk_item(wa, 2), shape, &nd) < 0)
+        return fail(R, key, "the ShardedTensor has no size");
+    const pk_node *dtn = pk_item(wa, 1);
+    dcp_dtype dt = dtn && dtn->type == PK_GLOBAL && !strcmp(dtn->u.global.module, "torch")
+                       ? dcp_dtype_from_name(dtn->u.global.name) : DCP_DTYPE_INVALID;
+    if (dt == DCP_DTYPE_INVALID)
+        return fail(R, key, "the ShardedTensor's dtype is not a torch dtype");
+    const pk_node *st = pk_item(args, 3), *shards = pk_item(st, 0);
+    if (!shards || (shards->type != PK_LIST && shards->type != PK_TUPLE))
+        return fail(R, key, "the ShardedTensor has no list of local shards");
+    size_t idx;
+    if (tensor_entry(R, key, klen, 1, dt, nd, shape, &idx) < 0)
+        return -1;
+    for (size_t i = 0; i < pk_len(shards); i++) {
+        const pk_node *ss = call_state(pk_item(shards, i));
+        const pk_node *ms = call_state(pk_dict_get(ss, "metadata"));
+        int64_t off[DCPI_MAX_NDIM], size[DCPI_MAX_NDIM];
+        int on, sn;
+        if (!ms || int_vec(pk_dict_get(ms, "shard_offsets"), off, &on) < 0 ||
+            int_vec(pk_dict_get(ms, "shard_sizes"), size, &sn) < 0 || on != nd || sn != nd)
+            return fail(R, key, "local shard %zu has no ShardMetadata of %d offsets and sizes", i, nd);
+        dcpi_rebuild rb;
+        char why[512];
+        if (dcpi_torch_rebuild_parse(pk_dict_get(ss, "tensor"), &rb, why, sizeof why) < 0)
+            return fail(R, key, "local shard %zu: %s", i, why);
+        uint64_t dstart, dlen;
+        if (local_record(R, key, idx, &rb, size, &dstart, &dlen) < 0 ||
+            add_box(R, idx, &rb, dstart, dlen, off, size, rb.storage_offset) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* A plain tensor: one chunk over the whole, from the lowest rank holding it. */
 static int plain_tensor(rf *R, const char *key, size_t klen, const pk_node *n)
 {
@@ -700,6 +755,10 @@ static int walk(rf *R, rf_item *it, const pk_node *n, char *key, size_t klen, in
     if (call) {
         it->ntensors++;
         return dtensor(R, key, klen, call);
+    }
+    if ((call = sharded_call(n))) {
+        it->ntensors++;
+        return sharded(R, key, klen, call);
     }
     if (dcpi_torch_is_tensor(n)) {
         it->ntensors++;

@@ -13,6 +13,8 @@ dict of plain values. They save it
   OUT_DIR/tc     with torch-checkpointing's CheckpointManager (model_R.pt, extra_R.pt, step_R.pt)
   OUT_DIR/verl   as verl's FSDP checkpoint manager does (torch.save per rank:
                  model_world_size_W_rank_R.pt, extra_state_world_size_W_rank_R.pt)
+  OUT_DIR/verl_fsdp1  the same with FSDP1's ShardedTensors (w0, w1, ids by rows, cols by
+                 columns; a rank with an empty piece holds no shard)
   OUT_DIR/dcp    the model's DTensors as a DCP checkpoint (torch.distributed.checkpoint), but
                  strided1d, which DCP's planner refuses
   OUT_DIR/alt    torch-checkpointing again, model.w0 with 12 rows instead of 10 (a rank file of
@@ -97,6 +99,22 @@ def worker(rank, port, out, world):
     os.makedirs(verl, exist_ok=True)
     torch.save(sd, os.path.join(verl, f"model_world_size_{world}_rank_{rank}.pt"))
     torch.save({"lr_scheduler": {"last_epoch": 3}, "rng": 1}, os.path.join(verl, f"extra_state_world_size_{world}_rank_{rank}.pt"))
+    # verl with FSDP1 (SHARDED_STATE_DICT): ShardedTensors, each rank's shard with its offsets
+    from torch.distributed._shard.sharded_tensor import Shard as STShard, ShardMetadata, init_from_local_shards
+    verl1 = os.path.join(out, "verl_fsdp1")
+    os.makedirs(verl1, exist_ok=True)
+    st = {}
+    for k in ("w0", "w1", "cols", "ids"):
+        t, d = full[k], (1 if k == "cols" else 0)
+        n = t.shape[d]
+        step = -(-n // world)
+        lo, hi = min(rank * step, n), min(rank * step + step, n)
+        offs = [0] * t.dim()
+        offs[d] = lo
+        piece = t.narrow(d, lo, hi - lo).clone()
+        shards = [STShard(piece, ShardMetadata(offs, list(piece.shape), f"rank:{rank}/cpu"))] if hi > lo else []
+        st[k] = init_from_local_shards(shards, list(t.shape))
+    torch.save(st, os.path.join(verl1, f"model_world_size_{world}_rank_{rank}.pt"))
 
     import torch.distributed.checkpoint as dcp
     # DCP's planner refuses strided1d ("overlapping chunks": it takes each rank's piece for one
