@@ -80,7 +80,22 @@ typedef struct dcp_load_stats {
     double seconds_place;       /* time in the final copies into the destinations (host or CUDA) */
     double seconds_transfer;    /* reading, delivering and placing, until all ranks finish */
     double seconds_total;       /* the whole call */
+    /* Since DCP_LOAD_0.2 (a program built against the 0.1 header gets the
+     * fields above only): CUDA destinations of ranks on one node. */
+    uint64_t bytes_ipc;         /* of bytes_received: copied device to device out of a node peer's
+                                   device staging buffer, mapped by CUDA IPC */
+    uint64_t bytes_staged;      /* copied host to device into this rank's device staging buffer: the
+                                   units node peers take by IPC, once each */
+    int delivery;               /* DCP_LOAD_DELIVERY_*: how node peers got their bytes (same on every rank) */
+    char fallback[256];         /* with DCP_LOAD_DELIVERY_FALLBACK: why ("rank R: reason"), else "" */
 } dcp_load_stats;
+
+/* How bytes reached ranks on the reader's node (dcp_load_stats.delivery). */
+enum {
+    DCP_LOAD_DELIVERY_HOST = 0,      /* host messages (or DCP_LOAD_SHM): no device path was asked */
+    DCP_LOAD_DELIVERY_IPC = 1,       /* every destination CUDA memory: device staging shared by IPC */
+    DCP_LOAD_DELIVERY_FALLBACK = 2   /* the device path was asked but could not run: host messages */
+};
 
 /* Option flags. */
 enum {
@@ -97,7 +112,12 @@ enum {
     /* Broadcast groups also among ranks of one node (by default ranks on
      * the reader's node get messages: MPICH's broadcast measured slower on
      * one node). For comparisons and tests. */
-    DCP_LOAD_BCAST_LOCAL = 1u << 3
+    DCP_LOAD_BCAST_LOCAL = 1u << 3,
+    /* When every rank's destinations are CUDA memory, ranks on the reader's
+     * node take their bytes device to device out of its device staging
+     * buffer (CUDA IPC) by default; this flag delivers them by host
+     * messages as for host memory (for comparisons). */
+    DCP_LOAD_HOST_DELIVERY = 1u << 4
 };
 
 typedef struct dcp_load_options {
