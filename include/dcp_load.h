@@ -87,6 +87,9 @@ typedef struct dcp_load_stats {
     uint64_t bytes_staged;      /* copied host to device into this rank's device staging buffer: the
                                    units node peers take by IPC, once each */
     int delivery;               /* DCP_LOAD_DELIVERY_*: how node peers got their bytes (same on every rank) */
+    int mpi_cuda_aware;         /* the MPI library says it moves device buffers itself: 1 yes, 0 no,
+                                   -1 cannot tell. Informational: messages (across nodes, and within
+                                   one on the host path) are always sent from host staging buffers */
     char fallback[256];         /* with DCP_LOAD_DELIVERY_FALLBACK: why ("rank R: reason"), else "" */
 } dcp_load_stats;
 

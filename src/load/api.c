@@ -111,6 +111,17 @@ static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
         o->nstaging = 64;
 }
 
+/* Does the MPI library take device buffers (CUDA-aware)? MPICH 4 answers
+ * MPIX_Query_cuda_support; other libraries: unknown (-1). */
+static int mpi_cuda_aware(void)
+{
+#if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION >= 40000000
+    return MPIX_Query_cuda_support() ? 1 : 0;
+#else
+    return -1;
+#endif
+}
+
 /* The device path's plan (every destination CUDA memory, node peers): set
  * up the IPC pools; when that cannot run on some rank, plan again without
  * node-local shm deliveries (unless DCP_LOAD_SHM asked for them: its host
@@ -178,6 +189,7 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         cuda |= regions[i].mem == DCP_LOAD_CUDA;
         all_cuda &= regions[i].mem == DCP_LOAD_CUDA;
     }
+    st.mpi_cuda_aware = cuda ? mpi_cuda_aware() : -1;   /* asked of ranks with CUDA destinations only */
     /* bit 1: this rank needs the node communicator; bit 2: all its
      * destinations are CUDA memory (the device path needs it of every rank) */
     mine = (cuda || (o.flags & DCP_LOAD_SHM) ? 1 : 0) | (all_cuda ? 2 : 0);
@@ -240,7 +252,7 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
 
     ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
                         .node = nd.comm, .node_rank = nd.node_rank, .groups = groups,
-                        .ipc = ipc.ops ? &ipc : NULL};
+                        .ipc = ipc.active ? &ipc : NULL};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;

@@ -522,11 +522,11 @@ int main(int argc, char **argv)
              ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"broadcasts\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
              ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
              ",\"cpu_seconds\":%.6f,\"delivery\":\"%s\",\"bytes_ipc\":%" PRIu64 ",\"bytes_staged\":%" PRIu64
-             ",\"fallback\":",
+             ",\"mpi_cuda_aware\":%d,\"fallback\":",
              me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
              st.bytes_shm, st.reads, st.messages, st.broadcasts, st.seconds_exchange, st.seconds_plan, st.seconds_read,
              st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu, delivery_name(st.delivery),
-             st.bytes_ipc, st.bytes_staged);
+             st.bytes_ipc, st.bytes_staged, st.mpi_cuda_aware);
         out_json_string(&txt, st.fallback);
         outf(&txt, "}\n");
     } else {

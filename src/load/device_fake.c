@@ -18,7 +18,7 @@
  *    call fail, to test the fall-back to host messages.
  *  - DCPLOAD_FAKE_DEVICE_LOG=PATH appends one line per call:
  *    "PID CALL BYTES" (tests count allocations against frees and handle
- *    opens against closes).
+ *    opens against closes; a refused IPC call logs CALL_refused).
  * One mutex serializes the whole fake (the loader calls it from its main
  * thread and its I/O thread). */
 #include <errno.h>
@@ -147,9 +147,11 @@ static void dev_free(void *p)
 
 static int ipc_get(void *p, ldi_ipc_handle *h, dcp_error *err)
 {
-    logf_("ipc_get", 0);
-    if (ipc_fails("get"))
+    if (ipc_fails("get")) {
+        logf_("ipc_get_refused", 0);
         return ldi_err(err, EIO, "fake device: ipc_get: failing as DCPLOAD_FAKE_DEVICE_IPC_FAIL asks");
+    }
+    logf_("ipc_get", 0);
     pthread_mutex_lock(&lock);
     struct shmbuf **at = find(p);
     memset(h, 0, sizeof *h);
@@ -166,9 +168,10 @@ static int ipc_get(void *p, ldi_ipc_handle *h, dcp_error *err)
 
 static int ipc_open(const ldi_ipc_handle *h, void **p, dcp_error *err)
 {
-    logf_("ipc_open", 0);
-    if (ipc_fails("open"))
+    if (ipc_fails("open")) {
+        logf_("ipc_open_refused", 0);
         return ldi_err(err, EIO, "fake device: ipc_open: failing as DCPLOAD_FAKE_DEVICE_IPC_FAIL asks");
+    }
     struct shmbuf *b = calloc(1, sizeof *b);
     if (!b)
         return ldi_err(err, ENOMEM, "fake device: out of memory");
@@ -205,6 +208,7 @@ static int ipc_open(const ldi_ipc_handle *h, void **p, dcp_error *err)
     bufs = b;
     pthread_mutex_unlock(&lock);
     *p = b->p;
+    logf_("ipc_open", b->n);
     return 0;
 }
 

@@ -59,21 +59,24 @@ int ldi_ipc_plan_ok(const dcp_gplan *g, char *why, size_t cap)
 
 void ldi_ipc_free(ldi_ipc *ipc)
 {
-    if (!ipc->ops)
+    if (!ipc->active)
         return;
+    /* every node rank is here (also one whose set-up failed early): the
+     * barrier orders every unmapping of a pool before its owner frees it */
+    const ldi_devops *ops = ipc->ops;
     dcp_error e;
     int prev = -1;
-    int bound = ipc->ops->get_device(&prev, &e) == 0 && (prev == ipc->device || ipc->ops->set_device(ipc->device, &e) == 0);
-    for (int i = 0; ipc->peer && i < ipc->nlocal; i++)
+    int bound = ops && ops->get_device(&prev, &e) == 0 && (prev == ipc->device || ops->set_device(ipc->device, &e) == 0);
+    for (int i = 0; ops && ipc->peer && i < ipc->nlocal; i++)
         if (ipc->peer[i])
-            ipc->ops->ipc_close(ipc->peer[i], &e);
-    /* every mapping of a pool is closed before its owner frees it */
+            ops->ipc_close(ipc->peer[i], &e);
     MPI_Request r;
     MPI_Ibarrier(ipc->node, &r);
     ldi_wait(1, &r, MPI_STATUSES_IGNORE);
-    ipc->ops->dev_free(ipc->pool);
+    if (ops)
+        ops->dev_free(ipc->pool);
     if (bound && prev >= 0 && prev != ipc->device)
-        ipc->ops->set_device(prev, &e);
+        ops->set_device(prev, &e);
     free(ipc->peer);
     memset(ipc, 0, sizeof *ipc);
 }
@@ -93,6 +96,7 @@ int ldi_ipc_setup(MPI_Comm comm, MPI_Comm node, int device, const dcp_gplan *g, 
     int rc = 0, nlocal = 1, local = 0;
     MPI_Comm_size(node, &nlocal);
     MPI_Comm_rank(node, &local);
+    ipc->active = 1;   /* from here on ldi_ipc_free undoes, collectively */
     ipc->device = device;
     ipc->node = node;
     ipc->nlocal = nlocal;
@@ -109,7 +113,7 @@ int ldi_ipc_setup(MPI_Comm comm, MPI_Comm node, int device, const dcp_gplan *g, 
     else if (ops->get_device(&prev, &e) < 0 || (prev != device && ops->set_device(device, &e) < 0))
         rc = -1;
     else
-        ipc->ops = ops;   /* from here on ldi_ipc_free undoes */
+        ipc->ops = ops;
     if (rc == 0 && reads_shared(g)) {
         void *p = NULL;
         if (slot_bytes && nslots > SIZE_MAX / slot_bytes)

@@ -131,7 +131,8 @@ int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap);
 struct ldi_devops;
 /* A node's device staging pools, shared by IPC for one call. */
 typedef struct ldi_ipc {
-    const struct ldi_devops *ops;   /* NULL: not set up */
+    int active;                     /* ldi_ipc_setup ran: ldi_ipc_free is collective on node */
+    const struct ldi_devops *ops;   /* the device layer, once the rank's device is bound */
     MPI_Comm node;
     int device, nlocal;
     unsigned nslots;                /* slots of slot_bytes in every pool (the staging options) */
@@ -150,7 +151,8 @@ int ldi_ipc_plan_ok(const dcp_gplan *g, char *why, size_t cap);
  * ("rank R: ..."). Never an error: the caller falls back to host messages. */
 int ldi_ipc_setup(MPI_Comm comm, MPI_Comm node, int device, const dcp_gplan *g, unsigned nslots,
                   size_t slot_bytes, ldi_ipc *ipc, dcp_error *why);
-/* Collective over the node (a barrier between unmapping and freeing). */
+/* Unmap the peers' pools, then (a barrier on the node) free this rank's.
+ * Collective over the node once set up; nothing on a zeroed ldi_ipc. */
 void ldi_ipc_free(ldi_ipc *ipc);
 
 /* ---------------------------------------------------------------- execution */
