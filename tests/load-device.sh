@@ -18,15 +18,25 @@
 # No leak: per process as many device frees as allocations, handle closes as
 # opens, streams destroyed as created (the fake's call log), and no shared
 # memory object of the fake left in /dev/shm.
+# On a machine with a GPU, LOAD_DEVICE_REAL=1 runs the ipc and host variants
+# on the real CUDA runtime instead (the fake's failures and log do not
+# exist there; skipped without a GPU).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
 need python3
 need_python_module numpy
-[ -d /dev/shm ] && [ -w /dev/shm ] || skip "no writable /dev/shm for the fake device's shared memory"
 scratch
-export DCPLOAD_FAKE_DEVICE=1
-LOG="$SCRATCH/fake.log"
-export DCPLOAD_FAKE_DEVICE_LOG="$LOG"
+REAL=${LOAD_DEVICE_REAL:-0}
+if [ "$REAL" = 1 ]; then
+    unset DCPLOAD_FAKE_DEVICE DCPLOAD_FAKE_DEVICE_LOG DCPLOAD_FAKE_DEVICE_IPC_FAIL
+    mpirun 1 "$DCPLOAD" "$FIXTURES/02_rowwise_4ranks/ckpt" --device cuda >/dev/null 2>&1 ||
+        skip "LOAD_DEVICE_REAL=1 but dcpload --device cuda does not run here (no GPU, or built without CUDA)"
+else
+    [ -d /dev/shm ] && [ -w /dev/shm ] || skip "no writable /dev/shm for the fake device's shared memory"
+    export DCPLOAD_FAKE_DEVICE=1
+    LOG="$SCRATCH/fake.log"
+    export DCPLOAD_FAKE_DEVICE_LOG="$LOG"
+fi
 
 # stats VARIANT LAYOUT FILE: the statistics lines show the variant's path.
 stats() {
@@ -91,6 +101,7 @@ for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks;
         for layout in cols replicate; do
             run "$n" "$SCRATCH/$name/host" "$layout" --host-delivery
             stats host "$layout" "$SCRATCH/$name/host/$layout-$n.json" || fail "$name -n $n $layout: host"
+            [ "$REAL" = 1 ] && continue
             DCPLOAD_FAKE_DEVICE_IPC_FAIL=open run "$n" "$SCRATCH/$name/fallback" "$layout"
             stats fallback "$layout" "$SCRATCH/$name/fallback/$layout-$n.json" \
                 "fake device: ipc_open: failing" || fail "$name -n $n $layout: fallback"
@@ -99,10 +110,13 @@ for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks;
         done
     done
     for variant in ipc host fallback; do
+        [ -d "$SCRATCH/$name/$variant" ] || continue
         python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ckpt" "$truth" "$SCRATCH/$name/$variant" ||
             fail "$name: $variant"
     done
 done
+
+[ "$REAL" = 1 ] && exit 0
 
 # IPC failing on one rank only (the last: cudaIpcGetMemHandle): every rank
 # falls back, with that rank's reason, and loads the same bytes.
