@@ -8,7 +8,10 @@
  * to every rank that needs it (a local copy, a point-to-point message, or a
  * broadcast on a sub-communicator when several ranks on other nodes need
  * the same bytes; optionally, ranks on the reader's node copy them straight
- * out of its staging buffer in node shared memory).
+ * out of its staging buffer in node shared memory). When every rank's
+ * destinations are CUDA memory, ranks on the reader's node take their bytes
+ * device to device out of its device staging buffer (CUDA IPC), falling
+ * back to host messages where IPC cannot run (dcp_load_stats.delivery).
  *
  * Errors are collective: an unknown key, a region outside its tensor, a dtype
  * mismatch, a failed read, an unusable CUDA destination, other options or
