@@ -14,7 +14,9 @@
 #   - fallback: IPC failing (the fake told to fail cudaIpcOpenMemHandle on
 #     every rank, cudaIpcGetMemHandle on one rank only): delivery "fallback"
 #     on every rank with the failing rank's reason, host messages, the same
-#     digests.
+#     digests;
+#   - shm: --shm as well: served by IPC, or when IPC fails by the host
+#     shared-memory window (DCP_LOAD_SHM's path), with the same digests.
 # No leak: per process as many device frees as allocations, handle closes as
 # opens, streams destroyed as created (the fake's call log), and no shared
 # memory object of the fake left in /dev/shm.
@@ -132,6 +134,28 @@ stats fallback replicate "$dir/replicate-4.json" "rank 3: fake device: ipc_get: 
     fail "IPC failing on rank 3"
 python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" ||
     fail "IPC failing on rank 3: bytes"
+
+# --shm asked too: the device path serves the node peers; when IPC fails,
+# the host shared-memory window does (no new plan), with the same bytes.
+name=05_mixed_2ranks
+ckpt="$FIXTURES/$name/ckpt"
+for variant in ipc fallback; do
+    dir="$SCRATCH/shm-$variant"
+    fails=0
+    [ "$variant" = fallback ] && fails=open
+    DCPLOAD_FAKE_DEVICE_IPC_FAIL=$fails run 4 "$dir" replicate --shm
+    python3 - "$variant" "$dir/replicate-4.json" <<'PY' || fail "--shm $variant: path not used"
+import json, sys
+variant, path = sys.argv[1:3]
+st = [r for r in map(json.loads, open(path)) if "bytes_read" in r]
+recv = sum(r["bytes_received"] for r in st)
+by = sum(r["bytes_ipc" if variant == "ipc" else "bytes_shm"] for r in st)
+if recv == 0 or by != recv or {r["delivery"] for r in st} != {variant}:
+    sys.exit(f"{variant}: received {recv}, by the expected path {by}, delivery {[r['delivery'] for r in st]}")
+PY
+    python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" ||
+        fail "--shm $variant: bytes"
+done
 
 # no leak: the fake's call log, per process
 python3 - "$LOG" <<'PY' || fail "the fake device's calls do not balance"
