@@ -20,7 +20,8 @@
 #              (bench/gpu_d2d.py: cudaMemcpyPeerAsync, timed by CUDA events)
 # Target (issue 16): cuda-ipc <= baseline (ratio baseline / cuda-ipc >= 1).
 # Also printed per line: bytes read (sum over ranks; must equal the unique
-# bytes) and bytes node peers got by IPC.
+# bytes) and bytes node peers got by IPC. DCPFS_BENCH_GPU_ARGS adds options to
+# every dcpload run (say "--buffers 8 --staging 64MiB").
 set -euo pipefail
 : "${top_builddir:=$(cd "$(dirname "$0")/.." && pwd)}" "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 DCP="$top_builddir/dcp"
@@ -29,6 +30,7 @@ REPS="${DCPFS_BENCH_REPS:-3}"
 RANKS="${DCPFS_BENCH_GPU_RANKS:-1 2 4}"
 SIZE="${DCPFS_BENCH_GPU_BYTES:-4294967296}"
 MPIEXEC="${MPIEXEC:-mpiexec.mpich}"
+read -r -a EXTRA <<<"${DCPFS_BENCH_GPU_ARGS:-}"
 
 say() { printf '%s\n' "$*"; }
 [ -x "$DCPLOAD" ] || { say "bench-gpu: dcpload is not built: skipped"; exit 0; }
@@ -68,7 +70,7 @@ best() {
     local n=$1 b="" line
     shift
     for _ in $(seq "$REPS"); do
-        mpi "$n" "$DCPLOAD" "$CK" --layout replicate --json "$@" >"$DIR/run.json" 2>"$DIR/run.err" ||
+        mpi "$n" "$DCPLOAD" "$CK" --layout replicate --json "$@" ${EXTRA[@]+"${EXTRA[@]}"} >"$DIR/run.json" 2>"$DIR/run.err" ||
             { say "bench-gpu: dcpload -n $n $* failed: $(tail -1 "$DIR/run.err")" >&2; echo "nan 0 0 failed"; return; }
         line=$(summary "$DIR/run.json")
         if [ -z "$b" ] || awk -v a="${line%% *}" -v c="${b%% *}" 'BEGIN { exit !(a < c) }'; then b=$line; fi
