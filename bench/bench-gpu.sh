@@ -11,8 +11,8 @@
 # seconds of dcp_load on the slowest rank:
 #   host       --device host: destinations in host memory (for comparison)
 #   cuda-msg   --device cuda --host-delivery: node peers get host messages and
-#              each copies its bytes up to its GPU (the path before issue 16)
-#   cuda-ipc   --device cuda: the reader stages each unit once into its device
+#              each copies its bytes up to its GPU (the default path)
+#   cuda-ipc   --device cuda --device-delivery: the reader stages each unit once into its device
 #              staging buffer, node peers copy device to device out of it
 #              (CUDA IPC); its "delivery" statistic must say "ipc"
 #   baseline   one rank loading the bytes once into GPU memory (dcpload -n 1
@@ -87,7 +87,7 @@ say "|---|---|---|---|---|---|---|---|---|"
 for n in $RANKS; do
     host=$(best "$n" --device host)
     msg=$(best "$n" --device cuda --host-delivery)
-    ipc=$(best "$n" --device cuda)
+    ipc=$(best "$n" --device cuda --device-delivery)
     d2d=$(python3 "$top_srcdir/bench/gpu_d2d.py" "$unique" "$n" "$REPS" 2>"$DIR/d2d.err") || d2d=nan
     read -r ti readb ipcb deliv <<<"$ipc"
     base=$(awk -v a="$t1" -v b="$d2d" 'BEGIN { if (b == "nan") print "nan"; else printf "%.6f", a + b }')

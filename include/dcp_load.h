@@ -119,11 +119,14 @@ enum {
      * the reader's node get messages: MPICH's broadcast measured slower on
      * one node). For comparisons and tests. */
     DCP_LOAD_BCAST_LOCAL = 1u << 3,
+    /* CUDA destinations of node peers by host messages, as for host memory:
+     * the default (it wins over DCP_LOAD_DEVICE_DELIVERY when both are set). */
+    DCP_LOAD_HOST_DELIVERY = 1u << 4,
     /* When every rank's destinations are CUDA memory, ranks on the reader's
      * node take their bytes device to device out of its device staging
-     * buffer (CUDA IPC) by default; this flag delivers them by host
-     * messages as for host memory (for comparisons). */
-    DCP_LOAD_HOST_DELIVERY = 1u << 4
+     * buffer (CUDA IPC). Opt-in until it has been measured and verified on
+     * a GPU (issue 16); then it may become the default. */
+    DCP_LOAD_DEVICE_DELIVERY = 1u << 5
 };
 
 typedef struct dcp_load_options {

@@ -87,6 +87,8 @@ run() {
     local n=$1 dir=$2 layout=$3
     shift 3
     mkdir -p "$dir"
+    # the device path is opt-in (--device-delivery) until verified on a GPU
+    case " $* " in *" --host-delivery "*) ;; *) set -- --device-delivery "$@" ;; esac
     mpirun "$n" "$DCPLOAD" "$ckpt" --layout "$layout" --device cuda --json --staging 4096 "$@" \
         >"$dir/$layout-$n.json" 2>"$dir/err" ||
         fail "$name: dcpload -n $n --layout $layout --device cuda $* (fake device) failed: $(cat "$dir/err")"
@@ -118,6 +120,17 @@ for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks;
     done
 done
 
+# Without --device-delivery the device path is not taken (opt-in until it
+# has run on a GPU): node peers get host messages.
+name=05_mixed_2ranks
+dir="$SCRATCH/default"
+mkdir -p "$dir"
+mpirun 2 "$DCPLOAD" "$FIXTURES/$name/ckpt" --layout replicate --device cuda --json --staging 4096 \
+    >"$dir/replicate-2.json" 2>"$dir/err" || fail "the default delivery: dcpload failed: $(cat "$dir/err")"
+stats host replicate "$dir/replicate-2.json" || fail "the default delivery is not the host path"
+python3 "$top_srcdir/tests/load_check.py" "$DCP" "$FIXTURES/$name/ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" ||
+    fail "the default delivery: bytes"
+
 [ "$REAL" = 1 ] && exit 0
 
 # IPC failing on one rank only (the last: cudaIpcGetMemHandle): every rank
@@ -127,8 +140,8 @@ ckpt="$FIXTURES/$name/ckpt"
 dir="$SCRATCH/one-rank"
 mkdir -p "$dir"
 timeout -k 10 120 "$MPIEXEC" -launcher fork -n 3 "$DCPLOAD" "$ckpt" --layout replicate --device cuda --json \
-    --staging 4096 : -n 1 -env DCPLOAD_FAKE_DEVICE_IPC_FAIL get "$DCPLOAD" "$ckpt" --layout replicate \
-    --device cuda --json --staging 4096 >"$dir/replicate-4.json" 2>"$dir/err" ||
+    --device-delivery --staging 4096 : -n 1 -env DCPLOAD_FAKE_DEVICE_IPC_FAIL get "$DCPLOAD" "$ckpt" \
+    --layout replicate --device cuda --device-delivery --json --staging 4096 >"$dir/replicate-4.json" 2>"$dir/err" ||
     fail "IPC failing on rank 3: dcpload failed: $(cat "$dir/err")"
 stats fallback replicate "$dir/replicate-4.json" "rank 3: fake device: ipc_get: failing" ||
     fail "IPC failing on rank 3"

@@ -94,7 +94,7 @@ echo "2 nodes x 2 ranks, replicate: unique $unique B, read $read B, sent by the 
 # CUDA destinations (issue 16) under libdcpload's test-only fake device: the
 # node peers take their bytes device to device (IPC), the other node's ranks
 # by MPI as before; the same digests, each byte read once.
-two_nodes "$SCRATCH/dev" 1 --device cuda
+two_nodes "$SCRATCH/dev" 1 --device cuda --device-delivery
 [ "$(grep '"key"' "$SCRATCH/one" | sort)" = "$(grep '"key"' "$SCRATCH/dev" | sort)" ] ||
     fail "the digests of the 2-node load into (fake) device memory differ from the one-host load"
 [ "$(grep -c '"delivery":"ipc"' "$SCRATCH/dev")" -eq 4 ] || fail "the 2-node device load did not use IPC on every rank"

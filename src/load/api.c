@@ -235,9 +235,9 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
                          .node = nd.node,
                          .shm = (o.flags & DCP_LOAD_SHM) != 0,
                          .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
-    /* CUDA destinations on every rank: node peers take their bytes device
-     * to device (ipc.c), unless asked not to */
-    int want_dev = (all & 2) && !(o.flags & DCP_LOAD_HOST_DELIVERY);
+    /* CUDA destinations on every rank and asked for: node peers take their
+     * bytes device to device (ipc.c). Opt-in until verified on a GPU. */
+    int want_dev = (all & 2) && (o.flags & DCP_LOAD_DEVICE_DELIVERY) && !(o.flags & DCP_LOAD_HOST_DELIVERY);
     if (want_dev)
         po.shm = 1;
     lrc = dcp_gplan_build(ck, &reqs, n, me, &po, &g, err);
