@@ -1,6 +1,7 @@
 # Core and CLI integration tests.
 CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh tests/cli-faults.sh \
-	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh
+	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh \
+	tests/cli-digest-cast.sh tests/cli-partial.sh
 TESTS += $(CORE_TESTS)
 dist_check_SCRIPTS += $(CORE_TESTS)
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
