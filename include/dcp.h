@@ -189,10 +189,13 @@ int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *
 int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err);
 /* What a folder holds, told from its file names alone (nothing is opened
  * but the folder): a checkpoint, a save that did not finish, or neither.
- * dcp_open fails on the first two kinds of partial folder below with a
- * message that says so; dcp_probe_folder is the documented way to tell a
- * partial checkpoint from a folder that is not one (dcp info and dcp ls
- * refuse a partial one, dcpfs lists it under .partial/). Since 0.2. */
+ * dcp_open judges by content: on a folder with shard files or in-flight
+ * names but no .metadata (nor __R.metadata) it fails with ENOENT and
+ * "PATH: a partial checkpoint: REASON", the code it gives a folder that is
+ * not a checkpoint; dcp_probe_folder is the documented way to tell the two
+ * apart, and to find the partial kinds dcp_open would read (a Megatron folder
+ * without metadata.json, a staging folder). The dcp command refuses every
+ * partial kind (exit 3); dcpfs lists them under .partial/. Since 0.2. */
 typedef enum dcp_folder_kind {
     DCP_FOLDER_NOT_CHECKPOINT = 0,   /* no checkpoint files at all */
     DCP_FOLDER_CHECKPOINT = 1,       /* complete, as far as its names tell */
