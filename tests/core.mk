@@ -14,6 +14,14 @@ tests_unit_test_core_CFLAGS = $(UNIT_TEST_FLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_core_LDADD = $(UNIT_TEST_LIBS) $(JANSSON_LIBS)
 EXTRA_tests_unit_test_core_DEPENDENCIES = libdcp.la
 
+# dcp_probe_folder: partial checkpoints told from complete ones and from none.
+check_PROGRAMS += tests/unit/test_probe
+TESTS += tests/unit/test_probe
+tests_unit_test_probe_SOURCES = tests/unit/test_probe.c
+tests_unit_test_probe_CFLAGS = $(UNIT_TEST_FLAGS)
+tests_unit_test_probe_LDADD = $(UNIT_TEST_LIBS)
+EXTRA_tests_unit_test_probe_DEPENDENCIES = libdcp.la
+
 # Verification, digests, the catalog and diffs.
 INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh
 TESTS += $(INTEGRITY_TESTS)
