@@ -102,9 +102,8 @@ static inline uint16_t f16_from_f32(float f)
 static inline uint16_t bf16_from_f32(float f, uint16_t nan)
 {
     uint32_t x = bits_of_f32(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return nan;
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1)) >> 16;
+    return (x & 0x7fffffffu) > 0x7f800000u ? nan : (uint16_t)r;   /* a select, not a branch */
 }
 
 /* float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN. */
@@ -141,18 +140,73 @@ static int is_floating(dcp_dtype dt)
     }
 }
 
-static inline float load_f32(const unsigned char *p, dcp_dtype from)
+/* Casts go through a block of float32 values, each stage one loop without
+ * a switch inside, which the compiler can vectorise (a cast to bfloat16 runs
+ * at several hundred MB/s more than with a switch per element). */
+#define CAST_BLOCK 4096
+
+static void decode_block(const unsigned char *src, dcp_dtype from, float *f, size_t n)
 {
     uint16_t h;
-    uint32_t u;
-    double d;
     switch (from) {
-    case DCP_FLOAT64: memcpy(&d, p, 8); return (float)d;
-    case DCP_FLOAT32: memcpy(&u, p, 4); return f32_of_bits(u);
-    case DCP_FLOAT16: memcpy(&h, p, 2); return f32_from_f16(h);
-    case DCP_BFLOAT16: memcpy(&h, p, 2); return f32_of_bits((uint32_t)h << 16);
-    case DCP_FLOAT8_E5M2: return f32_from_f16((uint16_t)(*p << 8));
-    default: return f32_from_e4m3fn(*p);   /* DCP_FLOAT8_E4M3FN */
+    case DCP_FLOAT64:
+        for (size_t i = 0; i < n; i++) {
+            double d;
+            memcpy(&d, src + 8 * i, 8);
+            f[i] = (float)d;
+        }
+        break;
+    case DCP_FLOAT32:
+        memcpy(f, src, 4 * n);
+        break;
+    case DCP_FLOAT16:
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&h, src + 2 * i, 2);
+            f[i] = f32_from_f16(h);
+        }
+        break;
+    case DCP_BFLOAT16:
+        for (size_t i = 0; i < n; i++) {
+            memcpy(&h, src + 2 * i, 2);
+            f[i] = f32_of_bits((uint32_t)h << 16);
+        }
+        break;
+    case DCP_FLOAT8_E5M2:
+        for (size_t i = 0; i < n; i++)
+            f[i] = f32_from_f16((uint16_t)(src[i] << 8));
+        break;
+    default:   /* DCP_FLOAT8_E4M3FN */
+        for (size_t i = 0; i < n; i++)
+            f[i] = f32_from_e4m3fn(src[i]);
+        break;
+    }
+}
+
+static void encode_block(const float *f, dcp_dtype to, uint16_t nan16, unsigned char *dst, size_t n)
+{
+    uint16_t h;
+    switch (to) {
+    case DCP_FLOAT64:   /* exact: the sources are float32 or narrower */
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)f[i];
+            memcpy(dst + 8 * i, &d, 8);
+        }
+        break;
+    case DCP_FLOAT32:
+        memcpy(dst, f, 4 * n);
+        break;
+    case DCP_FLOAT16:
+        for (size_t i = 0; i < n; i++) {
+            h = f16_from_f32(f[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        break;
+    default:   /* DCP_BFLOAT16 */
+        for (size_t i = 0; i < n; i++) {
+            h = bf16_from_f32(f[i], nan16);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        break;
     }
 }
 
@@ -163,19 +217,12 @@ static void cast_elements(const unsigned char *src, dcp_dtype from, unsigned cha
     /* torch's vectorised float32/float64 -> bfloat16 writes NaN as 0xFFFF,
      * its scalar conversion from float16 and float8 as 0x7FC0 */
     uint16_t nan16 = from == DCP_FLOAT32 || from == DCP_FLOAT64 ? 0xffff : 0x7fc0;
-    for (size_t i = 0; i < n; i++, src += in, dst += out) {
-        float f = load_f32(src, from);
-        uint16_t h;
-        double d;
-        switch (to) {
-        case DCP_FLOAT64:   /* exact: the sources are float32 or narrower */
-            d = (double)f;
-            memcpy(dst, &d, 8);
-            break;
-        case DCP_FLOAT32: memcpy(dst, &f, 4); break;
-        case DCP_FLOAT16: h = f16_from_f32(f); memcpy(dst, &h, 2); break;
-        default: h = bf16_from_f32(f, nan16); memcpy(dst, &h, 2); break;   /* DCP_BFLOAT16 */
-        }
+    float f[CAST_BLOCK];
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < CAST_BLOCK ? n - done : CAST_BLOCK;
+        decode_block(src + done * in, from, f, k);
+        encode_block(f, to, nan16, dst + done * out, k);
+        done += k;
     }
 }
 
