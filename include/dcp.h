@@ -204,6 +204,9 @@ typedef enum dcp_folder_kind {
                                       * __R.metadata.tmp (torch's in-flight
                                       * names); a Megatron folder (common.pt,
                                       * or named iter_N) without metadata.json;
+                                      * model-I-of-N.safetensors shards without
+                                      * model.safetensors.index.json (written
+                                      * last) or fewer than N of them;
                                       * checkpoint files in a folder named
                                       * tmp-*, tmp_* or *.tmp (a staged save
                                       * not renamed yet) */

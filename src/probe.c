@@ -11,6 +11,8 @@
  *     "__R.metadata.tmp") renamed to ".metadata" last;
  *   - Megatron-Core (torch_dist) writes common.pt, then the DCP files, then
  *     metadata.json last, in folders named iter_NNNNNNN;
+ *   - Hugging Face's save_pretrained writes model-0000I-of-0000N.safetensors
+ *     shards, then model.safetensors.index.json;
  *   - trainers that stage a save in a temporary folder and rename it when it
  *     is complete name it "tmp-..." or "tmp_..." (Hugging Face's Trainer:
  *     "tmp-checkpoint-N") or "....tmp".
@@ -61,6 +63,28 @@ static const char *base_name(const char *path, char *buf, size_t len)
     return buf;
 }
 
+/* N of a "model-0000I-of-0000N.safetensors" shard name (what save_pretrained
+ * and torch's HuggingFaceStorageWriter write beside model.safetensors.index.json),
+ * else 0. Other names ("shard-1-model-1-of-2": a distributed save without
+ * an index) are not judged. */
+static unsigned long hf_shard_of(const char *nm, size_t n)
+{
+    const char *suffix = ".safetensors";
+    size_t m = strlen(suffix), e = n - m, d = e;
+    while (d > 0 && isdigit((unsigned char)nm[d - 1]))
+        d--;
+    /* "model-" I "-of-" N: I is at [6, d - 4), at least one digit */
+    if (d == e || e - d > 9 || d < 11 || memcmp(nm + d - 4, "-of-", 4) != 0 || strncmp(nm, "model-", 6) != 0)
+        return 0;
+    for (size_t i = 6; i < d - 4; i++)
+        if (!isdigit((unsigned char)nm[i]))
+            return 0;
+    unsigned long v = 0;
+    for (size_t i = d; i < e; i++)
+        v = v * 10 + (unsigned long)(nm[i] - '0');
+    return v;
+}
+
 static int iter_name(const char *b)
 {
     if (strncmp(b, "iter_", 5) != 0 || !b[5])
@@ -90,7 +114,8 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
         return dcpi_err(err, e, "%s: cannot list the folder: %s", path, strerror(e));
     }
     unsigned distcp = 0, safetensors = 0, rank_local = 0, rank_tmp = 0;
-    int metadata = 0, metadata_tmp = 0, megatron_json = 0, common_pt = 0;
+    int metadata = 0, metadata_tmp = 0, megatron_json = 0, common_pt = 0, hf_index = 0;
+    unsigned long hf_of = 0, hf_shards = 0;
     struct dirent *de;
     errno = 0;
     while ((de = readdir(d))) {
@@ -106,8 +131,16 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
             common_pt = 1;
         else if (ends_with(nm, n, ".distcp"))
             distcp++;
-        else if (ends_with(nm, n, ".safetensors"))
+        else if (!strcmp(nm, "model.safetensors.index.json"))
+            hf_index = 1;
+        else if (ends_with(nm, n, ".safetensors")) {
             safetensors++;
+            unsigned long of = hf_shard_of(nm, n);
+            if (of) {
+                hf_shards++;
+                hf_of = of > hf_of ? of : hf_of;
+            }
+        }
         else if (rank_metadata(nm, n, 0))
             rank_local++;
         else if (rank_metadata(nm, n, 1))
@@ -144,6 +177,12 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
         snprintf(out->reason, sizeof out->reason,
                  "%u shard file%s, no metadata.json (Megatron writes it last: the save did not finish)",
                  out->nshards, s);
+    } else if (!dcp_data && hf_of > 1 && !hf_index) {
+        snprintf(out->reason, sizeof out->reason,
+                 "%lu of %lu shard files, no model.safetensors.index.json (it is written last: the save did not finish)",
+                 hf_shards, hf_of);
+    } else if (!dcp_data && hf_of > 1 && hf_shards < hf_of) {
+        snprintf(out->reason, sizeof out->reason, "%lu of %lu shard files (the save did not finish)", hf_shards, hf_of);
     } else if (tmp_name(base)) {
         snprintf(out->reason, sizeof out->reason,
                  "%u shard file%s in a temporary folder \"%.80s\" (the save did not finish, or was not renamed yet)",

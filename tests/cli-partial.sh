@@ -55,7 +55,14 @@ partial "$S/iter_0000500" "4 shard files, no metadata.json"
 # the complete Megatron folder opens
 "$DCP" info "$M" >/dev/null || fail "the complete Megatron checkpoint does not open"
 
-# 4. a staged save not renamed yet (tmp-checkpoint-N, tmp_*, *.tmp)
+# 4. Hugging Face shards without their index (save_pretrained writes it last)
+"$DCP" convert --quiet --max-shard-size 300 "$S/full" "$S/hf_partial"
+n=$(ls "$S/hf_partial"/model-*-of-*.safetensors | wc -l)
+[ "$n" -gt 1 ] || fail "one HF shard: $(ls "$S/hf_partial")"
+rm "$S/hf_partial/model.safetensors.index.json"
+partial "$S/hf_partial" "$n of $n shard files, no model.safetensors.index.json (it is written last: the save did not finish)"
+
+# 5. a staged save not renamed yet (tmp-checkpoint-N, tmp_*, *.tmp)
 for d in tmp-checkpoint-600 tmp_step_600 step_600.tmp; do
     cp -r "$S/full" "$S/$d"
     partial "$S/$d" "4 shard files in a temporary folder \"$d\" (the save did not finish, or was not renamed yet)"

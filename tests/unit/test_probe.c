@@ -65,6 +65,13 @@ START_TEST(partial_kinds)
            "1 shard file in a temporary folder \"tmp-checkpoint-7\" (the save did not finish, or was not renamed yet)");
     expect(folder("step_9.tmp", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_PARTIAL, 1,
            "1 shard file in a temporary folder \"step_9.tmp\" (the save did not finish, or was not renamed yet)");
+    /* Hugging Face: shards without their index (written last), or fewer than it counts */
+    expect(folder("hf_noindex", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", NULL),
+           DCP_FOLDER_PARTIAL, 2,
+           "2 of 3 shard files, no model.safetensors.index.json (it is written last: the save did not finish)");
+    expect(folder("hf_short", "model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                  "model.safetensors.index.json", NULL),
+           DCP_FOLDER_PARTIAL, 2, "2 of 3 shard files (the save did not finish)");
     /* trailing slashes do not hide the folder's name */
     char p[512];
     snprintf(p, sizeof p, "%s/step_9.tmp//", root);
@@ -82,6 +89,15 @@ START_TEST(complete_and_none)
            DCP_FOLDER_CHECKPOINT, 2, "");
     expect(folder("hf", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                   "model.safetensors.index.json", NULL),
+           DCP_FOLDER_CHECKPOINT, 2, "");
+    expect(folder("hf_single", "model.safetensors", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("hf_one_of_one", "model-00001-of-00001.safetensors", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("hf_odd", "x-of-.safetensors", "model-1-of-99999999999.safetensors", "model-0001-of-0002x.safetensors",
+                  "model--of-3.safetensors", "model-x1-of-3.safetensors", "-of-3.safetensors", "model-of-3.safetensors", NULL),
+           DCP_FOLDER_CHECKPOINT, 7, "");
+    /* torch's distributed HuggingFaceStorageWriter without consolidation: no index, complete */
+    expect(folder("hf_distributed", "shard-00001-model-00001-of-00002.safetensors",
+                  "shard-00002-model-00002-of-00002.safetensors", NULL),
            DCP_FOLDER_CHECKPOINT, 2, "");
     /* mktemp's tmp.XXXXXX and Python's tmpXXXXXXXX are no staging names */
     expect(folder("tmp.Ab12Cd", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
