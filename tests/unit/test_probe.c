@@ -102,6 +102,9 @@ START_TEST(complete_and_none)
     /* mktemp's tmp.XXXXXX and Python's tmpXXXXXXXX are no staging names */
     expect(folder("tmp.Ab12Cd", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
     expect(folder("tmpk3j4h5", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("tmp_k3j4h5", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("tmp_step_200", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_PARTIAL, 1,
+           "1 shard file in a temporary folder \"tmp_step_200\" (the save did not finish, or was not renamed yet)");
     expect(folder("empty", NULL), DCP_FOLDER_NOT_CHECKPOINT, 0, "no .metadata, __R.metadata or .safetensors files");
     /* names that only look like checkpoint files */
     expect(folder("lookalikes", "__x.metadata", "__.metadata", "__1.metadata.bak", "metadata", ".distcp", "x.metadata.tmp.1",
