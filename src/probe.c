@@ -180,6 +180,12 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
     } else if (distcp && !metadata && !rank_local) {
         snprintf(out->reason, sizeof out->reason, "%u shard file%s, no .metadata (the save did not finish)",
                  out->nshards, s);
+    } else if (common_pt && !dcp_data && !safetensors && megatron_json) {
+        /* metadata.json is written last: a finished save, in a backend that
+         * stores no DCP files (zarr...; dcp_open names it) */
+        out->kind = DCP_FOLDER_NOT_CHECKPOINT;
+        snprintf(out->reason, sizeof out->reason,
+                 "Megatron-Core common.pt and metadata.json but no .metadata or shard files (not the torch_dist backend)");
     } else if (common_pt && !dcp_data && !safetensors) {
         snprintf(out->reason, sizeof out->reason,
                  "common.pt but no shard files, no .metadata (a Megatron save that did not finish)");

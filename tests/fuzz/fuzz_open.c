@@ -15,6 +15,8 @@
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
  *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
  *               folder's shards (tests/data/hf_sharded)
+ *   mcoreconfig metadata.json (Megatron-Core's CheckpointingConfig) in
+ *               fixture 09's folder
  *
  * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
  * `make check`, which runs every committed input (tests/fuzz-regress.sh).
@@ -47,6 +49,7 @@ static const struct target {
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
     {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
+    {"mcoreconfig", "tests/fixtures/09_megatron_torch_dist/ckpt", "metadata.json", AS_FOLDER},
 };
 
 static const struct target *tg;

@@ -91,6 +91,10 @@ START_TEST(complete_and_none)
                   "model.safetensors.index.json", NULL),
            DCP_FOLDER_CHECKPOINT, 2, "");
     expect(folder("hf_single", "model.safetensors", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    /* a finished Megatron save in a backend without DCP files (zarr): not
+     * partial (metadata.json is written last); dcp_open names the backend */
+    expect(folder("iter_0000300", "common.pt", "metadata.json", NULL), DCP_FOLDER_NOT_CHECKPOINT, 0,
+           "Megatron-Core common.pt and metadata.json but no .metadata or shard files (not the torch_dist backend)");
     expect(folder("hf_one_of_one", "model-00001-of-00001.safetensors", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
     expect(folder("hf_odd", "x-of-.safetensors", "model-1-of-99999999999.safetensors", "model-0001-of-0002x.safetensors",
                   "model--of-3.safetensors", "model-x1-of-3.safetensors", "-of-3.safetensors", "model-of-3.safetensors", NULL),
