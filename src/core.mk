@@ -16,6 +16,7 @@ libdcp_la_SOURCES = \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
 	src/hf_index.c \
+	src/megatron_config.c \
 	src/rankfiles.c \
 	src/planner.c \
 	src/files.c src/files.h \

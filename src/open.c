@@ -116,9 +116,8 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
             return 0;
         }
     }
-    if (has_file(ck->dirfd, "metadata.json"))
-        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
-    if (detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+    /* Megatron-Core writes metadata.json next to its data: which backend */
+    if (dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
         return -1;
     }

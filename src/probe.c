@@ -14,8 +14,10 @@
  *   - Hugging Face's save_pretrained writes model-0000I-of-0000N.safetensors
  *     shards, then model.safetensors.index.json;
  *   - trainers that stage a save in a temporary folder and rename it when it
- *     is complete name it "tmp-..." or "tmp_..." (Hugging Face's Trainer:
- *     "tmp-checkpoint-N") or "....tmp".
+ *     is complete name it "tmp-" or "tmp_" and a step word (Hugging Face's
+ *     Trainer: "tmp-checkpoint-N"), or "....tmp". The step word keeps
+ *     Python's mkdtemp names ("tmp" and 8 of [a-z0-9_]) from counting: a
+ *     complete checkpoint saved into one must still open.
  * Layer 1 of the core: it uses only util.c.
  */
 #include <ctype.h>
@@ -97,8 +99,16 @@ static int iter_name(const char *b)
 
 static int tmp_name(const char *b)
 {
+    static const char *const steps[] = {"checkpoint", "ckpt", "step", "global_step", "iter", "epoch"};
     size_t n = strlen(b);
-    return strncmp(b, "tmp-", 4) == 0 || strncmp(b, "tmp_", 4) == 0 || ends_with(b, n, ".tmp");
+    if (ends_with(b, n, ".tmp"))
+        return 1;
+    if (strncmp(b, "tmp-", 4) != 0 && strncmp(b, "tmp_", 4) != 0)
+        return 0;
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
+        if (strncmp(b + 4, steps[i], strlen(steps[i])) == 0)
+            return 1;
+    return 0;
 }
 
 int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error *err)
@@ -172,6 +182,12 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
     } else if (distcp && !metadata && !rank_local) {
         snprintf(out->reason, sizeof out->reason, "%u shard file%s, no .metadata (the save did not finish)",
                  out->nshards, s);
+    } else if (common_pt && !dcp_data && !safetensors && megatron_json) {
+        /* metadata.json is written last: a finished save, in a backend that
+         * stores no DCP files (zarr...; dcp_open names it) */
+        out->kind = DCP_FOLDER_NOT_CHECKPOINT;
+        snprintf(out->reason, sizeof out->reason,
+                 "Megatron-Core common.pt and metadata.json but no .metadata or shard files (not the torch_dist backend)");
     } else if (common_pt && !dcp_data && !safetensors) {
         snprintf(out->reason, sizeof out->reason,
                  "common.pt but no shard files, no .metadata (a Megatron save that did not finish)");

@@ -15,6 +15,8 @@
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
  *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
  *               folder's shards (tests/data/hf_sharded)
+ *   mcoreconfig metadata.json (Megatron-Core's CheckpointingConfig) in
+ *               fixture 09's folder
  *   rankfile    model_1.pt of a torch-checkpointing folder (per-rank
  *               torch.save files of DTensors: meshes, placements, shapes)
  *
@@ -49,6 +51,7 @@ static const struct target {
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
     {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
+    {"mcoreconfig", "tests/fixtures/09_megatron_torch_dist/ckpt", "metadata.json", AS_FOLDER},
     {"rankfile", "tests/data/rankfiles/tc2", "model_1.pt", AS_FOLDER},
 };
 

@@ -96,6 +96,10 @@ START_TEST(complete_and_none)
            DCP_FOLDER_CHECKPOINT, 0, "");
     expect(folder("verl", "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt", NULL),
            DCP_FOLDER_CHECKPOINT, 0, "");
+    /* a finished Megatron save in a backend without DCP files (zarr): not
+     * partial (metadata.json is written last); dcp_open names the backend */
+    expect(folder("iter_0000300", "common.pt", "metadata.json", NULL), DCP_FOLDER_NOT_CHECKPOINT, 0,
+           "Megatron-Core common.pt and metadata.json but no .metadata or shard files (not the torch_dist backend)");
     expect(folder("hf_one_of_one", "model-00001-of-00001.safetensors", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
     expect(folder("hf_odd", "x-of-.safetensors", "model-1-of-99999999999.safetensors", "model-0001-of-0002x.safetensors",
                   "model--of-3.safetensors", "model-x1-of-3.safetensors", "-of-3.safetensors", "model-of-3.safetensors", NULL),
@@ -107,6 +111,9 @@ START_TEST(complete_and_none)
     /* mktemp's tmp.XXXXXX and Python's tmpXXXXXXXX are no staging names */
     expect(folder("tmp.Ab12Cd", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
     expect(folder("tmpk3j4h5", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("tmp_k3j4h5", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 1, "");
+    expect(folder("tmp_step_200", "__0_0.distcp", ".metadata", NULL), DCP_FOLDER_PARTIAL, 1,
+           "1 shard file in a temporary folder \"tmp_step_200\" (the save did not finish, or was not renamed yet)");
     expect(folder("empty", NULL), DCP_FOLDER_NOT_CHECKPOINT, 0, "no .metadata, __R.metadata or .safetensors files");
     /* names that only look like checkpoint files */
     expect(folder("lookalikes", "__x.metadata", "__.metadata", "__1.metadata.bak", "metadata", ".distcp", "x.metadata.tmp.1",
