@@ -615,7 +615,7 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
 
     /* Map every key. */
     size_t n = rc_ == 0 ? dcp_num_entries(h.ck) : 0, nunmapped = 0;
-    const char *first_unmapped = NULL;
+    const char *unmapped[3] = {"", "", ""};
     for (size_t i = 0; i < n && rc_ == 0; i++) {
         const dcp_entry *e = dcp_entry_at(h.ck, i);
         rcp_match m;
@@ -631,17 +631,20 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
             continue;
         }
         if (!rcp_match_key(rc, e->key, &m)) {
-            if (!nunmapped++)
-                first_unmapped = e->key;
-            if (opt->skipped)
+            if (nunmapped < 3)
+                unmapped[nunmapped] = e->key;
+            nunmapped++;
+            if (opt->skipped && (opt->flags & DCP_EXPORT_ALLOW_UNMAPPED))
                 opt->skipped(opt->skipped_ctx, e->key, "no rule of the recipe maps it");
             continue;
         }
         rc_ = plan_entry(&h, rc, i, e, &m, err);
     }
     if (rc_ == 0 && nunmapped && !(opt->flags & DCP_EXPORT_ALLOW_UNMAPPED))
-        rc_ = dcpi_err(err, ENOENT, "%s: %s: no rule of recipe %s maps this key (%zu such keys; --allow-unmapped "
-                       "leaves them out)", srcp, first_unmapped, rc->name, nunmapped);
+        rc_ = dcpi_err(err, ENOENT, "%s: %s%s%s%s%s%s: no rule of recipe %s maps %s (%zu key%s in all; "
+                       "--allow-unmapped leaves them out)", srcp, unmapped[0], nunmapped > 1 ? ", " : "", unmapped[1],
+                       nunmapped > 2 ? ", " : "", unmapped[2], nunmapped > 3 ? ", ..." : "", rc->name,
+                       nunmapped > 1 ? "these keys" : "this key", nunmapped, nunmapped > 1 ? "s" : "");
     if (rc_ == 0 && h.nouts == 0)
         rc_ = dcpi_err(err, ENOENT, "%s: recipe %s maps no key of the checkpoint", srcp, rc->name);
     if (rc_ == 0) {

@@ -24,7 +24,7 @@ q heads + 1 k head + 1 v head, head_dim], linear_fc1 = cat(gate, up),
 input_layernorm fused into linear_qkv.layer_norm_weight and pre_mlp_layernorm
 into mlp.linear_fc1.layer_norm_weight.
 
-check REF DST DTYPE: loads both with AutoModelForCausalLM.from_pretrained and
+check REF DST DTYPE [...]: loads both with AutoModelForCausalLM.from_pretrained and
 compares the logits of a fixed prompt (float32: relative error <= 1e-5; bfloat16:
 the exported weights are bit for bit the reference's cast with torch's .to(),
 and the logits equal)."""
@@ -216,5 +216,7 @@ if __name__ == "__main__":
     warnings.filterwarnings("ignore")
     if sys.argv[1] == "make":
         make(sys.argv[2])
-    else:
-        check(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:   # check REF DST DTYPE [REF DST DTYPE ...]: one process, one import of transformers
+        args = sys.argv[2:]
+        for i in range(0, len(args), 3):
+            check(*args[i:i + 3])
