@@ -1,4 +1,4 @@
-# dcp convert --to hf end to end with transformers: tiny Llama and Qwen2 models saved in
+# dcp convert --to hf end to end with transformers: tiny Llama, Qwen2 and Mixtral models saved in
 # torchtitan and Megatron-Core layouts with torch.distributed.checkpoint (2 gloo ranks,
 # sharded; layer-stacked and per-layer Megatron keys) are exported by the shipped recipes, and
 # AutoModelForCausalLM.from_pretrained of each export gives the source model's logits
@@ -29,6 +29,8 @@ ex llama-megatron llama-config.json mc o-mc --max-shard-size 60K
 check ref-llama o-mc float32
 ex qwen2-megatron qwen-config.json qwen o-qwen
 check ref-qwen o-qwen float32
+ex mixtral-megatron mixtral-config.json mixtral o-mixtral
+check ref-mixtral o-mixtral float32
 ex llama-torchtitan llama-config.json tt o-tt-bf16 --dtype bfloat16
 check ref-llama o-tt-bf16 bfloat16
 ex llama-megatron llama-config.json mc o-mc-f16 --dtype float16

@@ -11,6 +11,7 @@ torch.distributed.checkpoint:
   OUT/mc     Megatron-Core GPT, layer-stacked keys (decoder.layers.X, [layers, ...]), on 2
              gloo ranks sharded along the rows of each layer, with a TE _extra_state bytes item
   OUT/qwen   Megatron-Core GPT, per-layer keys (decoder.layers.N.X), Qwen2 with q/k/v biases
+  OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
 
 The torchtitan layouts come from the Hugging Face weights by torchtitan's own
@@ -41,12 +42,15 @@ HD = H // NH
 
 def build(kind):
     import transformers
-    torch.manual_seed(1234 if kind == "llama" else 4321)
+    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777}[kind])
     common = dict(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV, num_hidden_layers=L,
                   vocab_size=V, intermediate_size=FF, tie_word_embeddings=False, rms_norm_eps=1e-5)
     if kind == "llama":
         cfg = transformers.LlamaConfig(**common)
         m = transformers.LlamaForCausalLM(cfg)
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+        m = transformers.MixtralForCausalLM(cfg)
     else:
         cfg = transformers.Qwen2Config(**common)
         m = transformers.Qwen2ForCausalLM(cfg)
@@ -100,6 +104,28 @@ def megatron_layer(hf, i, bias):
         d["self_attention.linear_qkv.bias"] = fuse_qkv(hf[a + "q_proj.bias"], hf[a + "k_proj.bias"],
                                                        hf[a + "v_proj.bias"])
     return d
+
+
+def mixtral_megatron_sd(hf):
+    """Megatron-Core MoE (SequentialMLP, one key per expert), per-layer keys, from transformers 5's
+    Mixtral: mlp.experts.gate_up_proj[e] is [gate; up] (forward: chunk(2) of its output), which is
+    linear_fc1 of expert e as is; down_proj[e] is linear_fc2; mlp.gate is the router."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": hf["model.norm.weight"], "output_layer.weight": hf["lm_head.weight"]}
+    for i in range(L):
+        p, d = f"model.layers.{i}.", f"decoder.layers.{i}."
+        a = p + "self_attn."
+        out[d + "self_attention.linear_qkv.weight"] = fuse_qkv(hf[a + "q_proj.weight"], hf[a + "k_proj.weight"],
+                                                               hf[a + "v_proj.weight"])
+        out[d + "self_attention.linear_qkv.layer_norm_weight"] = hf[p + "input_layernorm.weight"]
+        out[d + "self_attention.linear_proj.weight"] = hf[a + "o_proj.weight"]
+        out[d + "pre_mlp_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        out[d + "mlp.router.weight"] = hf[p + "mlp.gate.weight"]
+        gu, dn = hf[p + "mlp.experts.gate_up_proj"], hf[p + "mlp.experts.down_proj"]
+        for e in range(gu.shape[0]):
+            out[d + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = gu[e].contiguous()
+            out[d + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = dn[e].contiguous()
+    return out
 
 
 def megatron_sd(hf, stacked, bias=False):
@@ -176,6 +202,11 @@ def make(out):
     qwen.config.to_json_file(f"{out}/qwen-config.json")
     hq = {k: v.detach().clone() for k, v in qwen.state_dict().items()}
     save(megatron_sd(hq, stacked=False, bias=True), f"{out}/qwen", 1)
+    mix = build("mixtral")
+    mix.save_pretrained(f"{out}/ref-mixtral")
+    mix.config.to_json_file(f"{out}/mixtral-config.json")
+    hm = {k: v.detach().clone() for k, v in mix.state_dict().items()}
+    save(mixtral_megatron_sd(hm), f"{out}/mixtral", 1)
 
 
 PROMPT = [[1, 7, 42, 99, 3, 127, 64, 5, 18, 77, 2, 0, 33, 101, 8, 55]]
