@@ -336,8 +336,9 @@ int rcp_load(const char *name, const char *dirs, const char *fallback, rcp_recip
             p = c ? c + 1 : p + dl;
         }
     }
-    return dcpi_err(err, ENOENT, "recipe '%s': no such recipe (found: %s; searched $DCP_RECIPE_PATH and %s)", name,
-                    list[0] ? list : "none", fallback ? fallback : "nothing else");
+    return dcpi_err(err, ENOENT, "recipe '%s': no such recipe (found: %s; searched %s%s%s)", name,
+                    list[0] ? list : "none", dirs && *dirs ? dirs : "", dirs && *dirs && fallback ? ":" : "",
+                    fallback ? fallback : "");
 }
 
 /* Match pattern p (with the placeholders of `skip` and the dot after each
