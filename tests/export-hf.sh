@@ -27,6 +27,14 @@ check ref-llama o-tt3 float32
 ex llama-megatron llama-config.json mc o-mc --max-shard-size 60K
 [ -f "$SCRATCH/o-mc/model.safetensors.index.json" ] || fail "o-mc: no model.safetensors.index.json"
 check ref-llama o-mc float32
+# No --config: config.json from the shapes and Megatron-LM's arguments in common.pt.
+$D convert -q --to hf --recipe llama-megatron "$SCRATCH/mc" "$SCRATCH/o-mc-args" || fail "export of mc without --config"
+check ref-llama o-mc-args float32
+grep -q '"num_key_value_heads": 2' "$SCRATCH/o-mc-args/config.json" || fail "config.json from common.pt: $(cat "$SCRATCH/o-mc-args/config.json")"
+expect_fail 'common.pt: args.normalization is "LayerNorm", recipe qwen2-megatron expects "RMSNorm"' \
+    $D convert --to hf --recipe qwen2-megatron "$SCRATCH/qwen" "$SCRATCH/o-qwen-args"
+expect_fail "recipe llama-torchtitan cannot write config.json: the checkpoint does not say num_attention_heads" \
+    $D convert --to hf --recipe llama-torchtitan --keys norm.weight "$SCRATCH/tt" "$SCRATCH/o-tt-noconfig"
 ex qwen2-megatron qwen-config.json qwen o-qwen
 check ref-qwen o-qwen float32
 ex mixtral-megatron mixtral-config.json mixtral o-mixtral

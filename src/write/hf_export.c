@@ -26,7 +26,9 @@
 #include "dcp_export.h"
 #include "atomic.h"
 #include "internal.h"
+#include "pickle.h"
 #include "recipe.h"
+#include "zip.h"
 
 #ifndef DCP_RECIPEDIR
 #define DCP_RECIPEDIR NULL
@@ -35,6 +37,7 @@
 #define STAGE_BYTES (4u << 20)       /* source bytes staged for a cast */
 #define OUTPUTS_MAX (1u << 22)       /* output tensors of one export */
 #define CONFIG_MAX (16u << 20)       /* bytes of a config.json */
+#define ARGS_PKL_MAX (64u << 20)     /* bytes of common.pt's data.pkl */
 #define NAME_MAX_LEN 1024
 
 typedef struct hf_out {
@@ -253,9 +256,12 @@ static int need_param(const hf *h, const rcp_recipe *rc, const rcp_rule *ru, con
 {
     if (param(h, p, v))
         return 0;
-    return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s)%s", h->srcp, key, ru->from, rc->name,
-                    what, p->nnames ? p->names[0] : "a number",
-                    h->config ? ", which the config lacks" : ": give --config FILE (the model's config.json)");
+    const char *name = p->nnames ? p->names[0] : "a number";
+    if (h->opt->config)
+        return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s), which %s lacks", h->srcp, key,
+                        ru->from, rc->name, what, name, h->opt->config);
+    return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s): give --config FILE (the model's "
+                    "config.json)", h->srcp, key, ru->from, rc->name, what, name);
 }
 
 static int add_out(hf *h, hf_out *o, dcp_error *err)
@@ -429,7 +435,7 @@ static int write_all(const char *path, const char *data, size_t len, int sync, d
 
 static int write_json(const char *path, const json_t *j, int sync, dcp_error *err)
 {
-    char *js = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *js = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     if (!js)
         return dcpi_err(err, ENOMEM, "%s: cannot build the JSON", path);
     int rc = write_all(path, js, strlen(js), sync, err);
@@ -530,28 +536,173 @@ static int read_config(const char *path, json_t **obj, char **bytes, size_t *len
     return 0;
 }
 
+/* ------------------------------------------------ Megatron's arguments */
+
+/* Megatron-Core's training arguments: the "args" (an argparse.Namespace) of
+ * SRC/common.pt, read through the torch.save zip reader and the pickle
+ * parser (nothing is executed). *args is the Namespace's attribute dict, or
+ * NULL when the source has no common.pt or it holds no args. */
+typedef struct mg_args {
+    pk_doc *doc;
+    void *buf;
+    const pk_node *args;
+} mg_args;
+
+static int megatron_args(const char *srcp, mg_args *a, dcp_error *err)
+{
+    char path[4200];
+    struct stat st;
+    memset(a, 0, sizeof *a);
+    if ((size_t)snprintf(path, sizeof path, "%s/common.pt", srcp) >= sizeof path || stat(path, &st) < 0 ||
+        !S_ISREG(st.st_mode))
+        return 0;
+    dcp_checkpoint *ck;
+    if (dcp_open_file(path, DCP_FORMAT_TORCH_SAVE, &ck, NULL, err) < 0)
+        return -1;
+    dcpi_zip z = {0};
+    dcp_blob b = {.file = 0, .offset = 0, .length = (uint64_t)st.st_size};
+    const dcpi_zip_entry *ze;
+    uint64_t off;
+    int fd, rc = dcpi_zip_open(ck, &b, "common.pt", &z, err);
+    if (rc == 0 && !(ze = dcpi_zip_find(&z, "data.pkl")))
+        rc = dcpi_err(err, EIO, "%s: no data.pkl record", path);
+    if (rc == 0)
+        rc = dcpi_zip_data(ck, &b, "common.pt", ze, b.length, &off, err);
+    if (rc == 0 && (ze->size > ARGS_PKL_MAX || ze->method != 0))
+        rc = dcpi_err(err, EIO, "%s: data.pkl is compressed or over 64 MiB", path);
+    if (rc == 0)
+        rc = dcp_file_fd(ck, 0, &fd, err);
+    if (rc == 0 && !(a->buf = malloc(ze->size ? ze->size : 1)))
+        rc = dcpi_err(err, ENOMEM, "%s: out of memory", path);
+    if (rc == 0 && pread(fd, a->buf, ze->size, (off_t)off) != (ssize_t)ze->size)
+        rc = dcpi_err(err, EIO, "%s: short read of data.pkl", path);
+    const pk_node *root;
+    if (rc == 0 && (rc = pk_parse(a->buf, ze->size, path, &a->doc, &root, err)) == 0) {
+        const pk_node *ns = pk_dict_get(pk_as_dict(root), "args");
+        if (ns && ns->type == PK_CALL && ns->u.call.state)
+            a->args = pk_as_dict(ns->u.call.state);
+    }
+    dcpi_zip_close(&z);
+    dcp_close(ck);
+    return rc;
+}
+
+static void mg_args_free(mg_args *a)
+{
+    pk_free(a->doc);
+    free(a->buf);
+}
+
+/* args.name as JSON; NULL when absent or None. */
+static json_t *mg_value(const pk_node *args, const char *name)
+{
+    const pk_node *v = pk_dict_get(args, name);
+    const char *str;
+    size_t len;
+    if (!v)
+        return NULL;
+    switch (v->type) {
+    case PK_BOOL: return json_boolean(v->u.b);
+    case PK_INT: return json_integer((json_int_t)v->u.i);
+    case PK_FLOAT: return json_real(v->u.f);
+    default: return pk_str(v, &str, &len) ? json_stringn(str, len) : NULL;
+    }
+}
+
+/* First of a name or a list of names present. */
+static json_t *mg_first(const pk_node *args, json_t *names)
+{
+    if (json_is_string(names))
+        return mg_value(args, json_string_value(names));
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        json_t *v = mg_value(args, json_string_value(json_array_get(names, i)));
+        if (v)
+            return v;
+    }
+    return NULL;
+}
+
+/* The template's values taken from Megatron's arguments (before planning:
+ * the rules read their parameters from them): {"$megatron": NAME or [NAMES],
+ * "$if": BOOL_ARG, "$else": NAME or [NAMES], "$optional": true}; and the
+ * recipe's "megatron_expect" (arguments that must hold these values when
+ * present). */
+static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
+{
+    const char *k;
+    json_t *v, *tmp;
+    mg_args a = {0};
+    int rc_ = 0, loaded = 0;
+    json_object_foreach_safe(c, tmp, k, v) {
+        json_t *names = json_object_get(v, "$megatron");
+        if (!json_is_object(v) || !names)
+            continue;
+        if (!loaded++ && megatron_args(h->srcp, &a, err) < 0) {
+            rc_ = dcpi_err_prefix(err, "recipe %s: config.json's %s", rc->name, k);
+            break;
+        }
+        json_t *cond = json_object_get(v, "$if");
+        if (a.args && cond) {
+            json_t *cv = mg_value(a.args, json_string_value(cond) ? json_string_value(cond) : "");
+            if (!json_is_true(cv))
+                names = json_object_get(v, "$else");
+            json_decref(cv);
+        }
+        json_t *val = a.args && names ? mg_first(a.args, names) : NULL;
+        if (val) {
+            json_object_set_new(c, k, val);
+        } else if (json_is_true(json_object_get(v, "$optional"))) {
+            json_object_del(c, k);
+        } else {
+            rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s (Megatron's args.%s) is not in "
+                           "%s/common.pt: give --config FILE", h->srcp, rc->name, k,
+                           json_string_value(names) ? json_string_value(names)
+                                                    : json_string_value(json_array_get(names, 0)),
+                           h->srcp);
+            break;
+        }
+    }
+    json_t *expect = json_object_get(rc->doc, "megatron_expect");
+    if (rc_ == 0 && json_is_object(expect) && json_object_size(expect)) {
+        if (!loaded++ && megatron_args(h->srcp, &a, err) < 0)
+            rc_ = -1;
+        json_object_foreach(expect, k, v) {
+            json_t *got = a.args ? mg_value(a.args, k) : NULL;
+            if (rc_ == 0 && got && !json_equal(got, v)) {
+                char *gs = json_dumps(got, JSON_ENCODE_ANY), *ws = json_dumps(v, JSON_ENCODE_ANY);
+                rc_ = dcpi_err(err, EINVAL, "%s: common.pt: args.%s is %s, recipe %s expects %s: give --config FILE "
+                               "if the model is still what the recipe writes", h->srcp, k, gs ? gs : "?", rc->name,
+                               ws ? ws : "?");
+                free(gs);
+                free(ws);
+            }
+            json_decref(got);
+        }
+    }
+    mg_args_free(&a);
+    return rc_;
+}
+
 /* The recipe's config template, filled from the outputs: {"$shape": [name,
  * dim]}, {"$count": pattern} (outputs whose names match), {"$dtype": name};
  * {"$required": why} cannot be known from the checkpoint. */
-static int fill_template(hf *h, const rcp_recipe *rc, json_t **out, dcp_error *err)
+static int fill_template(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
 {
-    json_t *c = json_deep_copy(rc->config);
     const char *k;
     json_t *v;
-    if (!c)
-        return dcpi_err(err, ENOMEM, "out of memory");
+    json_object_foreach(c, k, v) {
+        json_t *why = json_object_get(v, "$required");
+        if (json_is_object(v) && why)
+            return dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: the checkpoint does not say %s "
+                            "(%s): give --config FILE", h->srcp, rc->name, k,
+                            json_is_string(why) ? json_string_value(why) : "");
+    }
     json_object_foreach(c, k, v) {
         if (!json_is_object(v) || json_object_size(v) != 1)
             continue;
         const char *op = json_object_iter_key(json_object_iter(v));
         json_t *a = json_object_get(v, op);
         json_t *val = NULL;
-        if (!strcmp(op, "$required")) {
-            json_decref(c);
-            return dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: the checkpoint does not say %s "
-                            "(%s): give --config FILE", h->srcp, rc->name, k,
-                            json_is_string(a) ? json_string_value(a) : "");
-        }
         if (!strcmp(op, "$shape") && json_array_size(a) == 2) {
             const char *name = json_string_value(json_array_get(a, 0));
             json_int_t d = json_integer_value(json_array_get(a, 1));
@@ -563,6 +714,11 @@ static int fill_template(hf *h, const rcp_recipe *rc, json_t **out, dcp_error *e
             for (size_t i = 0; i < h->nouts; i++)
                 n += fnmatch(json_string_value(a), h->outs[i].key, 0) == 0;
             val = json_integer(n);
+        } else if (!strcmp(op, "$absent") && json_is_string(a)) {
+            int found = 0;
+            for (size_t i = 0; i < h->nouts && !found; i++)
+                found = !strcmp(h->outs[i].key, json_string_value(a));
+            val = json_boolean(!found);
         } else if (!strcmp(op, "$dtype") && json_is_string(a)) {
             for (size_t i = 0; i < h->nouts && !val; i++)
                 if (!strcmp(h->outs[i].key, json_string_value(a)))
@@ -570,14 +726,11 @@ static int fill_template(hf *h, const rcp_recipe *rc, json_t **out, dcp_error *e
         } else {
             continue;
         }
-        if (!val) {
-            json_decref(c);
+        if (!val)
             return dcpi_err(err, EINVAL, "%s: recipe %s: config.json's %s: the output has no such tensor", h->srcp,
                             rc->name, k);
-        }
         json_object_set_new(c, k, val);
     }
-    *out = c;
     return 0;
 }
 
@@ -631,6 +784,14 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
         rc_ = -1;
     if (rc_ == 0)
         rc_ = open_source(srcp, &h.ck, err);
+    /* Without --config: the template, its values from Megatron's arguments
+     * first (the rules' parameters may come from them), shapes after planning. */
+    if (rc_ == 0 && !opt->config && rc->config) {
+        if (!(cfg_out = json_deep_copy(rc->config)))
+            rc_ = dcpi_err(err, ENOMEM, "%s: out of memory", srcp);
+        else if ((rc_ = template_args(&h, rc, cfg_out, err)) == 0)
+            h.config = json_incref(cfg_out);
+    }
 
     /* Map every key. */
     size_t n = rc_ == 0 ? dcp_num_entries(h.ck) : 0, nunmapped = 0;
@@ -674,7 +835,7 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
                                h.outs[i].from, h.outs[i].key, rc->name);
     }
     if (rc_ == 0 && !opt->config && rc->config)
-        rc_ = fill_template(&h, rc, &cfg_out, err);
+        rc_ = fill_template(&h, rc, cfg_out, err);
     if (rc_ == 0 && !opt->config && !rc->config)
         rc_ = dcpi_err(err, EINVAL, "%s: recipe %s has no config.json template: give --config FILE", srcp, rc->name);
     if (rc_ == 0 && !(h.stage = malloc(STAGE_BYTES)))

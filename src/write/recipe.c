@@ -218,7 +218,7 @@ static int parse_recipe(rcp_recipe *r, dcp_error *err)
         return dcpi_err(err, EINVAL, "%s: a recipe is a JSON object", file);
     json_object_foreach(d, k, v) {
         static const char *known[] = {"recipe", "description", "strip_prefix", "unstack", "ignore", "rules",
-                                      "config", "comment"};
+                                      "config", "megatron_expect", "comment"};
         size_t j = 0;
         while (j < sizeof known / sizeof known[0] && strcmp(known[j], k))
             j++;

@@ -9,8 +9,10 @@ torch.distributed.checkpoint:
              on 2 gloo ranks, 2-d tensors DTensor-sharded by rows
   OUT/tt3    torchtitan 0.3 key names (attention.qkv_linear.wq, lm_head), one process
   OUT/mc     Megatron-Core GPT, layer-stacked keys (decoder.layers.X, [layers, ...]), on 2
-             gloo ranks sharded along the rows of each layer, with a TE _extra_state bytes item
-  OUT/qwen   Megatron-Core GPT, per-layer keys (decoder.layers.N.X), Qwen2 with q/k/v biases
+             gloo ranks sharded along the rows of each layer, with a TE _extra_state bytes item,
+             and Megatron-LM's common.pt (its arguments: config.json is written from them)
+  OUT/qwen   Megatron-Core GPT, per-layer keys (decoder.layers.N.X), Qwen2 with q/k/v biases; its
+             common.pt says LayerNorm (so only --config can say what it is)
   OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
 
@@ -148,6 +150,23 @@ def shard_dim(mode, v):
     return 1 if v.dim() >= 2 else None
 
 
+def write_common(path, **args):
+    """Megatron-LM's common.pt (its training arguments, an argparse.Namespace) and metadata.json."""
+    import argparse
+    import json
+    torch.save({"args": argparse.Namespace(**args), "checkpoint_version": 3.0, "iteration": 10}, f"{path}/common.pt")
+    with open(f"{path}/metadata.json", "w") as f:
+        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+                   "common_backend_version": 1}, f)
+
+
+MEGATRON_ARGS = dict(num_layers=L, hidden_size=H, ffn_hidden_size=FF, num_attention_heads=NH,
+                     group_query_attention=True, num_query_groups=NKV, kv_channels=HD, norm_epsilon=1e-5,
+                     rotary_base=10000, max_position_embeddings=2048, seq_length=64, normalization="RMSNorm",
+                     swiglu=True, position_embedding_type="rope", use_rope_scaling=False, rotary_interleaved=False,
+                     untie_embeddings_and_output_weights=True, padded_vocab_size=V)
+
+
 def save_worker(rank, world, port, sd, path, mode):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -194,6 +213,7 @@ def make(out):
     mc = megatron_sd(hf, stacked=True)
     mc["decoder.layers.self_attention.linear_qkv._extra_state"] = io.BytesIO(b"transformer engine state")
     save(mc, f"{out}/mc", 2, "stacked")
+    write_common(f"{out}/mc", **MEGATRON_ARGS)
     unk = torchtitan_sd(hf)
     unk["layers.0.attention.mystery.weight"] = torch.zeros(2, 2)
     save(unk, f"{out}/unk", 1)
@@ -202,6 +222,7 @@ def make(out):
     qwen.config.to_json_file(f"{out}/qwen-config.json")
     hq = {k: v.detach().clone() for k, v in qwen.state_dict().items()}
     save(megatron_sd(hq, stacked=False, bias=True), f"{out}/qwen", 1)
+    write_common(f"{out}/qwen", **dict(MEGATRON_ARGS, normalization="LayerNorm", add_qkv_bias=True))
     mix = build("mixtral")
     mix.save_pretrained(f"{out}/ref-mixtral")
     mix.config.to_json_file(f"{out}/mixtral-config.json")
