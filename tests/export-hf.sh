@@ -50,6 +50,21 @@ cmp -s "$SCRATCH/llama-config.json" "$SCRATCH/o-tt/config.json" || fail "config.
 out=$($D convert --to hf --recipe llama-megatron --config "$SCRATCH/llama-config.json" "$SCRATCH/mc" "$SCRATCH/o2" 2>&1)
 case "$out" in *"skipped decoder.layers.self_attention.linear_qkv._extra_state: left out by the recipe"*) ;;
     *) fail "_extra_state not reported: $out" ;; esac
+# rope_permute from_hf is torchtitan's _reverse_permute: a Hugging Face safetensors file (a
+# single-file source) mapped back gives the torchtitan checkpoint's wq and wk, digest for digest.
+cat >"$SCRATCH/back.json" <<'J'
+{"recipe": "back", "rules": [
+  {"from": "model.layers.{L}.self_attn.q_proj.weight", "op": "rope_permute", "heads": 4, "rope": "from_hf",
+   "to": "layers.{L}.attention.wq.weight"},
+  {"from": "model.layers.{L}.self_attn.k_proj.weight", "op": "rope_permute", "heads": 2, "rope": "from_hf",
+   "to": "layers.{L}.attention.wk.weight"}], "config": {"model_type": "back"}}
+J
+$D convert -q --to hf --recipe "$SCRATCH/back.json" --allow-unmapped "$SCRATCH/ref-llama/model.safetensors" \
+    "$SCRATCH/back" || fail "HF -> torchtitan q/k"
+for k in layers.0.attention.wq.weight layers.1.attention.wk.weight; do
+    [ "$($D digest --keys $k "$SCRATCH/tt")" = "$($D digest --keys $k "$SCRATCH/back/model.safetensors")" ] ||
+        fail "$k: from_hf differs from torchtitan's _reverse_permute"
+done
 # A key no rule maps is an error naming it; nothing is written.
 expect_fail "unk: layers.0.attention.mystery.weight: no rule of recipe llama-torchtitan maps this key" \
     $D convert --to hf --recipe llama-torchtitan --config "$SCRATCH/llama-config.json" "$SCRATCH/unk" "$SCRATCH/o-unk"
