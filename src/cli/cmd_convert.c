@@ -48,7 +48,7 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
     }
     if (!x->recipe) {
         cli_error("convert: --to hf needs --recipe NAME (llama-torchtitan, llama-megatron, qwen2-megatron, "
-                  "mixtral-megatron, or a recipe file)");
+                  "gpt-neox-megatron, mixtral-megatron, or a recipe file)");
         return 2;
     }
     if (o->from || (o->flags & (DCP_WRITE_NESTED | DCP_WRITE_NO_CRC))) {

@@ -13,6 +13,8 @@ torch.distributed.checkpoint:
              and Megatron-LM's common.pt (its arguments: config.json is written from them)
   OUT/qwen   Megatron-Core GPT, per-layer keys (decoder.layers.N.X), Qwen2 with q/k/v biases; its
              common.pt says LayerNorm (so only --config can say what it is)
+  OUT/neox   Megatron-Core GPT with LayerNorm, GeLU, biases, partial rotary (GPT-NeoX / Pythia),
+             layer-stacked, on 2 gloo ranks
   OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
 
@@ -44,12 +46,17 @@ HD = H // NH
 
 def build(kind):
     import transformers
-    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777}[kind])
+    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777, "neox": 99}[kind])
     common = dict(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV, num_hidden_layers=L,
                   vocab_size=V, intermediate_size=FF, tie_word_embeddings=False, rms_norm_eps=1e-5)
     if kind == "llama":
         cfg = transformers.LlamaConfig(**common)
         m = transformers.LlamaForCausalLM(cfg)
+    elif kind == "neox":   # Megatron GPT's shape: sequential residual, LayerNorm, GeLU, biases, partial rotary
+        cfg = transformers.GPTNeoXConfig(hidden_size=H, num_attention_heads=NH, num_hidden_layers=L, vocab_size=V,
+                                         intermediate_size=4 * H, use_parallel_residual=False, rotary_pct=0.5,
+                                         tie_word_embeddings=False, layer_norm_eps=1e-5)
+        m = transformers.GPTNeoXForCausalLM(cfg)
     elif kind == "mixtral":
         cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
         m = transformers.MixtralForCausalLM(cfg)
@@ -127,6 +134,23 @@ def mixtral_megatron_sd(hf):
         for e in range(gu.shape[0]):
             out[d + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = gu[e].contiguous()
             out[d + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = dn[e].contiguous()
+    return out
+
+
+def neox_megatron_sd(hf):
+    """Megatron-Core GPT with LayerNorm and biases, layer-stacked, from GPTNeoX: its query_key_value
+    rows are [heads, (q, k, v), head_dim], Megatron's linear_qkv with one group per head."""
+    g = "gpt_neox."
+    out = {"embedding.word_embeddings.weight": hf[g + "embed_in.weight"], "output_layer.weight": hf["lm_head.weight"]}
+    names = {"self_attention.linear_qkv.{}": "attention.query_key_value.{}",
+             "self_attention.linear_qkv.layer_norm_{}": "input_layernorm.{}",
+             "self_attention.linear_proj.{}": "attention.dense.{}",
+             "mlp.linear_fc1.layer_norm_{}": "post_attention_layernorm.{}",
+             "mlp.linear_fc1.{}": "mlp.dense_h_to_4h.{}", "mlp.linear_fc2.{}": "mlp.dense_4h_to_h.{}"}
+    for w in ("weight", "bias"):
+        out["decoder.final_layernorm." + w] = hf[g + "final_layer_norm." + w]
+        for m, n in names.items():
+            out["decoder.layers." + m.format(w)] = torch.stack([hf[f"{g}layers.{i}.{n.format(w)}"] for i in range(L)])
     return out
 
 
@@ -223,6 +247,11 @@ def make(out):
     hq = {k: v.detach().clone() for k, v in qwen.state_dict().items()}
     save(megatron_sd(hq, stacked=False, bias=True), f"{out}/qwen", 1)
     write_common(f"{out}/qwen", **dict(MEGATRON_ARGS, normalization="LayerNorm", add_qkv_bias=True))
+    neox = build("neox")
+    neox.save_pretrained(f"{out}/ref-neox")
+    neox.config.to_json_file(f"{out}/neox-config.json")
+    hn = {k: v.detach().clone() for k, v in neox.state_dict().items()}
+    save(neox_megatron_sd(hn), f"{out}/neox", 2, "stacked")
     mix = build("mixtral")
     mix.save_pretrained(f"{out}/ref-mixtral")
     mix.config.to_json_file(f"{out}/mixtral-config.json")
