@@ -1,4 +1,5 @@
-# dcp convert --to hf end to end with transformers: tiny Llama, Qwen2, GPT-NeoX and Mixtral models saved in
+# dcp convert --to hf end to end with transformers: tiny Llama, Qwen2, Qwen3-MoE, GPT-NeoX and Mixtral
+# models saved in
 # torchtitan and Megatron-Core layouts with torch.distributed.checkpoint (2 gloo ranks,
 # sharded; layer-stacked and per-layer Megatron keys) are exported by the shipped recipes, and
 # AutoModelForCausalLM.from_pretrained of each export gives the source model's logits
@@ -39,6 +40,8 @@ ex qwen2-megatron qwen-config.json qwen o-qwen
 check ref-qwen o-qwen float32
 ex gpt-neox-megatron neox-config.json neox o-neox
 check ref-neox o-neox float32
+ex qwen3-torchtitan qwen3moe-config.json qwen3moe o-qwen3moe
+check ref-qwen3moe o-qwen3moe float32
 ex mixtral-megatron mixtral-config.json mixtral o-mixtral
 check ref-mixtral o-mixtral float32
 ex llama-torchtitan llama-config.json tt o-tt-bf16 --dtype bfloat16

@@ -47,8 +47,8 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
         return 2;
     }
     if (!x->recipe) {
-        cli_error("convert: --to hf needs --recipe NAME (llama-torchtitan, llama-megatron, qwen2-megatron, "
-                  "gpt-neox-megatron, mixtral-megatron, or a recipe file)");
+        cli_error("convert: --to hf needs --recipe NAME (llama-torchtitan, qwen3-torchtitan, llama-megatron, "
+                  "qwen2-megatron, gpt-neox-megatron, mixtral-megatron, or a recipe file)");
         return 2;
     }
     if (o->from || (o->flags & (DCP_WRITE_NESTED | DCP_WRITE_NO_CRC))) {

@@ -15,6 +15,7 @@ torch.distributed.checkpoint:
              common.pt says LayerNorm (so only --config can say what it is)
   OUT/neox   Megatron-Core GPT with LayerNorm, GeLU, biases, partial rotary (GPT-NeoX / Pythia),
              layer-stacked, on 2 gloo ranks
+  OUT/qwen3moe torchtitan 0.3 Qwen3 MoE: grouped experts [experts, ffn, dim], 2 gloo ranks
   OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
 
@@ -46,7 +47,7 @@ HD = H // NH
 
 def build(kind):
     import transformers
-    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777, "neox": 99}[kind])
+    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777, "neox": 99, "qwen3moe": 5}[kind])
     common = dict(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV, num_hidden_layers=L,
                   vocab_size=V, intermediate_size=FF, tie_word_embeddings=False, rms_norm_eps=1e-5)
     if kind == "llama":
@@ -57,6 +58,10 @@ def build(kind):
                                          intermediate_size=4 * H, use_parallel_residual=False, rotary_pct=0.5,
                                          tie_word_embeddings=False, layer_norm_eps=1e-5)
         m = transformers.GPTNeoXForCausalLM(cfg)
+    elif kind == "qwen3moe":
+        cfg = transformers.Qwen3MoeConfig(**common, head_dim=HD, moe_intermediate_size=32, num_experts=4,
+                                          num_experts_per_tok=2)
+        m = transformers.Qwen3MoeForCausalLM(cfg)
     elif kind == "mixtral":
         cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
         m = transformers.MixtralForCausalLM(cfg)
@@ -134,6 +139,27 @@ def mixtral_megatron_sd(hf):
         for e in range(gu.shape[0]):
             out[d + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = gu[e].contiguous()
             out[d + f"mlp.experts.local_experts.{e}.linear_fc2.weight"] = dn[e].contiguous()
+    return out
+
+
+def qwen3moe_torchtitan_sd(hf):
+    """torchtitan 0.3's Qwen3 MoE (Qwen3StateDictAdapter's names): grouped experts w1_EFD / w3_EFD =
+    transformers 5's gate_up_proj split in halves (forward: gate, up = chunk(2)), w2_EDF = down_proj."""
+    out = {"tok_embeddings.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"],
+           "lm_head.weight": hf["lm_head.weight"]}
+    for i in range(L):
+        p, t = f"model.layers.{i}.", f"layers.{i}."
+        for a, b in (("q_proj", "qkv_linear.wq"), ("k_proj", "qkv_linear.wk"), ("v_proj", "qkv_linear.wv"),
+                     ("o_proj", "wo"), ("q_norm", "q_norm"), ("k_norm", "k_norm")):
+            out[f"{t}attention.{b}.weight"] = hf[f"{p}self_attn.{a}.weight"]
+        gu = hf[p + "mlp.experts.gate_up_proj"]
+        f = gu.shape[1] // 2
+        out[t + "moe.routed_experts.inner_experts.w1_EFD"] = gu[:, :f].contiguous()
+        out[t + "moe.routed_experts.inner_experts.w3_EFD"] = gu[:, f:].contiguous()
+        out[t + "moe.routed_experts.inner_experts.w2_EDF"] = hf[p + "mlp.experts.down_proj"]
+        out[t + "moe.router.gate.weight"] = hf[p + "mlp.gate.weight"]
+        out[t + "attention_norm.weight"] = hf[p + "input_layernorm.weight"]
+        out[t + "ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"]
     return out
 
 
@@ -252,6 +278,11 @@ def make(out):
     neox.config.to_json_file(f"{out}/neox-config.json")
     hn = {k: v.detach().clone() for k, v in neox.state_dict().items()}
     save(neox_megatron_sd(hn), f"{out}/neox", 2, "stacked")
+    q3 = build("qwen3moe")
+    q3.save_pretrained(f"{out}/ref-qwen3moe")
+    q3.config.to_json_file(f"{out}/qwen3moe-config.json")
+    h3 = {k: v.detach().clone() for k, v in q3.state_dict().items()}
+    save(qwen3moe_torchtitan_sd(h3), f"{out}/qwen3moe", 2, "rows")
     mix = build("mixtral")
     mix.save_pretrained(f"{out}/ref-mixtral")
     mix.config.to_json_file(f"{out}/mixtral-config.json")
