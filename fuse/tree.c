@@ -64,7 +64,8 @@ int dfs_add_kid(struct dfs_node *dir, struct dfs_node *kid)
 
 int dfs_is_dir(const struct dfs_node *n)
 {
-    return n->type == DFS_N_SCANDIR || n->type == DFS_N_CKPT || n->type == DFS_N_DIR;
+    return n->type == DFS_N_SCANDIR || n->type == DFS_N_CKPT || n->type == DFS_N_DIR || n->type == DFS_N_PARTDIR ||
+           n->type == DFS_N_PARTIAL;
 }
 
 static int cmp_kid(const void *a, const void *b)
@@ -796,6 +797,7 @@ void dfs_free_all(struct dfs *fs)
         free(n->kids);
         free(n->npy_hdr);
         free(n->pst);
+        free(n->why);
         dfs_scan_free(n->scan);
         free(n);
         n = next;

@@ -13,6 +13,10 @@
  *   safetensors model.safetensors of a Hugging Face folder (header JSON,
  *               DCP_SHARDING_INFO), also opened as a single file
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
+ *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
+ *               folder's shards (tests/data/hf_sharded)
+ *   mcoreconfig metadata.json (Megatron-Core's CheckpointingConfig) in
+ *               fixture 09's folder
  *   recipe      an export recipe (dcp-recipe(5)) applied to fixture 09, a
  *               Megatron checkpoint: dcp_export_hf into a folder, removed
  *
@@ -47,6 +51,8 @@ static const struct target {
     {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
+    {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
+    {"mcoreconfig", "tests/fixtures/09_megatron_torch_dist/ckpt", "metadata.json", AS_FOLDER},
     {"recipe", NULL, "r.json", AS_RECIPE},
 };
 
