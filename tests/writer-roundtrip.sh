@@ -53,7 +53,19 @@ bad="$SCRATCH/shards-bad"
 cp -r "$SCRATCH/shards" "$bad"
 first=$(ls "$bad"/model-*-of-*.safetensors | head -1)
 rm "$first"
-expect_fail "its shard $(basename "$first") is missing from the folder" $DCP ls "$bad"
+# (with model-I-of-N names, the count in the names says it first)
+expect_fail "a partial checkpoint: 3 of 4 shard files" $DCP ls "$bad"
+# other names: the index says it
+python3 - "$bad" <<'PY'
+import json, os, sys
+d = sys.argv[1]; p = os.path.join(d, "model.safetensors.index.json"); idx = json.load(open(p))
+for f in sorted(set(idx["weight_map"].values())):
+    if os.path.exists(os.path.join(d, f)):
+        os.rename(os.path.join(d, f), os.path.join(d, "part-" + f[6:11] + ".safetensors"))
+idx["weight_map"] = {k: "part-" + f[6:11] + ".safetensors" for k, f in idx["weight_map"].items()}
+json.dump(idx, open(p, "w"))
+PY
+expect_fail "its shard part-00001.safetensors is missing from the folder" $DCP ls "$bad"
 rm -r "$bad"; cp -r "$SCRATCH/shards" "$bad"
 python3 - "$bad/model.safetensors.index.json" <<'PY'
 import json, sys
