@@ -321,22 +321,65 @@ static dcp_checkpoint *cache_of(const dcp_checkpoint *ck) { return (dcp_checkpoi
 
 static int filled(const dcp_entry *e) { return __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != NULL; }
 
+/* A store's failure, about one key: "<checkpoint>: <what>: <reason>",
+ * whether or not the store's message named the checkpoint. Returns -1. */
+__attribute__((format(printf, 3, 4)))
+static int about(const dcp_checkpoint *ck, dcp_error *err, const char *fmt, ...)
+{
+    if (!err)
+        return -1;
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(ck->path);
+    if (!strncmp(err->msg, ck->path, n) && !strncmp(err->msg + n, ": ", 2)) {
+        char rest[DCP_ERRMSG_MAX];
+        snprintf(rest, sizeof rest, "%s", err->msg + n + 2);
+        return dcpi_err(err, err->code, "%s: %s: %s", ck->path, what, rest);
+    }
+    return dcpi_err_prefix(err, "%s: %s", ck->path, what);
+}
+
+int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err)
+{
+    *out = NULL;
+    if (i >= ck->nentries)
+        return dcpi_err(err, DCP_ENOTFOUND, "%s: entry %zu: no such entry (the checkpoint has %zu)",
+                        dcpi_ck_name(ck), i, ck->nentries);
+    const dcp_entry *e = &ck->entries[i];
+    if (!filled(e) && store_of(ck)->all(cache_of(ck), err) < 0)
+        return about(ck, err, "entry %zu", i);
+    *out = e;
+    return 0;
+}
+
+int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err)
+{
+    size_t idx;
+    *out = NULL;
+    if (store_of(ck)->find(cache_of(ck), key, 0, &idx, err) < 0)
+        return about(ck, err, "%s", key);
+    if (idx == SIZE_MAX)
+        return dcpi_err(err, DCP_ENOTFOUND, "%s: %s: no such key", dcpi_ck_name(ck), key);
+    *out = &ck->entries[idx];
+    return 0;
+}
+
+/* The calls of 0.1: NULL for "no such entry" and for a failure alike. */
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i)
 {
-    if (i >= ck->nentries)
-        return NULL;
-    const dcp_entry *e = &ck->entries[i];
+    const dcp_entry *e;
     dcp_error err;
-    if (!filled(e) && store_of(ck)->all(cache_of(ck), &err) < 0)
-        return NULL;
-    return e;
+    return dcp_get_entry(ck, i, &e, &err) == 0 ? e : NULL;
 }
 
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key)
 {
-    size_t idx;
+    const dcp_entry *e;
     dcp_error err;
-    return store_of(ck)->find(cache_of(ck), key, 0, &idx, &err) == 0 && idx != SIZE_MAX ? &ck->entries[idx] : NULL;
+    return dcp_find_entry(ck, key, &e, &err) == 0 ? e : NULL;
 }
 
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err)

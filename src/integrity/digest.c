@@ -98,9 +98,9 @@ int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp
 {
     size_t n = 0, nentries = dcp_num_entries(ck);
     for (size_t i = 0; i < nentries; i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e)
-            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+        const dcp_entry *e;
+        if (dcp_get_entry(ck, i, &e, err) < 0)
+            return -1;
         n += e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
     }
     dcpi_blobref *r = malloc((n ? n : 1) * sizeof *r);
