@@ -456,10 +456,7 @@ START_TEST(test_fd_cache)
     uint32_t v[2];
     ck_assert_int_eq(pread(pinned, v, 8, 0), 8);
     ck_assert_uint_eq(v[0], 5);
-    size_t open_now = 0;
-    for (size_t i = 0; i < n; i++)
-        open_now += ck->fds[i] >= 0;
-    ck_assert_uint_le(open_now, 32);
+    ck_assert_uint_le(dcpi_files_open(ck), 32);
     tck_free(ck);
 }
 END_TEST
