@@ -335,6 +335,9 @@ static int about(const dcp_checkpoint *ck, dcp_error *err, const char *fmt, ...)
 
 int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err)
 {
+    dcp_error local;
+    if (!err)
+        err = &local;   /* the stores read err->code */
     *out = NULL;
     if (i >= ck->nentries)
         return dcpi_err(err, DCP_ENOTFOUND, "%s: entry %zu: no such entry (the checkpoint has %zu)",
@@ -349,6 +352,9 @@ int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp
 int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err)
 {
     size_t idx;
+    dcp_error local;
+    if (!err)
+        err = &local;   /* the stores read err->code */
     *out = NULL;
     if (store_of(ck)->find(ck, key, 0, &idx, err) < 0)
         return about(ck, err, "%s", key);

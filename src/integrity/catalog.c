@@ -208,7 +208,7 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
     *out = NULL;
     dcp_catalog *cat = calloc(1, sizeof *cat);
     if (!cat)
-        return dcpi_err(err, ENOMEM, "catalog: out of memory");
+        return dcpi_err(err, ENOMEM, "catalog %s: out of memory", path ? path : "(default)");
     if (resolve(path, cat->path, err) < 0) {
         free(cat);
         return -1;
