@@ -16,10 +16,15 @@ fi
 # The Python package (python/) and the PyTorch interop tier: a CPU build of PyTorch, pinned
 # (an unpinned torch is a multi-GB CUDA build). Debian's python3 is "externally managed"
 # (PEP 668): pip installs into it anyway, as a fresh machine for dcpfs.
-if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zstandard' 2>/dev/null; then
-    echo "== pip install torch==2.13.0 numpy safetensors zstandard cffi setuptools pytest xxhash"
+if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zstandard, transformers' 2>/dev/null; then
+    echo "== pip install torch==2.13.0 numpy safetensors zstandard cffi setuptools pytest xxhash transformers==5.24.0"
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q torch==2.13.0 numpy safetensors zstandard \
-        cffi setuptools pytest xxhash || echo "pip install failed: the Python package and its tests will skip"
+        cffi setuptools pytest xxhash transformers==5.24.0 || echo "pip install failed: the Python package and its tests will skip"
+fi
+if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torch_checkpointing' 2>/dev/null; then
+    echo "== pip install --no-deps torch-checkpointing==0.1.1"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps torch-checkpointing==0.1.1 ||
+        echo "pip install torch-checkpointing failed: tests/*-rankfiles.sh will fail"
 fi
 
 echo "== building"

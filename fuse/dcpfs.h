@@ -2,7 +2,8 @@
  *
  * The mount is a tree of nodes that are never freed before unmount (the kernel
  * may hold a reference to any inode it has seen, and forget is a no-op).
- * Three kinds of directory exist:
+ * Three kinds of directory exist (and, in folder mode, the .partial folder
+ * of a scan folder, listing its step folders whose save did not finish):
  *   - scan directories: real folders of SOURCE in folder mode, rescanned
  *     (cheap mtime check) on lookup and readdir; short kernel cache timeouts;
  *   - checkpoint roots: a folder with .metadata; opened lazily on first
@@ -80,8 +81,14 @@ enum dfs_ntype {
     DFS_N_DIR,           /* a directory of a key tree */
     DFS_N_ENTRY,         /* a tensor or bytes item */
     DFS_N_PASSTHRU,      /* a plain file of the checkpoint folder (Megatron metadata.json, common.pt) */
-    DFS_N_VIRTUAL        /* a computed file: the safetensors view of a checkpoint */
+    DFS_N_VIRTUAL,       /* a computed file: the safetensors view of a checkpoint */
+    DFS_N_PARTDIR,       /* DFS_PARTIAL_NAME in a scan folder: its subfolders whose save did not finish */
+    DFS_N_PARTIAL        /* one of those (a directory that answers EIO, logged, with the reason) */
 };
+/* Where a scan folder lists its partial checkpoints (dcp_probe_folder): a
+ * dot-name, so `ls` hides them and nothing takes them for checkpoints. */
+#define DFS_PARTIAL_NAME ".partial"
+#define DFS_PARTIAL_XATTR "user.dcp.partial"
 
 struct dfs_node;
 struct dfs_ckpt;
@@ -131,6 +138,9 @@ struct dfs_node {
 
     /* DFS_N_SCANDIR */
     struct dfs_scan *scan;
+
+    /* DFS_N_PARTIAL: why it is partial (the probe's reason) */
+    char *why;
 
     /* DFS_N_PASSTHRU: stat of the file at scan time */
     struct stat *pst;

@@ -48,6 +48,12 @@ static int prepare_dir(struct dfs *fs, struct dfs_node *n, int listing)
 {
     if (n->type == DFS_N_SCANDIR)
         return dfs_scan_refresh(fs, n);
+    if (n->type == DFS_N_PARTDIR)
+        return dfs_scan_refresh(fs, n->parent);
+    if (n->type == DFS_N_PARTIAL) {   /* never read as a checkpoint */
+        dfs_log(LOG_ERR, "%s", n->why ? n->why : "a partial checkpoint");
+        return -EIO;
+    }
     if (n->type == DFS_N_CKPT)
         return dfs_ckpt_ensure(fs, n->ck);
     if (listing && !atomic_load(&n->listed))
@@ -81,10 +87,12 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     (void)fs;
     memset(st, 0, sizeof *st);
     const struct stat *src = NULL;
-    if (n->type == DFS_N_PASSTHRU)
+    if (n->type == DFS_N_PASSTHRU || n->type == DFS_N_PARTIAL)
         src = n->pst;
     else if (n->type == DFS_N_SCANDIR)
         src = dfs_scan_stat(n->scan);
+    else if (n->type == DFS_N_PARTDIR)
+        src = dfs_scan_stat(n->parent->scan);
     else if (n->ck)
         src = &n->ck->meta_st;     /* the checkpoint's time: when .metadata was written */
     if (src) {
@@ -93,8 +101,9 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
         st->st_atim = src->st_mtim;
         st->st_mtim = src->st_mtim;
         st->st_ctim = src->st_ctim;
-        if (n->type == DFS_N_SCANDIR) {   /* a listing the kernel cached is stale when this moves */
-            long ns = st->st_mtim.tv_nsec + (long)(dfs_scan_version(n->scan) % 1000000000u);
+        if (n->type == DFS_N_SCANDIR || n->type == DFS_N_PARTDIR) {   /* a listing the kernel cached is stale when this moves */
+            const struct dfs_scan *sc = n->type == DFS_N_SCANDIR ? n->scan : n->parent->scan;
+            long ns = st->st_mtim.tv_nsec + (long)(dfs_scan_version(sc) % 1000000000u);
             st->st_mtim.tv_sec += ns / 1000000000;
             st->st_mtim.tv_nsec = ns % 1000000000;
         }
@@ -125,14 +134,20 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
 }
 
+/* Scan folders, their .partial folders and what these list change as training writes. */
+static int changing(const struct dfs_node *n)
+{
+    return n->type == DFS_N_SCANDIR || n->type == DFS_N_PARTDIR || n->type == DFS_N_PARTIAL;
+}
+
 static double attr_timeout(const struct dfs_node *n)
 {
-    return n->type == DFS_N_SCANDIR ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
+    return changing(n) ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
 }
 
 static double entry_timeout(const struct dfs_node *dir)
 {
-    return dir->type == DFS_N_SCANDIR ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
+    return changing(dir) ? DFS_TIMEOUT_SCAN : DFS_TIMEOUT_FOREVER;
 }
 
 /* A virtual file is laid out on its first lookup or stat: 0, or -errno when
@@ -223,7 +238,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     }
     /* A scan folder's attributes say whether the kernel's cached listing of
      * it is stale (dfs_scan_version): rescan it before giving them. */
-    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : prepare_file(n);
+    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : n->type == DFS_N_PARTDIR ? 0 : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -260,7 +275,9 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         fuse_reply_err(req, ENOENT);
         return;
     }
-    int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : prepare_file(n);
+    int rc = n->type == DFS_N_SCANDIR   ? dfs_scan_refresh(fs, n)
+             : n->type == DFS_N_PARTDIR ? dfs_scan_refresh(fs, n->parent)
+                                        : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -388,7 +405,7 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
         return;
     }
     fi->fh = (uint64_t)(uintptr_t)d;
-    if (n->type != DFS_N_SCANDIR) {
+    if (!changing(n)) {
         fi->cache_readdir = 1;   /* a checkpoint's listing never changes */
         fi->keep_cache = 1;
     }
@@ -413,7 +430,7 @@ static int node_kids(struct dfs *fs, fuse_ino_t ino, size_t size, off_t off, str
         return -ENOENT;
     if (!dfs_is_dir(n))
         return -ENOTDIR;
-    int rc = off == 0 || n->type != DFS_N_SCANDIR ? prepare_dir(fs, n, 1) : 0;
+    int rc = off == 0 || !changing(n) ? prepare_dir(fs, n, 1) : 0;
     if (rc < 0)
         return rc;
     d->node = n;
@@ -464,7 +481,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         } else {
             n = d->kids[i - 2 - d->base];
             name = n->name;
-            if (plus && n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR)
+            if (plus && n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR && n->type != DFS_N_PARTDIR)
                 fill_entry(fs, d->node, n, &e);
             else {
                 /* Without attributes (and e.ino 0 for readdirplus) the kernel
@@ -580,6 +597,8 @@ static int node_xattrs(const struct dfs_node *n, struct xlist *x)
         free(shape);
         return rc ? -1 : 0;
     }
+    if (n->type == DFS_N_PARTIAL)
+        return xl_add(x, DFS_PARTIAL_XATTR, n->why ? n->why : "") < 0 ? -1 : 0;
     if (n->type == DFS_N_CKPT && atomic_load(&n->ck->state) == 1) {
         const dcp_info *in = dcp_get_info(n->ck->ck);
         if (in->generation && xl_add(x, "user.dcp.generation", in->generation) < 0)

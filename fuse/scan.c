@@ -11,6 +11,14 @@
  * clock tick is invisible), otherwise only its pending subfolders are probed
  * (one fstatat each), because a .metadata appearing in a subfolder does not
  * touch the parent's mtime. Symbolic links and dot-folders are not followed.
+ *
+ * A subfolder whose save did not finish (dcp_probe_folder: shard files
+ * without .metadata, a .metadata.tmp, a Megatron folder without
+ * metadata.json, a tmp-/tmp_/.tmp staging folder) is never shown as a
+ * checkpoint: it stays pending (probed again, and shown once complete) and is
+ * listed in the scan folder's ".partial" folder (hidden from a plain `ls`)
+ * as a directory that answers EIO, with a log line and the
+ * user.dcp.partial attribute giving the reason.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -31,9 +39,25 @@ struct dfs_scan {
     char **pending;          /* subfolders with no checkpoint below yet */
     size_t npending;
     unsigned version;        /* bumped whenever the listing changes (dfs_scan_version) */
+    /* subfolders the last refresh found partial: names and log lines */
+    char **pnames, **pwhy;
+    size_t npartial;
+    struct dfs_node *partdir;  /* the .partial node, made for the first partial subfolder */
 };
 
-enum { FOUND_NONE = 0, FOUND_CKPT, FOUND_FOLDER };
+enum { FOUND_NONE = 0, FOUND_CKPT, FOUND_FOLDER, FOUND_PARTIAL };
+
+static void clear_partial(struct dfs_scan *s)
+{
+    for (size_t i = 0; i < s->npartial; i++) {
+        free(s->pnames[i]);
+        free(s->pwhy[i]);
+    }
+    free(s->pnames);
+    free(s->pwhy);
+    s->pnames = s->pwhy = NULL;
+    s->npartial = 0;
+}
 
 void dfs_scan_free(struct dfs_scan *s)
 {
@@ -42,6 +66,7 @@ void dfs_scan_free(struct dfs_scan *s)
     for (size_t i = 0; i < s->npending; i++)
         free(s->pending[i]);
     free(s->pending);
+    clear_partial(s);
     free(s->rel);
     free(s);
 }
@@ -68,6 +93,17 @@ static char *join(const char *a, const char *b)
         memcpy(p + la + 1, b, lb + 1);
     }
     return p;
+}
+
+/* SOURCE/rel (SOURCE itself for "."), malloc'd; NULL on ENOMEM. */
+static char *abs_path(const struct dfs *fs, const char *rel)
+{
+    if (strcmp(rel, ".") == 0)
+        return strdup(fs->source);
+    char *path = malloc(strlen(fs->source) + strlen(rel) + 2);
+    if (path)
+        sprintf(path, "%s/%s", fs->source, rel);
+    return path;
 }
 
 int dfs_has_metadata(int dirfd, const char *rel, struct stat *st)
@@ -109,9 +145,33 @@ static int ends_with(const char *s, const char *suffix)
     return n > m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* What the folder rel (depth levels below SOURCE) holds. */
-static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta)
+/* Partial (a save that did not finish), by dcp_probe_folder: *why (if why
+ * is not NULL) then gets a malloc'd log line "PATH: a partial checkpoint: REASON". */
+static int is_partial(const struct dfs *fs, const char *rel, char **why)
 {
+    char *path = abs_path(fs, rel);
+    dcp_folder_probe p;
+    int partial = path && dcp_probe_folder(path, &p, NULL) == 0 && p.kind == DCP_FOLDER_PARTIAL;
+    if (partial && why) {
+        int len = snprintf(NULL, 0, "%s: a partial checkpoint: %s", path, p.reason);
+        if (len < 0 || !(*why = malloc((size_t)len + 1)))
+            partial = -1;
+        else
+            snprintf(*why, (size_t)len + 1, "%s: a partial checkpoint: %s", path, p.reason);
+    }
+    free(path);
+    return partial;
+}
+
+/* What the folder rel (depth levels below SOURCE) holds; a partial
+ * checkpoint below counts for its folders (they are shown, with .partial). */
+static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta, char **why)
+{
+    int partial = is_partial(fs, rel, why);
+    if (partial < 0)
+        return -ENOMEM;
+    if (partial)
+        return FOUND_PARTIAL;
     if (dfs_has_metadata(fs->srcfd, rel, meta))
         return FOUND_CKPT;
     if (depth >= fs->opt.max_depth)
@@ -128,7 +188,7 @@ static int classify(struct dfs *fs, const char *rel, int depth, struct stat *met
             continue;
         char *sub = join(rel, de->d_name);
         struct stat st;
-        if (sub && classify(fs, sub, depth + 1, &st) != FOUND_NONE)
+        if (sub && classify(fs, sub, depth + 1, &st, NULL) > FOUND_NONE)
             found = FOUND_FOLDER;
         free(sub);
     }
@@ -157,13 +217,9 @@ static struct dfs_node *make_ckpt(struct dfs *fs, struct dfs_node *parent, const
     struct dfs_node *n = dfs_node_new(fs, parent, name, strlen(name), DFS_N_CKPT);
     if (!n)
         return NULL;
-    char *path = strcmp(rel, ".") == 0 ? strdup(fs->source) : NULL;
-    if (!path) {
-        path = malloc(strlen(fs->source) + strlen(rel) + 2);
-        if (!path)
-            return NULL;
-        sprintf(path, "%s/%s", fs->source, rel);
-    }
+    char *path = abs_path(fs, rel);
+    if (!path)
+        return NULL;
     struct dfs_ckpt *ck = dfs_ckpt_new(fs, path, meta);
     free(path);
     if (!ck)
@@ -186,6 +242,26 @@ static int add_pending(struct dfs_scan *s, const char *name)
     return 0;
 }
 
+/* Remember a partial subfolder for the .partial listing (takes why). */
+static int add_partial(struct dfs_scan *s, const char *name, char *why)
+{
+    char **pn = realloc(s->pnames, (s->npartial + 1) * sizeof *pn);
+    if (pn)
+        s->pnames = pn;
+    char **pw = pn ? realloc(s->pwhy, (s->npartial + 1) * sizeof *pw) : NULL;
+    if (pw)
+        s->pwhy = pw;
+    char *nm = pw ? strdup(name) : NULL;
+    if (!nm) {
+        free(why);
+        return -ENOMEM;
+    }
+    s->pnames[s->npartial] = nm;
+    s->pwhy[s->npartial] = why;
+    s->npartial++;
+    return 0;
+}
+
 /* A node for subfolder `name` of dir, or NULL (pending or failure). */
 static struct dfs_node *probe(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc)
 {
@@ -197,15 +273,29 @@ static struct dfs_node *probe(struct dfs *fs, struct dfs_node *dir, const char *
     }
     struct stat meta;
     struct dfs_node *n = NULL;
-    switch (classify(fs, rel, s->depth + 1, &meta)) {
+    char *why = NULL;
+    switch (classify(fs, rel, s->depth + 1, &meta, &why)) {
+    case FOUND_PARTIAL:   /* pending too: probed again until it is complete */
+        dfs_log(LOG_DEBUG, "%s", why);
+        *rc = add_pending(s, name);
+        if (*rc == 0)
+            *rc = add_partial(s, name, why);
+        else
+            free(why);
+        free(rel);
+        return NULL;
     case FOUND_CKPT:
         n = make_ckpt(fs, dir, name, rel, &meta);
         break;
     case FOUND_FOLDER:
         n = make_scandir(fs, dir, name, rel, s->depth + 1);
         break;
-    default:
+    case FOUND_NONE:
         *rc = add_pending(s, name);
+        free(rel);
+        return NULL;
+    default:
+        *rc = -ENOMEM;
         free(rel);
         return NULL;
     }
@@ -248,6 +338,76 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     return rc;
 }
 
+/* The .partial folder's children from s->pnames/pwhy (nodes of the last
+ * listing reused when name and reason are the same), published under
+ * fs->lock; the folder itself goes into *kids when there is any. */
+static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node ***kids, size_t *n, size_t *cap)
+{
+    struct dfs_scan *s = dir->scan;
+    if (!s->npartial && (!s->partdir || !s->partdir->nkids))
+        return 0;
+    if (!s->partdir && !(s->partdir = dfs_node_new(fs, dir, DFS_PARTIAL_NAME, strlen(DFS_PARTIAL_NAME), DFS_N_PARTDIR)))
+        return -ENOMEM;
+    struct dfs_node *pd = s->partdir;
+    struct dfs_node **pk = malloc((s->npartial ? s->npartial : 1) * sizeof *pk);
+    if (!pk)
+        return -ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < s->npartial; i++) {
+        struct dfs_node *old = dfs_child(pd, s->pnames[i]);   /* pd's kids change only under scan_lock */
+        if (old && old->why && strcmp(old->why, s->pwhy[i]) == 0) {
+            pk[m++] = old;
+            continue;
+        }
+        struct dfs_node *k = dfs_node_new(fs, pd, s->pnames[i], strlen(s->pnames[i]), DFS_N_PARTIAL);
+        char *rel = k ? join(s->rel, s->pnames[i]) : NULL;
+        struct stat *st = rel ? calloc(1, sizeof *st) : NULL;
+        if (!st) {
+            free(rel);
+            free(pk);
+            return -ENOMEM;
+        }
+        if (fstatat(fs->srcfd, rel, st, AT_SYMLINK_NOFOLLOW) < 0)
+            *st = s->st;
+        free(rel);
+        k->pst = st;
+        k->why = s->pwhy[i];   /* the node owns it now */
+        s->pwhy[i] = NULL;
+        pk[m++] = k;
+    }
+    struct dfs_node tmp = {0};
+    tmp.kids = pk;
+    tmp.nkids = m;
+    dfs_sort_kids(&tmp);
+    int rc = 0;
+    pthread_rwlock_wrlock(&fs->lock);
+    if (pd->ino == 0)
+        rc = dfs_map_insert(fs, pd);
+    for (size_t i = 0; i < m && rc == 0; i++)
+        if (pk[i]->ino == 0)
+            rc = dfs_map_insert(fs, pk[i]);
+    if (m != pd->nkids || (m && memcmp(pk, pd->kids, m * sizeof *pk)))
+        __atomic_add_fetch(&s->version, 1, __ATOMIC_RELAXED);   /* .partial's mtime moves with its parent's */
+    struct dfs_node **old = pd->kids;
+    pd->kids = pk;
+    pd->nkids = m;
+    pd->kcap = m;
+    pd->nsubdirs = m;
+    pthread_rwlock_unlock(&fs->lock);
+    free(old);
+    if (rc < 0 || !m)
+        return rc;
+    if (*n == *cap) {
+        struct dfs_node **g = realloc(*kids, 2 * *cap * sizeof *g);
+        if (!g)
+            return -ENOMEM;
+        *kids = g;
+        *cap *= 2;
+    }
+    (*kids)[(*n)++] = pd;
+    return 0;
+}
+
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
 {
     struct dfs_scan *s = dir->scan;
@@ -276,8 +436,10 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
             free(kids);
             goto out;
         }
-        memcpy(kids, dir->kids, dir->nkids * sizeof *kids);
-        n = dir->nkids;
+        for (size_t i = 0; i < dir->nkids; i++)   /* .partial is made again below */
+            if (dir->kids[i] != s->partdir)
+                kids[n++] = dir->kids[i];
+        clear_partial(s);
         char **pending = s->pending;
         size_t npending = s->npending;
         s->pending = NULL;
@@ -305,6 +467,7 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
         for (size_t i = 0; i < s->npending; i++)
             free(s->pending[i]);
         s->npending = 0;
+        clear_partial(s);
         struct dirent *de;
         while (d && rc == 0 && (de = readdir(d))) {
             if (!is_subdir(d, de))
@@ -328,6 +491,8 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
         if (d)
             closedir(d);
     }
+    if (rc == 0)
+        rc = partial_kids(fs, dir, &kids, &n, &cap);
     int prc = publish(fs, dir, kids, n, cap);
     if (rc == 0)
         rc = prc;
@@ -344,8 +509,9 @@ out:
 }
 
 /* SOURCE is one checkpoint when it has .metadata, or the files of another
- * layout libdcp reads (rank-local metadata, safetensors, or bare .distcp
- * files, for which dcp_open explains what is missing). */
+ * layout libdcp reads (rank-local metadata, safetensors, per-rank torch.save
+ * files of DTensors, or bare .distcp files, for which dcp_open explains what
+ * is missing). */
 static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
 {
     if (dfs_has_metadata(fs->srcfd, ".", meta))
@@ -358,7 +524,7 @@ static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
     while (!yes && (de = readdir(d))) {
         const char *nm = de->d_name;
         if (ends_with(nm, ".distcp") || ends_with(nm, ".safetensors") ||
-            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")))
+            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")) || dcp_is_rank_file(nm))
             yes = 1;
     }
     closedir(d);
@@ -371,6 +537,12 @@ int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen)
 {
     struct stat meta;
     if (source_is_checkpoint(fs, &meta)) {
+        char *why = NULL;
+        if (is_partial(fs, ".", &why) > 0) {   /* never served as if complete */
+            snprintf(errbuf, errlen, "%s", why);
+            free(why);
+            return -1;
+        }
         fs->folder_mode = 0;
         struct dfs_node *root = dfs_node_new(fs, NULL, "", 0, DFS_N_CKPT);
         struct dfs_ckpt *ck = root ? dfs_ckpt_new(fs, fs->source, &meta) : NULL;

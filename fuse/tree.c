@@ -64,7 +64,8 @@ int dfs_add_kid(struct dfs_node *dir, struct dfs_node *kid)
 
 int dfs_is_dir(const struct dfs_node *n)
 {
-    return n->type == DFS_N_SCANDIR || n->type == DFS_N_CKPT || n->type == DFS_N_DIR;
+    return n->type == DFS_N_SCANDIR || n->type == DFS_N_CKPT || n->type == DFS_N_DIR || n->type == DFS_N_PARTDIR ||
+           n->type == DFS_N_PARTIAL;
 }
 
 static int cmp_kid(const void *a, const void *b)
@@ -593,6 +594,11 @@ static int is_data_name(const char *name, struct dfs_ckpt *ck)
         return 1;
     if (n > 11 && strncmp(name, "__", 2) == 0 && strcmp(name + n - 9, ".metadata") == 0)
         return 1;
+    /* torch-checkpointing, verl: every rank's file, used or not (step_1.pt), in
+     * such a folder only: beside a .metadata a model_0.pt is the user's */
+    const dcp_info *in = ck->ck ? dcp_get_info(ck->ck) : NULL;
+    if (in && in->layout && strcmp(in->layout, "per-rank torch.save files") == 0 && dcp_is_rank_file(name))
+        return 1;
     for (size_t i = 0; i < ck->nfiles; i++)
         if (strcmp(dcp_file_name(ck->ck, (uint32_t)i), name) == 0)
             return 1;
@@ -796,6 +802,7 @@ void dfs_free_all(struct dfs *fs)
         free(n->kids);
         free(n->npy_hdr);
         free(n->pst);
+        free(n->why);
         dfs_scan_free(n->scan);
         free(n);
         n = next;

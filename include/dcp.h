@@ -162,7 +162,8 @@ typedef struct dcp_record {
 typedef struct dcp_info {
     const char *generation;     /* e.g. "torch 1.13 (torch.distributed._shard.checkpoint)" */
     const char *serialization;  /* "torch_save", "safetensors", "hf_safetensors" */
-    const char *layout;         /* "global .metadata", "rank-local __R.metadata", "huggingface" */
+    const char *layout;         /* "global .metadata", "rank-local __R.metadata", "huggingface",
+                                   "per-rank torch.save files" (torch-checkpointing, verl) */
     const char *version;        /* Metadata.version, or NULL */
     const char *checkpoint_id;  /* StorageMeta.checkpoint_id, or NULL */
     const char *save_id;        /* StorageMeta.save_id, or NULL */
@@ -192,10 +193,54 @@ typedef struct dcp_open_options {
 } dcp_open_options;
 
 /* Open the checkpoint folder at path: a global .metadata, rank-local
- * __R.metadata files, or a Hugging Face safetensors layout. The folder is
+ * __R.metadata files, a Hugging Face safetensors layout, or per-rank
+ * torch.save files of DTensors (torch-checkpointing, verl). The folder is
  * never written to. */
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err);
 int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err);
+/* 1 when name (a file name, without folder) is one of the per-rank
+ * torch.save files dcp_open reads a folder of as one checkpoint:
+ * torch-checkpointing's <item>_<rank>.pt, verl's
+ * <item>_world_size_<W>_rank_<R>.pt (rank and W decimal, no leading zeros);
+ * 0 otherwise. For front ends that tell a checkpoint folder by its names.
+ * Since DCP_0.2. */
+int dcp_is_rank_file(const char *name);
+/* What a folder holds, told from its file names alone (nothing is opened
+ * but the folder): a checkpoint, a save that did not finish, or neither.
+ * dcp_open judges by content: on a folder with shard files or in-flight
+ * names but no .metadata (nor __R.metadata) it fails with ENOENT and
+ * "PATH: a partial checkpoint: REASON", the code it gives a folder that is
+ * not a checkpoint; dcp_probe_folder is the documented way to tell the two
+ * apart, and to find the partial kinds dcp_open would read (a Megatron folder
+ * without metadata.json, a staging folder). The dcp command refuses every
+ * partial kind (exit 3); dcpfs lists them under .partial/. Since 0.2. */
+typedef enum dcp_folder_kind {
+    DCP_FOLDER_NOT_CHECKPOINT = 0,   /* no checkpoint files at all */
+    DCP_FOLDER_CHECKPOINT = 1,       /* complete, as far as its names tell */
+    DCP_FOLDER_PARTIAL = 2           /* a save that did not finish: shard files
+                                      * without .metadata; a .metadata.tmp or
+                                      * __R.metadata.tmp (torch's in-flight
+                                      * names); a Megatron folder (common.pt,
+                                      * or named iter_N) without metadata.json;
+                                      * model-I-of-N.safetensors shards without
+                                      * model.safetensors.index.json (written
+                                      * last) or fewer than N of them;
+                                      * checkpoint files in a folder named
+                                      * tmp-*, tmp_* or *.tmp (a staged save
+                                      * not renamed yet) */
+} dcp_folder_kind;
+
+typedef struct dcp_folder_probe {
+    dcp_folder_kind kind;
+    unsigned nshards;                /* .distcp and .safetensors files in the folder */
+    char reason[256];                /* PARTIAL, NOT_CHECKPOINT: why, e.g. "4 shard files,
+                                      * no .metadata (the save did not finish)"; "" else */
+} dcp_folder_probe;
+
+/* Probe the folder at path. 0 with *out filled; -1 with err (ENOENT,
+ * ENOTDIR, EACCES, ...) when it cannot be listed. */
+int dcp_probe_folder(const char *path, dcp_folder_probe *out, dcp_error *err);
+
 /* Where the model came from: 1 when this open was served by the catalog. */
 int dcp_from_catalog(const dcp_checkpoint *ck);
 void dcp_close(dcp_checkpoint *ck);

@@ -31,6 +31,23 @@ int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_e
  * gives and `dcp digest` prints in hex. Bounded memory (16 MiB pieces). */
 int dcp_value_digest(dcp_checkpoint *ck, const dcp_entry *e, unsigned char digest[16], dcp_error *err);
 
+/* dcp_value_digest of the value cast to dtype `as` first, as torch's
+ * .to(as) does on the CPU, so that a bfloat16 export can be compared with a
+ * float32 training checkpoint: each element of a floating tensor (float64,
+ * float32, float16, bfloat16, float8_e4m3fn, float8_e5m2) is converted
+ * through float32 and rounded to nearest even, subnormals kept (no flush),
+ * overflow to infinity; NaN as PyTorch's x86 CPU kernels write it (bfloat16
+ * 0xFFFF, float16 the sign, quiet bit and top payload bits), which a build
+ * without AVX2 or a GPU may write otherwise. `as` is DCP_BFLOAT16,
+ * DCP_FLOAT16, DCP_FLOAT32 or DCP_FLOAT64; DCP_DTYPE_INVALID, a tensor
+ * already of dtype `as`, and tensors that are not floating (integers, bool,
+ * complex, quantized) and bytes items hash their bytes unchanged
+ * (*cast is then 0, else 1; cast may be NULL). Other floating dtypes
+ * (float8 fnuz, e8m0, float4) fail with EINVAL. Bounded memory: pieces of
+ * at most 16 MiB are read and cast. Since 0.2. */
+int dcp_value_digest_as(dcp_checkpoint *ck, const dcp_entry *e, dcp_dtype as, unsigned char digest[16],
+                        int *cast, dcp_error *err);
+
 /* The catalog: a SQLite file outside every checkpoint folder, by default
  * $XDG_CACHE_HOME/dcpfs/catalog.sqlite (or ~/.cache/dcpfs/catalog.sqlite).
  * Records are tied to a checkpoint's identity: its metadata files' sizes,

@@ -8,7 +8,10 @@
  * to every rank that needs it (a local copy, a point-to-point message, or a
  * broadcast on a sub-communicator when several ranks on other nodes need
  * the same bytes; optionally, ranks on the reader's node copy them straight
- * out of its staging buffer in node shared memory).
+ * out of its staging buffer in node shared memory). When every rank's
+ * destinations are CUDA memory, ranks on the reader's node take their bytes
+ * device to device out of its device staging buffer (CUDA IPC), falling
+ * back to host messages where IPC cannot run (dcp_load_stats.delivery).
  *
  * Errors are collective: an unknown key, a region outside its tensor, a dtype
  * mismatch, a failed read, an unusable CUDA destination, other options or
@@ -80,7 +83,25 @@ typedef struct dcp_load_stats {
     double seconds_place;       /* time in the final copies into the destinations (host or CUDA) */
     double seconds_transfer;    /* reading, delivering and placing, until all ranks finish */
     double seconds_total;       /* the whole call */
+    /* Since DCP_LOAD_0.2 (a program built against the 0.1 header gets the
+     * fields above only): CUDA destinations of ranks on one node. */
+    uint64_t bytes_ipc;         /* of bytes_received: copied device to device out of a node peer's
+                                   device staging buffer, mapped by CUDA IPC */
+    uint64_t bytes_staged;      /* copied host to device into this rank's device staging buffer: the
+                                   units node peers take by IPC, once each */
+    int delivery;               /* DCP_LOAD_DELIVERY_*: how node peers got their bytes (same on every rank) */
+    int mpi_cuda_aware;         /* the MPI library says it moves device buffers itself: 1 yes, 0 no,
+                                   -1 cannot tell. Informational: messages (across nodes, and within
+                                   one on the host path) are always sent from host staging buffers */
+    char fallback[256];         /* with DCP_LOAD_DELIVERY_FALLBACK: why ("rank R: reason"), else "" */
 } dcp_load_stats;
+
+/* How bytes reached ranks on the reader's node (dcp_load_stats.delivery). */
+enum {
+    DCP_LOAD_DELIVERY_HOST = 0,      /* host messages (or DCP_LOAD_SHM): no device path was asked */
+    DCP_LOAD_DELIVERY_IPC = 1,       /* every destination CUDA memory: device staging shared by IPC */
+    DCP_LOAD_DELIVERY_FALLBACK = 2   /* the device path was asked but could not run: host messages */
+};
 
 /* Option flags. */
 enum {
@@ -97,7 +118,15 @@ enum {
     /* Broadcast groups also among ranks of one node (by default ranks on
      * the reader's node get messages: MPICH's broadcast measured slower on
      * one node). For comparisons and tests. */
-    DCP_LOAD_BCAST_LOCAL = 1u << 3
+    DCP_LOAD_BCAST_LOCAL = 1u << 3,
+    /* CUDA destinations of node peers by host messages, as for host memory:
+     * the default (it wins over DCP_LOAD_DEVICE_DELIVERY when both are set). */
+    DCP_LOAD_HOST_DELIVERY = 1u << 4,
+    /* When every rank's destinations are CUDA memory, ranks on the reader's
+     * node take their bytes device to device out of its device staging
+     * buffer (CUDA IPC). Opt-in until it has been measured and verified on
+     * a GPU (issue 16); then it may become the default. */
+    DCP_LOAD_DEVICE_DELIVERY = 1u << 5
 };
 
 typedef struct dcp_load_options {

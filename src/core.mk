@@ -7,7 +7,7 @@ libdcp_la_SOURCES = \
 	src/keys.c \
 	src/dtype.c \
 	src/model.c src/store.h src/store_mem.c src/chunk_record.c \
-	src/open.c \
+	src/open.c src/probe.c src/probe.h \
 	src/identity.c \
 	src/pickle.c \
 	src/metadata.c \
@@ -15,6 +15,9 @@ libdcp_la_SOURCES = \
 	src/torchsave.c \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
+	src/hf_index.c \
+	src/megatron_config.c \
+	src/rankfiles.c \
 	src/planner.c \
 	src/files.c src/files.h \
 	src/reader.c \

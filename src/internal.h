@@ -232,6 +232,12 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
+int dcpi_hf_index_check(dcp_checkpoint *ck, const char *sub, char *const *files, size_t nfiles,
+                        dcp_error *err);                                           /* hf_index.c */
+int dcpi_megatron_config(dcp_checkpoint *ck, dcp_error *err);                         /* megatron_config.c */
+/* Per-rank torch.save files of DTensors (torch-checkpointing <item>_<R>.pt,
+ * verl <item>_world_size_<W>_rank_<R>.pt; dcp_is_rank_file tells their names). */
+int dcpi_load_rank_files(dcp_checkpoint *ck, dcp_error *err);                         /* rankfiles.c */
 
 /* Data-file access (reader.c). Files are opened lazily and cached; idle
  * cached fds may be closed to stay under RLIMIT_NOFILE. dcpi_ck_fd (like

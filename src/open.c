@@ -18,6 +18,7 @@
 
 #include "files.h"
 #include "internal.h"
+#include "probe.h"
 
 static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err);
 
@@ -41,7 +42,7 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         close(fd);
         return dcpi_err(err, errno, "%s: cannot list the folder: %s", ck->path, strerror(errno));
     }
-    int rank_local = 0, safetensors = 0, distcp = 0;
+    int rank_local = 0, safetensors = 0, distcp = 0, rank_files = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t n = strlen(de->d_name);
@@ -49,18 +50,24 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
             rank_local = 1;
         else if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0)
             safetensors = 1;
-        else if (n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0)
-            distcp = 1;
+        else if ((n > 7 && strcmp(de->d_name + n - 7, ".distcp") == 0) || strcmp(de->d_name, ".metadata.tmp") == 0 ||
+                 (n > 13 && strcmp(de->d_name + n - 13, ".metadata.tmp") == 0))
+            distcp = 1;   /* what a save writes before .metadata */
+        else if (dcp_is_rank_file(de->d_name))
+            rank_files = 1;   /* torch-checkpointing, verl: rankfiles.c */
     }
     closedir(d);
     if (rank_local)
         return dcpi_load_rank_local(ck, err);
     if (safetensors)
         return dcpi_load_huggingface(ck, err);
-    if (distcp)
-        return dcpi_err(err, ENOENT,
-                       "%s: no .metadata: the checkpoint is incomplete (still being written, or the save was interrupted)",
-                       ck->path);
+    /* Shard files, in-flight names, ...: say that a save did not finish
+     * (dcp_probe_folder tells callers the two apart without opening). */
+    dcp_folder_probe probe;
+    if (distcp && dcpi_probe_at(ck->dirfd, ck->path, &probe, NULL) == 0 && probe.kind == DCP_FOLDER_PARTIAL)
+        return dcpi_err(err, ENOENT, "%s: a partial checkpoint: %s", ck->path, probe.reason);
+    if (rank_files)
+        return dcpi_load_rank_files(ck, err);
     return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files",
                    ck->path);
 }
@@ -107,9 +114,8 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
             return 0;
         }
     }
-    if (has_file(ck->dirfd, "metadata.json"))
-        ck->info.megatron = 1;   /* Megatron-Core writes it next to DCP data */
-    if (detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+    /* Megatron-Core writes metadata.json next to its data: which backend */
+    if (dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
         return -1;
     }

@@ -215,9 +215,10 @@ int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
 {
     char **files;
     size_t nfiles;
-    if (list_files(ck, ".", &files, &nfiles, err) < 0)
+    const char *sub = ".";
+    if (list_files(ck, sub, &files, &nfiles, err) < 0)
         return -1;
-    if (nfiles == 0 && list_files(ck, "sharded", &files, &nfiles, err) < 0)
+    if (nfiles == 0 && list_files(ck, sub = "sharded", &files, &nfiles, err) < 0)
         return -1;
     gather g = {0};
     dcpi_strmap_init(&g.first);
@@ -256,6 +257,8 @@ int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
             ck->priv[idx].chunks[ci].has_blob = 1;
         }
     }
+    if (rc == 0)
+        rc = dcpi_hf_index_check(ck, sub, files, nfiles, err);
     for (size_t i = 0; i < nfiles; i++)
         free(files[i]);
     free(files);

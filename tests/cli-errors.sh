@@ -51,6 +51,23 @@ expect_fail "no such key" "$DCP" cat "$src" no.such.key
 expect_fail "--box" "$DCP" cat --box 0:1 "$src" enc.weight
 expect_fail "enc.weight" "$DCP" cat --box 0:41,0:24 "$src" enc.weight
 
+# Megatron's metadata.json: a finished save in a backend without DCP files is
+# named; beside a .metadata, an unknown backend or a damaged file changes
+# nothing (the DCP files are what is read).
+mg="$FIXTURES/09_megatron_torch_dist/ckpt"
+mkdir -p "$SCRATCH/zarr/decoder.layers.weight"
+cp "$mg/common.pt" "$SCRATCH/zarr/"
+echo '{"sharded_backend": "zarr", "sharded_backend_version": 1}' >"$SCRATCH/zarr/metadata.json"
+expect_fail 'zarr/metadata.json: a Megatron-Core checkpoint in the "zarr" backend: dcpfs reads the torch_dist backend only' \
+    "$DCP" ls "$SCRATCH/zarr"
+rm -rf "$SCRATCH/mg"; cp -r "$mg" "$SCRATCH/mg"
+want=$("$DCP" --no-catalog digest "$mg")
+for cfg in '{"sharded_backend": "some_future_backend"}' 'not json {' '' '[1,2]'; do
+    printf '%s' "$cfg" >"$SCRATCH/mg/metadata.json"
+    got=$("$DCP" --no-catalog digest "$SCRATCH/mg") || fail "metadata.json '$cfg' beside .metadata: no longer opens"
+    [ "$got" = "$want" ] || fail "metadata.json '$cfg' beside .metadata: other values"
+done
+
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null

@@ -1,8 +1,13 @@
 # Core and CLI integration tests.
 CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh tests/cli-faults.sh \
-	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh
+	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh \
+	tests/cli-digest-cast.sh tests/cli-partial.sh
 TESTS += $(CORE_TESTS)
 dist_check_SCRIPTS += $(CORE_TESTS)
+# Per-rank DTensor files (torch-checkpointing, verl; src/rankfiles.c).
+TESTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
+dist_check_SCRIPTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
+EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
 
 # Pickle VM, metadata model and record locator (Check).
@@ -13,8 +18,16 @@ tests_unit_test_core_CFLAGS = $(UNIT_TEST_FLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_core_LDADD = $(UNIT_TEST_LIBS) $(JANSSON_LIBS)
 EXTRA_tests_unit_test_core_DEPENDENCIES = libdcp.la
 
+# dcp_probe_folder: partial checkpoints told from complete ones and from none.
+check_PROGRAMS += tests/unit/test_probe
+TESTS += tests/unit/test_probe
+tests_unit_test_probe_SOURCES = tests/unit/test_probe.c
+tests_unit_test_probe_CFLAGS = $(UNIT_TEST_FLAGS)
+tests_unit_test_probe_LDADD = $(UNIT_TEST_LIBS)
+EXTRA_tests_unit_test_probe_DEPENDENCIES = libdcp.la
+
 # Verification, digests, the catalog and diffs.
-INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh tests/catalog-model.sh
+INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh
 TESTS += $(INTEGRITY_TESTS)
 dist_check_SCRIPTS += $(INTEGRITY_TESTS)
 

@@ -9,12 +9,15 @@ TESTS += \
 	tests/fuse-interop.sh \
 	tests/fuse-verify.sh \
 	tests/fuse-safetensors.sh \
-	tests/fuse-faults.sh tests/fuse-walk.sh
+	tests/fuse-faults.sh tests/fuse-walk.sh tests/fuse-partial.sh
 EXTRA_DIST += \
 	tests/fuse-fixtures.sh tests/fuse-npy.sh tests/fuse-concurrent.sh tests/fuse-folder.sh \
 	tests/fuse-errors.sh tests/fuse-names.sh tests/fuse-interop.sh tests/fuse-verify.sh \
-	tests/fuse-safetensors.sh tests/fuse-faults.sh tests/fuse-walk.sh \
+	tests/fuse-safetensors.sh tests/fuse-faults.sh tests/fuse-walk.sh tests/fuse-partial.sh \
 	tests/fuse_lib.sh tests/fuse_check.py tests/fuse_readers.py tests/fuse_torch_save.py
+# Per-rank DTensor files (torch-checkpointing, verl) through the mount.
+TESTS += tests/fuse-rankfiles.sh
+EXTRA_DIST += tests/fuse-rankfiles.sh
 
 # The key-component encoding, without a mount.
 check_PROGRAMS += tests/unit/test_fuse_names

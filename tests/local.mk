@@ -25,6 +25,7 @@ include tests/unit_pickle.mk
 include tests/unit_record.mk
 include tests/unit_planner.mk
 include tests/writer.mk
+include tests/export.mk
 include tests/catalog.mk
 include tests/fuse.mk
 include tests/load.mk

@@ -10,4 +10,4 @@ tests_unit_test_metadata_SOURCES = tests/unit/test_metadata.c
 tests_unit_test_metadata_CFLAGS = $(UNIT_TEST_FLAGS) $(JANSSON_CFLAGS)
 tests_unit_test_metadata_LDADD = $(UNIT_TEST_LIBS) $(JANSSON_LIBS)
 EXTRA_tests_unit_test_metadata_DEPENDENCIES = libdcp.la
-EXTRA_DIST += tests/data/gen_metadata.py tests/data/metadata
+EXTRA_DIST += tests/data/gen_metadata.py tests/data/metadata tests/data/hf_sharded

@@ -46,4 +46,30 @@ n=$(ls "$SCRATCH/shards"/model-*-of-*.safetensors | wc -l)
 $CHECK "$SCRATCH/shards" "$m" --no-bytes >/dev/null || fail "sharded safetensors"
 $DCP convert "$SCRATCH/shards" "$SCRATCH/from-shards"
 $CHECK "$SCRATCH/from-shards" "$m" --no-bytes >/dev/null || fail "sharded safetensors -> DCP"
-echo "ok subsets, nested, shards"
+# The index is what says no shard is missing: a lost shard, a key no shard
+# holds, a name that is not a plain shard name or a damaged index is an error
+# naming the index and the key, never a smaller model.
+bad="$SCRATCH/shards-bad"
+cp -r "$SCRATCH/shards" "$bad"
+first=$(ls "$bad"/model-*-of-*.safetensors | head -1)
+rm "$first"
+expect_fail "its shard $(basename "$first") is missing from the folder" $DCP ls "$bad"
+rm -r "$bad"; cp -r "$SCRATCH/shards" "$bad"
+python3 - "$bad/model.safetensors.index.json" <<'PY'
+import json, sys
+p = sys.argv[1]; d = json.load(open(p))
+d["weight_map"]["no.such.key"] = sorted(d["weight_map"].values())[0]
+json.dump(d, open(p, "w"))
+PY
+expect_fail "model.safetensors.index.json: no.such.key: listed (in model-00001-of-" $DCP ls "$bad"
+python3 - "$bad/model.safetensors.index.json" <<'PY'
+import json, sys
+p = sys.argv[1]; d = json.load(open(p))
+del d["weight_map"]["no.such.key"]
+d["weight_map"]["enc.weight"] = "../elsewhere.safetensors"
+json.dump(d, open(p, "w"))
+PY
+expect_fail "enc.weight: the file it names is not the plain name of a .safetensors file" $DCP ls "$bad"
+printf '{"weight_map": {' >"$bad/model.safetensors.index.json"
+expect_fail "model.safetensors.index.json: not valid JSON" $DCP ls "$bad"
+echo "ok subsets, nested, shards, index checks"

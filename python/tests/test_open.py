@@ -653,3 +653,34 @@ def test_pieces_cover_the_box():
             got[start:start + count] = box[idx].reshape(-1)
             nxt += count
         assert nxt == box.size and (got == box.reshape(-1)).all()
+
+
+@pytest.mark.parametrize("use_catalog", [False, True], ids=["parsed", "catalog"])
+def test_rank_files(tmp_path, use_catalog):
+    """A torch-checkpointing folder (tests/data/rankfiles/tc2: model_R.pt and step_R.pt of a
+    2-process gloo save by tests/interop/save_rankfiles.py) opens like any checkpoint: keys
+    item.key, known values (model.w1 is arange(35), model.strided a transposed local tensor
+    per rank), boxes across the two ranks' files equal numpy slices of the whole, the item
+    without tensors is rank 0's file; a truncated rank file is an error naming it."""
+    src = SRC / "tests" / "data" / "rankfiles" / "tc2"
+    cat = str(tmp_path / "catalog.sqlite")
+    with dcpfs.open(src, catalog=use_catalog, catalog_path=cat) as ck:
+        keys = ck.keys()
+        assert "model.w0" in keys and "step" in keys and "model.fsdp.0.weight" in keys
+        w1 = ck.read("model.w1")
+        assert w1.dtype == np.float32 and w1.shape == (7, 5)
+        assert np.array_equal(w1, np.arange(35, dtype=np.float32).reshape(7, 5))
+        strided = ck.read("model.strided")
+        want = np.concatenate([(np.arange(24, dtype=np.float32).reshape(3, 8) + 100 * r).T for r in (0, 1)])
+        assert np.array_equal(strided, want)
+        w0 = ck.read("model.w0")
+        assert w0.shape == (10, 6)
+        assert np.array_equal(ck.read("model.w0", box=[(3, 4), (1, 5)]), w0[3:7, 1:6])
+        assert ck.read_bytes("step") == (src / "step_0.pt").read_bytes()
+    bad = tmp_path / "tc2"
+    shutil.copytree(src, bad)
+    with open(bad / "model_1.pt", "r+b") as f:
+        f.truncate(1500)
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(bad, catalog=use_catalog, catalog_path=cat)
+    assert f"{bad}/model_1.pt" in str(ei.value)

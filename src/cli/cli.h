@@ -24,6 +24,10 @@ extern int cli_catalog_enabled;
 extern const char *cli_catalog_path;
 /* Open a checkpoint (through the catalog unless disabled) or print the error; NULL on failure. */
 dcp_checkpoint *cli_open(const char *path);
+/* Set by cli_open when it refused a partial checkpoint (dcp_probe_folder). */
+extern int cli_open_partial;
+/* The exit status after cli_open failed: 3 for a partial checkpoint, else 1. */
+int cli_open_status(void);
 /* Write s as a JSON string (with quotes). */
 void cli_json_string(FILE *f, const char *s);
 /* Write a shape as a JSON array "[a,b]". */

@@ -120,7 +120,7 @@ int cmd_cat(int argc, char **argv)
     const char *path = argv[optind], *key = argv[optind + 1];
     dcp_checkpoint *ck = cli_open(path);
     if (!ck)
-        return 1;
+        return cli_open_status();
     int status = 1;
     dcp_plan plan;
     dcp_plan_init(&plan);

@@ -1,16 +1,20 @@
 /* dcp convert: DCP <-> torch.save <-> safetensors, streaming (src/write/convert.c). */
 #include <getopt.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "dcp_export.h"
 #include "dcp_write.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dcp convert [--from FMT] [--to FMT] [--keys PATTERN] [--max-shard-size SIZE]\n"
                "                   [--nested] [--no-crc] [--no-sync] [--quiet] SRC DST\n"
-               "FMT: dcp, torch (.pt/.pth), safetensors. Taken from the paths when not given: a folder\n"
+               "       dcp convert --to hf --recipe NAME [--dtype float32|float16|bfloat16] [--config FILE]\n"
+               "                   [--max-shard-size SIZE] [--keys PATTERN] [--allow-unmapped] SRC DST\n"
+               "FMT: dcp, torch (.pt/.pth), safetensors, hf (a Hugging Face model folder, by a recipe). Taken from the paths when not given: a folder\n"
                "or a path with neither suffix is a DCP checkpoint. DST must not exist.\n");
 }
 
@@ -34,6 +38,40 @@ static void report_skip(void *ctx, const char *key, const char *why)
         fprintf(stderr, "dcp: convert: skipped %s: %s\n", key, why);
 }
 
+/* --to hf: an export by a recipe (dcp_export.h). Recipes are looked up in
+ * $DCP_RECIPE_PATH, then where they are installed. */
+static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_convert_options *o, int quiet)
+{
+    if (!hf) {
+        cli_error("convert: --recipe, --dtype, --config and --allow-unmapped go with --to hf");
+        return 2;
+    }
+    if (!x->recipe) {
+        cli_error("convert: --to hf needs --recipe NAME (llama-torchtitan, qwen3-torchtitan, llama-megatron, "
+                  "qwen2-megatron, gpt-neox-megatron, mixtral-megatron, or a recipe file)");
+        return 2;
+    }
+    if (o->from || (o->flags & (DCP_WRITE_NESTED | DCP_WRITE_NO_CRC))) {
+        cli_error("convert: --from, --nested and --no-crc do not apply to --to hf");
+        return 2;
+    }
+    x->recipe_dirs = getenv("DCP_RECIPE_PATH");
+    x->max_shard_size = o->max_shard_size;
+    x->keys = o->keys;
+    if (o->flags & DCP_WRITE_NO_SYNC)
+        x->flags |= DCP_EXPORT_NO_SYNC;
+    x->progress = cli_progress;
+    x->progress_ctx = "convert";
+    x->skipped = report_skip;
+    x->skipped_ctx = &quiet;
+    dcp_error err;
+    if (dcp_export_hf(argv[optind], argv[optind + 1], x, &err) < 0) {
+        cli_error("%s", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int cmd_convert(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -41,15 +79,22 @@ int cmd_convert(int argc, char **argv)
         {"keys", required_argument, 0, 'k'}, {"max-shard-size", required_argument, 0, 'm'},
         {"nested", no_argument, 0, 'n'},     {"quiet", no_argument, 0, 'q'},
         {"no-crc", no_argument, 0, 'C'},     {"no-sync", no_argument, 0, 'S'},
+        {"recipe", required_argument, 0, 'r'}, {"dtype", required_argument, 0, 'd'},
+        {"config", required_argument, 0, 'c'}, {"allow-unmapped", no_argument, 0, 'u'},
         {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
     dcp_convert_options o = {0};
-    int quiet = 0, c;
+    dcp_export_options x = {0};
+    int quiet = 0, c, hf = 0;
     while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
         switch (c) {
         case 'f':
         case 't':
+            if (c == 't' && !strcmp(optarg, "hf")) {
+                hf = 1;
+                break;
+            }
             if (parse_format(optarg, c == 'f' ? &o.from : &o.to) < 0) {
-                cli_error("convert: unknown format '%s' (dcp, torch, safetensors)", optarg);
+                cli_error("convert: unknown format '%s' (dcp, torch, safetensors, hf)", optarg);
                 return 2;
             }
             break;
@@ -64,6 +109,16 @@ int cmd_convert(int argc, char **argv)
         case 'q': quiet = 1; break;
         case 'C': o.flags |= DCP_WRITE_NO_CRC; break;
         case 'S': o.flags |= DCP_WRITE_NO_SYNC; break;
+        case 'r': x.recipe = optarg; break;
+        case 'c': x.config = optarg; break;
+        case 'u': x.flags |= DCP_EXPORT_ALLOW_UNMAPPED; break;
+        case 'd':
+            x.dtype = dcp_dtype_from_name(optarg);
+            if (x.dtype != DCP_FLOAT32 && x.dtype != DCP_FLOAT16 && x.dtype != DCP_BFLOAT16) {
+                cli_error("convert: --dtype %s: float32, float16 or bfloat16", optarg);
+                return 2;
+            }
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -72,6 +127,8 @@ int cmd_convert(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (hf || x.recipe || x.config || x.dtype || x.flags)
+        return export_hf(argv, hf, &x, &o, quiet);
     if (o.max_shard_size && o.to == DCP_FORMAT_AUTO)
         o.to = DCP_FORMAT_SAFETENSORS;   /* a shard size only means something for safetensors */
     o.progress = cli_progress;

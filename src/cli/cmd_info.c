@@ -29,7 +29,7 @@ int cmd_info(int argc, char **argv)
     const char *path = argv[optind];
     dcp_checkpoint *ck = cli_open(path);
     if (!ck)
-        return 1;
+        return cli_open_status();
     const dcp_info *in = dcp_get_info(ck);
     size_t tensors = 0, bytes_items = 0, chunks = 0;
     uint64_t by_dtype[DCP_DTYPE_COUNT] = {0}, bytes_total = 0;

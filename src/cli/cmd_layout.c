@@ -103,7 +103,7 @@ int cmd_layout(int argc, char **argv)
     }
     dcp_checkpoint *ck = cli_open(argv[optind]);
     if (!ck)
-        return 1;
+        return cli_open_status();
     int status = 0;
     if (optind == argc - 2) {
         const dcp_entry *e;

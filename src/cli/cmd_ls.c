@@ -40,7 +40,7 @@ int cmd_ls(int argc, char **argv)
     }
     dcp_checkpoint *ck = cli_open(argv[optind]);
     if (!ck)
-        return 1;
+        return cli_open_status();
     int status = 0;
     size_t n = dcp_num_entries(ck);
     if (!json)

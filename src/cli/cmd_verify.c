@@ -83,7 +83,7 @@ int cmd_verify(int argc, char **argv)
     const char *path = argv[optind];
     dcp_checkpoint *ck = cli_open(path);
     if (!ck)
-        return 1;
+        return cli_open_status();
     dcp_error err;
     dcp_catalog *cat = NULL;
     uint64_t structural = 0, content = 0, checked = 0, missing = 0, n;

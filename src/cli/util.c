@@ -20,6 +20,12 @@ void cli_error(const char *fmt, ...)
 }
 
 int cli_catalog_enabled = 1;
+int cli_open_partial;
+
+int cli_open_status(void)
+{
+    return cli_open_partial ? 3 : 1;
+}
 const char *cli_catalog_path;
 
 dcp_checkpoint *cli_open(const char *path)
@@ -35,6 +41,15 @@ dcp_checkpoint *cli_open(const char *path)
             return NULL;
         }
         return ck;
+    }
+    /* A save that did not finish is named as such, never read as a
+     * checkpoint (nor called "not a checkpoint"). */
+    dcp_folder_probe probe;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && dcp_probe_folder(path, &probe, &err) == 0 &&
+        probe.kind == DCP_FOLDER_PARTIAL) {
+        cli_error("%s: a partial checkpoint: %s", path, probe.reason);
+        cli_open_partial = 1;
+        return NULL;
     }
     if (dcp_open_ex(path, &o, &ck, &err) < 0) {
         cli_error("%s", err.msg);

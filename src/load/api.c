@@ -2,6 +2,7 @@
  * CUDA device query. Each step that can fail on some ranks is followed by a
  * collective agreement, so every rank leaves with the same result. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,8 +111,51 @@ static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
         o->nstaging = 64;
 }
 
-int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
-             const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err)
+/* Does the MPI library take device buffers (CUDA-aware)? MPICH 4 answers
+ * MPIX_Query_cuda_support; other libraries: unknown (-1). */
+static int mpi_cuda_aware(void)
+{
+#if defined(MPICH_NUMVERSION) && MPICH_NUMVERSION >= 40000000
+    return MPIX_Query_cuda_support() ? 1 : 0;
+#else
+    return -1;
+#endif
+}
+
+/* The device path's plan (every destination CUDA memory, node peers): set
+ * up the IPC pools; when that cannot run on some rank, plan again without
+ * node-local shm deliveries (unless DCP_LOAD_SHM asked for them: its host
+ * window then serves them) and say why in the stats. Collective; returns 0,
+ * or LDI_AGREED when the new plan fails. */
+static int device_delivery(MPI_Comm c, dcp_checkpoint *ck, const dcp_greqs *reqs, int n, int me, int device,
+                           MPI_Comm node, const dcp_load_options *o, dcp_gplan_opts *po, dcp_gplan *g, ldi_ipc *ipc,
+                           dcp_load_stats *st, dcp_error *err)
+{
+    dcp_error why = {0};
+    int ok = ldi_ipc_plan_ok(g, why.msg, sizeof why.msg);   /* the same plan everywhere: the same answer */
+    if (ok && g->has_shm && ldi_ipc_setup(c, node, device, g, o->nstaging, o->staging_bytes, ipc, &why) != 0)
+        ok = 0;
+    if (ok) {
+        st->delivery = DCP_LOAD_DELIVERY_IPC;
+        return 0;
+    }
+    st->delivery = DCP_LOAD_DELIVERY_FALLBACK;
+    size_t len = strnlen(why.msg, sizeof why.msg);   /* cut to the field */
+    if (len > sizeof st->fallback - 1)
+        len = sizeof st->fallback - 1;
+    memcpy(st->fallback, why.msg, len);
+    st->fallback[len] = '\0';
+    if (po->shm == ((o->flags & DCP_LOAD_SHM) != 0))
+        return 0;
+    po->shm = (o->flags & DCP_LOAD_SHM) != 0;
+    dcp_gplan_free(g);
+    int lrc = dcp_gplan_build(ck, reqs, n, me, po, g, err);
+    return ldi_agree(c, lrc, err);
+}
+
+/* dcp_load (DCP_LOAD_0.2): the stats end with the device fields. */
+int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+                 const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err)
 {
     double t0 = ldi_now();
     dcp_load_stats st;
@@ -133,17 +177,24 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     for (size_t i = 0; i < DCP_GPLAN_MAX_GROUPS; i++)
         groups[i] = MPI_COMM_NULL;
     ldi_nodes nd = {.comm = MPI_COMM_NULL};
+    ldi_ipc ipc;
+    memset(&ipc, 0, sizeof ipc);
     int rc = -1;
 
     /* which ranks share a node: by name for the plan; the node communicator
      * only for shared staging or the CUDA device of a rank. Whether any rank
      * needs it is agreed (options are compared only later, in the exchange). */
-    int mine = 0, any = 0, device = -1, cuda_ok = 0, cuda = 0;
-    for (size_t i = 0; regions && i < nregions; i++)
+    int mine = 0, any = 0, all = 0, device = -1, cuda_ok = 0, cuda = 0, all_cuda = regions && nregions;
+    for (size_t i = 0; regions && i < nregions; i++) {
         cuda |= regions[i].mem == DCP_LOAD_CUDA;
-    mine = cuda || (o.flags & DCP_LOAD_SHM);
-    int lrc = ldi_nodes_by_name(c, mine, &any, &nd, err);
-    if (lrc == 0 && any) {
+        all_cuda &= regions[i].mem == DCP_LOAD_CUDA;
+    }
+    st.mpi_cuda_aware = cuda ? mpi_cuda_aware() : -1;   /* asked of ranks with CUDA destinations only */
+    /* bit 1: this rank needs the node communicator; bit 2: all its
+     * destinations are CUDA memory (the device path needs it of every rank) */
+    mine = (cuda || (o.flags & DCP_LOAD_SHM) ? 1 : 0) | (all_cuda ? 2 : 0);
+    int lrc = ldi_nodes_by_name(c, mine, &any, &all, &nd, err);
+    if (lrc == 0 && (any & 1)) {
         ldi_nodes_free(&nd);
         lrc = ldi_nodes_get(c, &nd, err);
     }
@@ -184,8 +235,15 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
                          .node = nd.node,
                          .shm = (o.flags & DCP_LOAD_SHM) != 0,
                          .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
+    /* CUDA destinations on every rank and asked for: node peers take their
+     * bytes device to device (ipc.c). Opt-in until verified on a GPU. */
+    int want_dev = (all & 2) && (o.flags & DCP_LOAD_DEVICE_DELIVERY) && !(o.flags & DCP_LOAD_HOST_DELIVERY);
+    if (want_dev)
+        po.shm = 1;
     lrc = dcp_gplan_build(ck, &reqs, n, me, &po, &g, err);
     if ((rc = ldi_agree(c, lrc, err)) < 0)
+        goto out;
+    if (want_dev && (rc = device_delivery(c, ck, &reqs, n, me, device, nd.comm, &o, &po, &g, &ipc, &st, err)) < 0)
         goto out;
     ldi_groups_create(c, &g, groups);
     double t2 = ldi_now();
@@ -193,11 +251,13 @@ int dcp_load(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, 
     st.bytes_unique = g.unique_bytes;
 
     ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
-                        .node = nd.comm, .node_rank = nd.node_rank, .groups = groups};
+                        .node = nd.comm, .node_rank = nd.node_rank, .groups = groups,
+                        .ipc = ipc.active ? &ipc : NULL};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;
 out:
+    ldi_ipc_free(&ipc);   /* collective on the node; set up only where every rank reaches here */
     ldi_groups_free(&g, groups);   /* those created (all MPI_COMM_NULL until then) */
     dcp_gplan_free(&g);   /* zeroed, or freed and zeroed on a failed build */
     dcp_greqs_free(&reqs);
@@ -208,3 +268,20 @@ out:
         *stats = st;
     return rc < 0 ? -1 : 0;
 }
+
+/* dcp_load (DCP_LOAD_0.1): programs built against the first header pass
+ * the stats without the device fields (the layout's prefix). */
+int ldi_load_0_1(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+                 const dcp_load_options *opts, void *stats, dcp_error *err)
+{
+    dcp_load_stats st;
+    int rc = ldi_load_0_2(comm, ck, regions, nregions, opts, stats ? &st : NULL, err);
+    if (stats)
+        memcpy(stats, &st, offsetof(dcp_load_stats, bytes_ipc));
+    return rc;
+}
+
+/* Both versions of dcp_load (src/load/libdcpload.map): the default, 0.2,
+ * for programs linked now; 0.1 for those linked before the stats grew. */
+__asm__(".symver ldi_load_0_1, dcp_load@DCP_LOAD_0.1");
+__asm__(".symver ldi_load_0_2, dcp_load@@DCP_LOAD_0.2");

@@ -8,11 +8,13 @@
  * prints every rank's lines in rank order. CKPT is a checkpoint folder or one
  * torch.save or safetensors file. Options for comparisons and tests are
  * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
- * --bcast-local, --shm. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * --bcast-local, --shm, --host-delivery, --device-delivery. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
  * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
  * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
- * N ms before each unit a rank reads.
+ * N ms before each unit a rank reads; DCPLOAD_FAKE_DEVICE=1 (libdcpload's test-only fake
+ * device layer, src/load/device_fake.c): --device cuda buffers are host memory standing in
+ * for device memory.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -57,7 +59,8 @@ struct opts {
     const char *path;
     const char *keys;
     enum layout layout;
-    int cuda, json, independent, no_bcast, shm, bcast_local;
+    int cuda, json, independent, no_bcast, shm, bcast_local, host_delivery, device_delivery;
+    int gpu;                 /* --device cuda on a real GPU (not libdcpload's fake device) */
     size_t staging;
     unsigned buffers;
 };
@@ -67,7 +70,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: mpiexec -n N dcpload CKPT [--keys PATTERN] [--layout rows|cols|blocks|replicate]\n"
                "                                [--device host|cuda] [--json]\n"
                "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
-               "       [--shm] [--buffers N]\n");
+               "       [--shm] [--host-delivery | --device-delivery] [--buffers N]\n");
 }
 
 /* numpy.array_split: the first n mod parts parts get one more. */
@@ -220,7 +223,8 @@ static int parse(int argc, char **argv, struct opts *o)
         {"device", required_argument, 0, 'd'},   {"json", no_argument, 0, 'j'},
         {"strategy", required_argument, 0, 's'}, {"staging", required_argument, 0, 'S'},
         {"no-bcast", no_argument, 0, 'B'},       {"shm", no_argument, 0, 'M'},
-        {"bcast-local", no_argument, 0, 'L'},
+        {"bcast-local", no_argument, 0, 'L'},    {"host-delivery", no_argument, 0, 'H'},
+        {"device-delivery", no_argument, 0, 'D'},
         {"buffers", required_argument, 0, 'N'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -271,6 +275,8 @@ static int parse(int argc, char **argv, struct opts *o)
         case 'B': o->no_bcast = 1; break;
         case 'M': o->shm = 1; break;
         case 'L': o->bcast_local = 1; break;
+        case 'H': o->host_delivery = 1; break;
+        case 'D': o->device_delivery = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -280,6 +286,8 @@ static int parse(int argc, char **argv, struct opts *o)
         return 2;
     }
     o->path = argv[optind];
+    const char *fake = getenv("DCPLOAD_FAKE_DEVICE");
+    o->gpu = o->cuda && !(fake && !strcmp(fake, "1"));
     return 0;
 }
 
@@ -352,7 +360,7 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
         j->n = j->nreg = ++n;
         if (!nb)
             continue;
-        if (o->cuda) {
+        if (o->gpu) {
 #ifdef HAVE_CUDA
             if (cuda_ok && cudaMalloc(&r->dest, (size_t)nb) != cudaSuccess) {
                 snprintf(err->msg, sizeof err->msg, "%s: cudaMalloc of %" PRIu64 " bytes failed", e->key, nb);
@@ -361,6 +369,8 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
 #else
             (void)cuda_ok;
 #endif
+        } else if (o->cuda && !cuda_ok) {
+            /* the fake device unusable: dcp_load reports why */
         } else if (no_memory || !(r->dest = host_alloc((size_t)nb))) {
             snprintf(err->msg, sizeof err->msg, "%s: cannot allocate %" PRIu64 " bytes", e->key, nb);
             return -1;
@@ -405,6 +415,11 @@ static int agree(MPI_Comm comm, int rc, dcp_error *err)
     msg[sizeof msg - 1] = '\0';
     memcpy(err->msg, msg, sizeof msg);
     return -1;
+}
+
+static const char *delivery_name(int d)
+{
+    return d == DCP_LOAD_DELIVERY_IPC ? "ipc" : d == DCP_LOAD_DELIVERY_FALLBACK ? "fallback" : "host";
 }
 
 /* user+system CPU time of this process, all threads */
@@ -463,7 +478,7 @@ int main(int argc, char **argv)
         dcp_error cerr;
         cuda_ok = dcp_load_cuda_device(comm, &device, &cerr) == 0;
 #ifdef HAVE_CUDA
-        if (cuda_ok)
+        if (cuda_ok && o.gpu)
             cuda_ok = cudaSetDevice(device) == cudaSuccess;
 #endif
     }
@@ -474,7 +489,9 @@ int main(int argc, char **argv)
     }
     dcp_load_options lo = {0};
     lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
-               (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0);
+               (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0) |
+               (o.host_delivery ? DCP_LOAD_HOST_DELIVERY : 0) |
+               (o.device_delivery ? DCP_LOAD_DEVICE_DELIVERY : 0);
     lo.staging_bytes = o.staging;
     lo.nstaging = o.buffers;
     dcp_load_stats st;
@@ -498,17 +515,21 @@ int main(int argc, char **argv)
             out_dims(&txt, r->offsets, r->ndim);
             outf(&txt, ",\"lengths\":");
             out_dims(&txt, r->lengths, r->ndim);
-            outf(&txt, ",\"xxh3\":\"%016" PRIx64 "\"}\n", (uint64_t)hash_region(r, job.nbytes[i], o.cuda));
+            outf(&txt, ",\"xxh3\":\"%016" PRIx64 "\"}\n", (uint64_t)hash_region(r, job.nbytes[i], o.gpu));
         }
         outf(&txt,
              "{\"rank\":%d,\"bytes_read\":%" PRIu64 ",\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64
              ",\"seconds\":%.6f,\"bytes_unique\":%" PRIu64 ",\"bytes_loaded\":%" PRIu64 ",\"bytes_shm\":%" PRIu64
              ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"broadcasts\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
              ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
-             ",\"cpu_seconds\":%.6f}\n",
+             ",\"cpu_seconds\":%.6f,\"delivery\":\"%s\",\"bytes_ipc\":%" PRIu64 ",\"bytes_staged\":%" PRIu64
+             ",\"mpi_cuda_aware\":%d,\"fallback\":",
              me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
              st.bytes_shm, st.reads, st.messages, st.broadcasts, st.seconds_exchange, st.seconds_plan, st.seconds_read,
-             st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu);
+             st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu, delivery_name(st.delivery),
+             st.bytes_ipc, st.bytes_staged, st.mpi_cuda_aware);
+        out_json_string(&txt, st.fallback);
+        outf(&txt, "}\n");
     } else {
         if (me == 0)
             outf(&txt, "%zu tensors on %d ranks, %" PRIu64 " unique bytes\n", job.n, nranks, st.bytes_unique);
@@ -519,13 +540,19 @@ int main(int argc, char **argv)
              me, st.bytes_loaded, st.bytes_read, st.reads, st.bytes_sent, st.bytes_received, st.bytes_shm,
              st.seconds_total, st.seconds_exchange, st.seconds_plan, st.seconds_transfer, st.seconds_read,
              st.seconds_deliver, st.seconds_place, cpu);
+        if (st.delivery == DCP_LOAD_DELIVERY_IPC)
+            outf(&txt, "rank %d: device IPC delivery: %" PRIu64 " bytes device to device from node peers, %" PRIu64
+                       " staged host to device\n", me, st.bytes_ipc, st.bytes_staged);
     }
+    /* which path CUDA destinations took, once: the same on every rank */
+    if (me == 0 && st.delivery == DCP_LOAD_DELIVERY_FALLBACK)
+        fprintf(stderr, "dcpload: device IPC delivery unavailable (%s): node peers got host messages\n", st.fallback);
     print_all(comm, &txt, stdout);
     fflush(stdout);   /* before MPI_Finalize, which can hang in the transport's teardown */
     free(txt.p);
     rc = 0;
 out:
-    job_free(&job, o.cuda);
+    job_free(&job, o.gpu);
     dcp_close(ck);
     MPI_Finalize();
     return rc;

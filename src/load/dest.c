@@ -1,7 +1,9 @@
 /* The final copy into a rank's destination buffers: host memory through
- * libdcp's dcp_gfrag_place, or CUDA device memory through cudaMemcpyAsync
- * (strided ops: cudaMemcpy2DAsync) from pinned staging buffers on a few
- * streams. Only this file knows CUDA, and only when HAVE_CUDA is defined;
+ * libdcp's dcp_gfrag_place, or CUDA device memory through the device layer
+ * (device.h: cudaMemcpyAsync, strided ops cudaMemcpy2DAsync) from pinned
+ * staging buffers, or device-to-device from a device staging buffer (the
+ * node's IPC delivery, ipc.c), on a few streams. No CUDA include here:
+ * device_cuda.c (HAVE_CUDA) or the test-only device_fake.c does the calls;
  * everything before the final copy is shared by both paths. */
 #include <errno.h>
 #include <inttypes.h>
@@ -10,35 +12,28 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#ifdef HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
+#include "device.h"
 #include "load.h"
 
 #define LDI_NSTREAMS 2
 
 struct ldi_dest {
     int cuda;
-#ifdef HAVE_CUDA
+    const ldi_devops *ops;    /* the device layer (device.h), when cuda */
     int device;
     int caller_device;        /* the calling thread's device before open, restored by close */
-    cudaStream_t streams[LDI_NSTREAMS];
+    void *streams[LDI_NSTREAMS];
     int next;
-    cudaEvent_t *events;      /* one per staging slot */
+    void **events;            /* one per staging slot */
     unsigned char *pending;   /* a copy was recorded on the slot's event */
     int nslots;
-    unsigned char *scratch;   /* pinned: fixed-up elements before a CUDA copy */
+    unsigned char *scratch;   /* pinned: fixed-up elements before a device copy */
     size_t scratch_cap;
-#endif
+    unsigned char *scratch_src;   /* pinned: a fragment's bytes fetched from device memory */
+    size_t scratch_src_cap;
 };
 
-#ifdef HAVE_CUDA
-static int cuda_fail(dcp_error *err, cudaError_t e, const char *what)
-{
-    return ldi_err(err, EIO, "CUDA: %s: %s", what, cudaGetErrorString(e));
-}
-#endif
+static const char no_cuda[] = "dcp_load: this libdcpload was built without CUDA support";
 
 int ldi_dest_open(int need_cuda, int device, int nslots, ldi_dest **out, dcp_error *err)
 {
@@ -48,68 +43,68 @@ int ldi_dest_open(int need_cuda, int device, int nslots, ldi_dest **out, dcp_err
     *out = d;
     if (!need_cuda)
         return 0;
-#ifdef HAVE_CUDA
+    const ldi_devops *ops = ldi_devops_get();
+    if (!ops)
+        return ldi_err(err, ENOTSUP, "%s", no_cuda);
     /* the caller's thread is bound to our device for the call, then given
      * back its own (close) */
-    cudaError_t e = cudaGetDevice(&d->caller_device);
-    if (e != cudaSuccess)
-        return cuda_fail(err, e, "cudaGetDevice");
+    if (ops->get_device(&d->caller_device, err) < 0)
+        return -1;
     d->device = device;
-    if ((e = cudaSetDevice(device)) != cudaSuccess)
-        return cuda_fail(err, e, "cudaSetDevice");
+    if (ops->set_device(device, err) < 0)
+        return -1;
+    d->ops = ops;
     d->cuda = 1;
     for (int i = 0; i < LDI_NSTREAMS; i++)
-        if ((e = cudaStreamCreateWithFlags(&d->streams[i], cudaStreamNonBlocking)) != cudaSuccess)
-            return cuda_fail(err, e, "cudaStreamCreate");
+        if (ops->stream_create(&d->streams[i], err) < 0)
+            return -1;
     d->events = calloc((size_t)nslots + 1, sizeof *d->events);
     d->pending = calloc((size_t)nslots + 1, 1);
     if (!d->events || !d->pending)
         return ldi_err(err, ENOMEM, "dcp_load: out of memory");
     for (int i = 0; i < nslots; i++) {
-        if ((e = cudaEventCreateWithFlags(&d->events[i], cudaEventDisableTiming)) != cudaSuccess)
-            return cuda_fail(err, e, "cudaEventCreate");
+        if (ops->event_create(&d->events[i], err) < 0)
+            return -1;
         d->nslots = i + 1;
     }
     return 0;
-#else
-    (void)device;
-    (void)nslots;
-    return ldi_err(err, ENOTSUP, "dcp_load: this libdcpload was built without CUDA support");
-#endif
 }
 
 void ldi_dest_close(ldi_dest *d)
 {
     if (!d)
         return;
-#ifdef HAVE_CUDA
     if (d->cuda) {
+        const ldi_devops *ops = d->ops;
         for (int i = 0; i < d->nslots; i++)
-            cudaEventDestroy(d->events[i]);
+            ops->event_destroy(d->events[i]);
         for (int i = 0; i < LDI_NSTREAMS; i++)
             if (d->streams[i])
-                cudaStreamDestroy(d->streams[i]);
-        if (d->scratch)
-            cudaFreeHost(d->scratch);
-        if (d->caller_device != d->device)
-            cudaSetDevice(d->caller_device);
+                ops->stream_destroy(d->streams[i]);
+        ops->host_free(d->scratch);
+        ops->host_free(d->scratch_src);
+        if (d->caller_device != d->device) {
+            dcp_error e;
+            ops->set_device(d->caller_device, &e);
+        }
     }
     free(d->events);
     free(d->pending);
-#endif
     free(d);
+}
+
+const ldi_devops *ldi_dest_ops(const ldi_dest *d)
+{
+    return d && d->cuda ? d->ops : NULL;
 }
 
 void *ldi_staging_alloc(ldi_dest *d, size_t n)
 {
-#ifdef HAVE_CUDA
     if (d->cuda) {
         void *p = NULL;
-        return cudaHostAlloc(&p, n, cudaHostAllocDefault) == cudaSuccess ? p : NULL;
+        dcp_error e;
+        return d->ops->host_alloc(&p, n, &e) == 0 ? p : NULL;
     }
-#else
-    (void)d;
-#endif
     /* 2 MiB-aligned in huge pages: node peers copy units out of it through
      * process_vm_readv, which pins each source page (see dcpload's host_alloc) */
     size_t huge = (size_t)2 << 20;
@@ -125,89 +120,87 @@ void ldi_staging_free(ldi_dest *d, void *p)
 {
     if (!p)
         return;
-#ifdef HAVE_CUDA
     if (d->cuda) {
-        cudaFreeHost(p);
+        d->ops->host_free(p);
         return;
     }
-#else
-    (void)d;
-#endif
     free(p);
 }
 
 void ldi_staging_register(ldi_dest *d, void *p, size_t n)
 {
-#ifdef HAVE_CUDA
-    if (d->cuda && p && n && cudaHostRegister(p, n, cudaHostRegisterPortable) != cudaSuccess)
-        cudaGetLastError();   /* not fatal: copies from pageable memory are synchronous */
-#else
-    (void)d;
-    (void)p;
-    (void)n;
-#endif
+    /* not fatal: copies from pageable memory are synchronous */
+    if (d->cuda && p && n)
+        (void)d->ops->host_register(p, n);
 }
 
 void ldi_staging_unregister(ldi_dest *d, void *p)
 {
-#ifdef HAVE_CUDA
-    if (d->cuda && p && cudaHostUnregister(p) != cudaSuccess)
-        cudaGetLastError();   /* it was not registered */
-#else
-    (void)d;
-    (void)p;
-#endif
+    if (d->cuda && p)
+        d->ops->host_unregister(p);
 }
 
-#ifdef HAVE_CUDA
-/* One fragment to the device. Elements needing a fix-up (byte swap, conj,
- * neg) are fixed in the pinned scratch buffer first and copied synchronously:
- * a rare path (big-endian or conj/neg records). */
-static int cuda_place(ldi_dest *d, const dcp_op *sub, const unsigned char *src, void *region,
-                      dcp_dtype dt, cudaStream_t s, dcp_error *err)
+/* A pinned scratch buffer of at least n bytes. */
+static int scratch(ldi_dest *d, unsigned char **buf, size_t *cap, size_t n, dcp_error *err)
 {
+    if (*cap >= n)
+        return 0;
+    d->ops->host_free(*buf);
+    *buf = NULL;
+    *cap = 0;
+    void *p = NULL;
+    if (d->ops->host_alloc(&p, n, err) < 0)
+        return -1;
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+/* One fragment to the device, from host memory (src_dev 0: a staging
+ * buffer) or device memory (src_dev 1: a device staging buffer, this rank's
+ * or a node peer's mapped by IPC). Elements needing a fix-up (byte swap,
+ * conj, neg) are fixed in the pinned scratch buffer first (fetched from the
+ * device first when they are there) and copied synchronously: a rare path
+ * (big-endian or conj/neg records). */
+static int device_place(ldi_dest *d, const dcp_op *sub, const unsigned char *src, int src_dev, void *region,
+                        dcp_dtype dt, void *s, dcp_error *err)
+{
+    const ldi_devops *ops = d->ops;
     size_t esz = sub->elem_size, n = (size_t)(sub->length / esz);
     unsigned char *dst = (unsigned char *)region + sub->dest_offset;
     size_t pitch = n == 1 ? esz : (size_t)sub->dest_stride;
-    cudaError_t e;
     if (sub->flags & (DCP_OP_BSWAP | DCP_OP_CONJ | DCP_OP_NEG)) {
-        if (d->scratch_cap < sub->length) {
-            if (d->scratch)
-                cudaFreeHost(d->scratch);
-            d->scratch = NULL;
-            d->scratch_cap = 0;
-            if ((e = cudaHostAlloc((void **)&d->scratch, (size_t)sub->length, cudaHostAllocDefault)) != cudaSuccess)
-                return cuda_fail(err, e, "cudaHostAlloc");
-            d->scratch_cap = (size_t)sub->length;
+        if (scratch(d, &d->scratch, &d->scratch_cap, (size_t)sub->length, err) < 0)
+            return -1;
+        if (src_dev) {
+            /* copies queued on s read src too: they finish first */
+            if (scratch(d, &d->scratch_src, &d->scratch_src_cap, (size_t)sub->length, err) < 0 ||
+                ops->stream_sync(s, err) < 0 || ops->copy(d->scratch_src, src, (size_t)sub->length, LDI_D2H, err) < 0)
+                return -1;
+            src = d->scratch_src;
         }
         dcp_op c = *sub;
         c.dest_offset = 0;
         c.dest_stride = esz;
         dcp_op_place(&c, src, d->scratch, dt);
         if (pitch == esz)
-            e = cudaMemcpy(dst, d->scratch, (size_t)sub->length, cudaMemcpyHostToDevice);
-        else
-            e = cudaMemcpy2D(dst, pitch, d->scratch, esz, esz, n, cudaMemcpyHostToDevice);
-        return e == cudaSuccess ? 0 : cuda_fail(err, e, "cudaMemcpy");
+            return ops->copy(dst, d->scratch, (size_t)sub->length, LDI_H2D, err);
+        return ops->copy2d(dst, pitch, d->scratch, esz, esz, n, LDI_H2D, err);
     }
+    ldi_copy_kind k = src_dev ? LDI_D2D : LDI_H2D;
     if (pitch == esz)
-        e = cudaMemcpyAsync(dst, src, (size_t)sub->length, cudaMemcpyHostToDevice, s);
-    else
-        e = cudaMemcpy2DAsync(dst, pitch, src, esz, esz, n, cudaMemcpyHostToDevice, s);
-    return e == cudaSuccess ? 0 : cuda_fail(err, e, "cudaMemcpyAsync");
+        return ops->copy_async(dst, src, (size_t)sub->length, k, s, err);
+    return ops->copy2d_async(dst, pitch, src, esz, esz, n, k, s, err);
 }
-#endif
 
 int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
-                   const unsigned char *buf, int slot, dcp_error *err)
+                   const unsigned char *buf, int src_dev, int slot, dcp_error *err)
 {
-    int rc = 0, used_cuda = 0;
-#ifdef HAVE_CUDA
-    cudaStream_t s = d->cuda ? d->streams[d->next++ % LDI_NSTREAMS] : 0;
-#endif
+    int rc = 0, used_dev = 0;
+    void *s = d->cuda ? d->streams[d->next++ % LDI_NSTREAMS] : NULL;
     for (size_t i = 0; i < n; i++) {
         const dcp_greq *q = &r->v[g->gops[f[i].gop].req];
-        if (q->mem == DCP_LOAD_HOST) {   /* a run of host fragments: libdcp places them */
+        if (q->mem == DCP_LOAD_HOST && !src_dev) {   /* a run of host fragments: libdcp places them */
             size_t j = i + 1;
             while (j < n && r->v[g->gops[f[j].gop].req].mem == DCP_LOAD_HOST)
                 j++;
@@ -215,49 +208,48 @@ int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dc
             i = j - 1;
             continue;
         }
-#ifdef HAVE_CUDA
-        used_cuda = 1;
+        if (!d->cuda || q->mem == DCP_LOAD_HOST) {
+            /* host bytes from device memory: the plan never asks it (the device
+             * path runs only when every destination is CUDA memory) */
+            if (rc == 0)
+                rc = ldi_err(err, ENOTSUP, "%s",
+                             d->cuda ? "dcp_load: a host destination fed from device memory" : no_cuda);
+            continue;
+        }
+        used_dev = 1;
         dcp_op sub = dcp_gfrag_op(g, &f[i]);
-        if (rc == 0 && cuda_place(d, &sub, buf + f[i].img, q->dest, g->gops[f[i].gop].dtype, s, err) < 0)
+        if (rc == 0 && device_place(d, &sub, buf + f[i].img, src_dev, q->dest, g->gops[f[i].gop].dtype, s, err) < 0)
             rc = -1;
-#else
-        if (rc == 0)
-            rc = ldi_err(err, ENOTSUP, "dcp_load: this libdcpload was built without CUDA support");
-#endif
     }
-#ifdef HAVE_CUDA
-    if (used_cuda) {
-        cudaError_t e;
+    if (used_dev) {
         if (slot >= 0 && slot < d->nslots) {
-            if ((e = cudaEventRecord(d->events[slot], s)) != cudaSuccess && rc == 0)
-                rc = cuda_fail(err, e, "cudaEventRecord");
+            if (d->ops->event_record(d->events[slot], s, rc == 0 ? err : &(dcp_error){0}) < 0 && rc == 0)
+                rc = -1;
             d->pending[slot] = 1;
-        } else if ((e = cudaStreamSynchronize(s)) != cudaSuccess && rc == 0) {
-            rc = cuda_fail(err, e, "cudaStreamSynchronize");
+        } else if (d->ops->stream_sync(s, rc == 0 ? err : &(dcp_error){0}) < 0 && rc == 0) {
+            rc = -1;
         }
     }
-#else
-    (void)d;
-    (void)slot;
-    (void)used_cuda;
-#endif
     return rc;
+}
+
+int ldi_dest_stage(ldi_dest *d, void *dev, const void *host, size_t n, int slot, dcp_error *err)
+{
+    if (!d->cuda || slot < 0 || slot >= d->nslots)
+        return ldi_err(err, EINVAL, "dcp_load: no device staging for slot %d", slot);
+    void *s = d->streams[d->next++ % LDI_NSTREAMS];
+    if (d->ops->copy_async(dev, host, n, LDI_H2D, s, err) < 0 || d->ops->event_record(d->events[slot], s, err) < 0)
+        return -1;
+    d->pending[slot] = 1;
+    return 0;
 }
 
 int ldi_dest_fence(ldi_dest *d, int slot, dcp_error *err)
 {
-#ifdef HAVE_CUDA
     if (d->cuda && slot >= 0 && slot < d->nslots && d->pending[slot]) {
         d->pending[slot] = 0;
-        cudaError_t e = cudaEventSynchronize(d->events[slot]);
-        if (e != cudaSuccess)
-            return cuda_fail(err, e, "cudaEventSynchronize");
+        return d->ops->event_sync(d->events[slot], err);
     }
-#else
-    (void)d;
-    (void)slot;
-    (void)err;
-#endif
     return 0;
 }
 
@@ -269,94 +261,57 @@ int ldi_dest_zero(ldi_dest *d, const dcp_greq *q, dcp_error *err)
         memset(q->dest, 0, (size_t)q->nbytes);
         return 0;
     }
-#ifdef HAVE_CUDA
-    cudaError_t e = cudaMemsetAsync(q->dest, 0, (size_t)q->nbytes, d->streams[0]);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(d->streams[0]);   /* before copies on other streams */
-    return e == cudaSuccess ? 0 : cuda_fail(err, e, "cudaMemset");
-#else
-    (void)d;
-    return ldi_err(err, ENOTSUP, "dcp_load: this libdcpload was built without CUDA support");
-#endif
+    if (!d->cuda)
+        return ldi_err(err, ENOTSUP, "%s", no_cuda);
+    if (d->ops->memset_async(q->dest, 0, (size_t)q->nbytes, d->streams[0], err) < 0)
+        return -1;
+    return d->ops->stream_sync(d->streams[0], err);   /* before copies on other streams */
 }
 
 int ldi_dest_finish(ldi_dest *d, dcp_error *err)
 {
-#ifdef HAVE_CUDA
     int rc = 0;
     if (d && d->cuda)
-        for (int i = 0; i < LDI_NSTREAMS; i++) {
-            cudaError_t e = cudaStreamSynchronize(d->streams[i]);
-            if (e != cudaSuccess && rc == 0)
-                rc = cuda_fail(err, e, "cudaStreamSynchronize");
-        }
+        for (int i = 0; i < LDI_NSTREAMS; i++)
+            if (d->ops->stream_sync(d->streams[i], rc == 0 ? err : &(dcp_error){0}) < 0)
+                rc = -1;
     return rc;
-#else
-    (void)d;
-    (void)err;
-    return 0;
-#endif
 }
 
 int ldi_cuda_pick(int local, int *device, char *msg, size_t cap)
 {
-#ifdef HAVE_CUDA
+    const ldi_devops *ops = ldi_devops_get();
+    *device = -1;
+    if (!ops) {
+        snprintf(msg, cap, "this libdcpload was built without CUDA support");
+        return -1;
+    }
     int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        snprintf(msg, cap, "no usable GPU (%s)", cudaGetErrorString(e));
+    if (ops->device_count(&count, msg, cap) < 0)
         return -1;
-    }
-    if (count <= 0) {
-        snprintf(msg, cap, "no usable GPU (no CUDA device found)");
-        return -1;
-    }
     *device = local % count;
     return 0;
-#else
-    (void)local;
-    *device = -1;
-    snprintf(msg, cap, "this libdcpload was built without CUDA support");
-    return -1;
-#endif
 }
 
 int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap)
 {
-#ifdef HAVE_CUDA
+    const ldi_devops *ops = ldi_devops_get();
+    if (!ops) {
+        snprintf(msg, cap, "this libdcpload was built without CUDA support");
+        return -1;
+    }
     /* queried with the rank's device current, so that no context is made on
      * another (device 0 by default); the caller's device is given back */
     int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
-        cudaGetLastError();
+    dcp_error e;
+    if (ops->get_device(&prev, &e) < 0 || (prev != device && ops->set_device(device, &e) < 0)) {
         snprintf(msg, cap, "cannot use device %d", device);
         return -1;
     }
-    struct cudaPointerAttributes a;
-    cudaError_t e = cudaPointerGetAttributes(&a, p);
+    int rc = ops->check_ptr(p, device, msg, cap);
     if (prev != device)
-        cudaSetDevice(prev);
-    if (e != cudaSuccess) {
-        cudaGetLastError();   /* clear the sticky error of a host pointer */
-        snprintf(msg, cap, "the buffer is not CUDA memory (%s)", cudaGetErrorString(e));
-        return -1;
-    }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-        snprintf(msg, cap, "the buffer is not device memory");
-        return -1;
-    }
-    /* managed memory is usable from every device; device memory only from its own */
-    if (a.type == cudaMemoryTypeDevice && a.device != device) {
-        snprintf(msg, cap, "the buffer is on device %d, this rank loads to device %d", a.device, device);
-        return -1;
-    }
-    return 0;
-#else
-    (void)p;
-    (void)device;
-    snprintf(msg, cap, "this libdcpload was built without CUDA support");
-    return -1;
-#endif
+        ops->set_device(prev, &e);
+    return rc;
 }
 
 int dcp_load_have_cuda(void)

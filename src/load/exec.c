@@ -18,6 +18,14 @@
  * slot is reused once every answer is in. One read, one copy per rank, no
  * packing or message payload.
  *
+ * With device IPC (ipc.c: every destination CUDA memory) the same hand-off
+ * runs in device memory: the reader copies the unit from its pinned host
+ * slot into the device slot of the same index (one host-to-device copy per
+ * unit, posted before the unit's MPI sends to other nodes and waited for
+ * after them), sends the tokens, and places its own fragments device to
+ * device from that slot; a peer copies its fragments device to device out
+ * of the reader's slot, mapped by IPC, waits for its copies and answers.
+ *
  * A failed read or copy is recorded and the protocol goes on (with whatever
  * bytes the buffer holds), so no peer waits forever; the caller agrees on
  * the error afterwards.
@@ -66,6 +74,7 @@ struct exec {
     unsigned char *pool;       /* this rank's part of it: the read pool */
     unsigned char **peer_pool; /* per node rank: the read pool of that rank, mapped here */
     const int *node_rank;
+    const ldi_ipc *ipc;        /* device IPC: shm deliveries go device to device */
 
     /* this rank's reads, in order; shared with the I/O thread under lock */
     size_t *reads;
@@ -241,7 +250,7 @@ static void io_unit(struct exec *x, size_t k)
     int finished = 0;
     if (rc == 0 && !failed && io_only(x, u)) {
         if (slot >= 0)
-            rc = ldi_dest_place(x->dest, x->g, x->r, f, n, buf, -1, &e);
+            rc = ldi_dest_place(x->dest, x->g, x->r, f, n, buf, 0, -1, &e);
         finished = 1;
     } else if (io_only(x, u)) {
         finished = 1;
@@ -334,8 +343,26 @@ static void finish(struct exec *x, struct pend *p)
     dcp_error e;
     double t0 = ldi_now();
     if (p->role == ROLE_RECV && p->slot >= 0) {
-        if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, p->buf, p->slot, &e) < 0)
+        if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, p->buf, 0, p->slot, &e) < 0)
             fail(x, &e);
+    } else if (p->role == ROLE_SHM && x->ipc) {
+        /* the token names the reader's device slot, mapped here by IPC:
+         * copy out device to device, wait for the copies, then answer */
+        int t = p->token;
+        const unsigned char *pool = x->ipc->peer[x->node_rank[p->reader]];
+        if (t < 0 || (unsigned)t >= x->ipc->nslots || !pool) {
+            ldi_err(&e, EIO, "dcp_load: bad device staging token %d from rank %d", t, p->reader);
+            fail(x, &e);
+            t = t < 0 || (unsigned)t >= x->ipc->nslots ? 0 : t;
+        } else if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, pool + (size_t)t * x->ipc->slot_bytes,
+                                  1, -1, &e) < 0) {
+            fail(x, &e);
+        }
+        x->place_seconds += ldi_now() - t0;
+        t0 = ldi_now();
+        MPI_Send(NULL, 0, MPI_BYTE, p->reader, TAG_DONE + t, x->comm);
+        x->deliver_seconds += ldi_now() - t0;
+        return;
     } else if (p->role == ROLE_SHM) {
         /* the token names the reader's slot; copy out, then tell it the
          * slot is free (its receive is posted: the empty send completes) */
@@ -349,7 +376,7 @@ static void finish(struct exec *x, struct pend *p)
         } else {
             MPI_Win_sync(x->win);   /* the reader's bytes (synced before its token) are visible */
             const unsigned char *src = x->peer_pool[x->node_rank[p->reader]] + (size_t)t * x->rsize;
-            if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, src, -1, &e) < 0)
+            if (ldi_dest_place(x->dest, x->g, x->r, p->frags, p->nfrags, src, 0, -1, &e) < 0)
                 fail(x, &e);
             MPI_Win_sync(x->win);   /* our reads done before the answer lets the reader reuse the slot */
         }
@@ -431,6 +458,30 @@ static void inline_io(struct exec *x, size_t k)
     }
 }
 
+/* Post delivery d of the unit in pending entry p. */
+static void post_delivery(struct exec *x, struct pend *p, const dcp_gdlv *d)
+{
+    const dcp_gspan *s = x->g->spans + d->cov0;
+    if (d->kind == DCP_GDLV_SHM) {
+        /* the answer's receive first, then the token */
+        MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq++]);
+        MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq++]);
+        x->st->bytes_sent += d->bytes;
+        return;
+    }
+    if (d->kind == DCP_GDLV_P2P) {
+        ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, x->span_len, x->span_disp, &p->reqs[p->nreq++]);
+        x->st->bytes_sent += d->bytes;
+    } else {
+        const dcp_ggroup *gr = &x->g->groups[d->group];
+        ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), x->groups[d->group], x->span_len,
+                         x->span_disp, &p->reqs[p->nreq++]);
+        x->st->bytes_sent += d->bytes * (gr->n - 1);
+        x->st->broadcasts++;
+    }
+    x->st->messages++;
+}
+
 /* Unit ui, read by this rank as reads[k]: send it on. */
 static int as_reader(struct exec *x, size_t ui, size_t k)
 {
@@ -464,33 +515,46 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
     p->slot = rd->slot;
     p->buf = rd->buf;
     p->token = rd->slot;
+    const dcp_gdlv *dl = x->g->dlvs + u->dlv0;
     double t0 = ldi_now();
-    if (has_shm(x, u))
-        MPI_Win_sync(x->win);   /* the slot's bytes (read by the I/O thread) before the tokens */
-    for (size_t i = 0; i < u->ndlv; i++) {
-        const dcp_gdlv *d = &x->g->dlvs[u->dlv0 + i];
-        const dcp_gspan *s = x->g->spans + d->cov0;
-        if (d->kind == DCP_GDLV_SHM) {
-            /* the answer's receive first, then the token */
-            MPI_Irecv(NULL, 0, MPI_BYTE, d->peer, TAG_DONE + p->slot, x->comm, &p->reqs[p->nreq++]);
-            MPI_Isend(&p->token, 1, MPI_INT, d->peer, TAG_READY, x->comm, &p->reqs[p->nreq++]);
-            x->st->bytes_sent += d->bytes;
-            continue;
-        }
-        if (d->kind == DCP_GDLV_P2P) {
-            ldi_isend_spans(p->buf, s, d->ncov, d->peer, x->comm, x->span_len, x->span_disp, &p->reqs[p->nreq++]);
-            x->st->bytes_sent += d->bytes;
+    /* device IPC: the unit to its device slot (a shm unit always has a read
+     * slot, and a rank reading one always has a pool) */
+    const unsigned char *dev = NULL;
+    if (has_shm(x, u) && x->ipc) {
+        dcp_error e;
+        if (!x->ipc->pool || p->slot < 0) {
+            ldi_err(&e, EIO, "dcp_load: no device staging for unit %zu", ui);
+            fail(x, &e);
         } else {
-            const dcp_ggroup *gr = &x->g->groups[d->group];
-            ldi_ibcast_spans(p->buf, s, d->ncov, group_root(x->g, gr, x->me), x->groups[d->group],
-                             x->span_len, x->span_disp, &p->reqs[p->nreq++]);
-            x->st->bytes_sent += d->bytes * (gr->n - 1);
-            x->st->broadcasts++;
+            dev = x->ipc->pool + (size_t)p->slot * x->ipc->slot_bytes;
+            if (ldi_dest_stage(x->dest, (void *)dev, p->buf, (size_t)u->len, p->slot, &e) < 0)
+                fail(x, &e);
+            x->st->bytes_staged += u->len;
         }
-        x->st->messages++;
+    }
+    if (has_shm(x, u) && x->have_win)
+        MPI_Win_sync(x->win);   /* the slot's bytes (read by the I/O thread) before the tokens */
+    if (dev) {
+        /* messages to other nodes from the host slot while the copy runs;
+         * the tokens once the device slot holds the unit */
+        for (size_t i = 0; i < u->ndlv; i++)
+            if (dl[i].kind != DCP_GDLV_SHM)
+                post_delivery(x, p, &dl[i]);
+        dcp_error e;
+        double tf = ldi_now();
+        if (ldi_dest_fence(x->dest, p->slot, &e) < 0)
+            fail(x, &e);
+        x->place_seconds += ldi_now() - tf;
+        for (size_t i = 0; i < u->ndlv; i++)
+            if (dl[i].kind == DCP_GDLV_SHM)
+                post_delivery(x, p, &dl[i]);
+    } else {
+        for (size_t i = 0; i < u->ndlv; i++)
+            post_delivery(x, p, &dl[i]);
     }
     x->deliver_seconds += ldi_now() - t0;
-    /* this rank's own share, unless it was read in place */
+    /* this rank's own share, unless it was read in place: from the device
+     * slot when the unit is there */
     size_t n;
     const dcp_gfrag *f = my_frags(x, u, &n);
     if (n) {
@@ -499,7 +563,7 @@ static int as_reader(struct exec *x, size_t ui, size_t k)
         if (p->slot >= 0) {
             dcp_error e;
             t0 = ldi_now();
-            if (ldi_dest_place(x->dest, x->g, x->r, f, n, p->buf, p->slot, &e) < 0)
+            if (ldi_dest_place(x->dest, x->g, x->r, f, n, dev ? dev : p->buf, dev != NULL, p->slot, &e) < 0)
                 fail(x, &e);
             x->place_seconds += ldi_now() - t0;
         }
@@ -555,7 +619,10 @@ static int as_receiver(struct exec *x, size_t ui)
         MPI_Irecv(&p->token, 1, MPI_INT, u->reader, TAG_READY, x->comm, &p->reqs[p->nreq++]);
         x->deliver_seconds += ldi_now() - t0;
         x->st->bytes_received += d->bytes;
-        x->st->bytes_shm += d->bytes;
+        if (x->ipc)
+            x->st->bytes_ipc += d->bytes;
+        else
+            x->st->bytes_shm += d->bytes;
         return 0;
     }
     unsigned char *buf;
@@ -711,7 +778,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     /* the read pool in node shared memory: collective on the node, so every
      * rank allocates, also one that already failed */
     x.node_rank = o->node_rank;
-    if (g->has_shm && shared_pool(&x, o->node, err) < 0)
+    x.ipc = o->ipc;
+    if (g->has_shm && !x.ipc && shared_pool(&x, o->node, err) < 0)
         x.failed = 1;
     for (unsigned i = x.have_win ? x.wr : 0; i < x.wr + x.wv && !x.failed; i++) {
         size_t size = i < x.wr ? x.rsize : x.vsize;

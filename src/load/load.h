@@ -13,7 +13,10 @@
  *               buffers (or straight into the destination) with
  *               dcp_gunit_read, the main thread posts sends, broadcasts and
  *               receives in the global order;
- *   dest.c      the final copy: host dcp_gfrag_place, or CUDA copies.
+ *   ipc.c       for CUDA destinations on one node: device staging pools
+ *               shared by IPC handles (issue 16), else host messages;
+ *   dest.c      the final copy: host dcp_gfrag_place, or device copies
+ *               through the device layer (device.h: CUDA, or the fake).
  */
 #ifndef DCP_LOAD_INTERNAL_H
 #define DCP_LOAD_INTERNAL_H
@@ -101,10 +104,16 @@ void ldi_staging_free(ldi_dest *d, void *p);
 void ldi_staging_register(ldi_dest *d, void *p, size_t n);
 void ldi_staging_unregister(ldi_dest *d, void *p);
 /* Place fragments from buf (f->img is the offset of each) into their
- * requests' destinations. For CUDA, copies from buf run on a stream and
- * ldi_dest_fence(slot) waits until buf may be reused; slot -1 waits at once. */
+ * requests' destinations. buf is host memory, or with src_dev device
+ * memory (a device staging slot, this rank's or a node peer's mapped by
+ * IPC; only CUDA destinations then). For CUDA, copies from buf run on a
+ * stream and ldi_dest_fence(slot) waits until buf may be reused; slot -1
+ * waits at once. */
 int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dcp_gfrag *f, size_t n,
-                   const unsigned char *buf, int slot, dcp_error *err);
+                   const unsigned char *buf, int src_dev, int slot, dcp_error *err);
+/* Copy n bytes of a host staging slot to device memory dev (its device
+ * twin), asynchronously; ldi_dest_fence(slot) waits for it. */
+int ldi_dest_stage(ldi_dest *d, void *dev, const void *host, size_t n, int slot, dcp_error *err);
 int ldi_dest_fence(ldi_dest *d, int slot, dcp_error *err);
 /* Zero a request's buffer (plans with uncovered parts). */
 int ldi_dest_zero(ldi_dest *d, const dcp_greq *q, dcp_error *err);
@@ -117,6 +126,35 @@ int ldi_cuda_pick(int local, int *device, char *msg, size_t cap);
  * msg. Queried with `device` current; the thread's device is restored. */
 int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap);
 
+/* ---------------------------------------------------------------- device IPC (ipc.c) */
+
+struct ldi_devops;
+/* A node's device staging pools, shared by IPC for one call. */
+typedef struct ldi_ipc {
+    int active;                     /* ldi_ipc_setup ran: ldi_ipc_free is collective on node */
+    const struct ldi_devops *ops;   /* the device layer, once the rank's device is bound */
+    MPI_Comm node;
+    int device, nlocal;
+    unsigned nslots;                /* slots of slot_bytes in every pool (the staging options) */
+    size_t slot_bytes;
+    unsigned char *pool;            /* this rank's pool; NULL when it reads no unit peers share */
+    unsigned char **peer;           /* per node rank: its pool mapped here (NULL: none, or this rank) */
+} ldi_ipc;
+/* Local: can the plan's node-local deliveries run device to device? 0 with
+ * the reason in why when not. */
+int ldi_ipc_plan_ok(const dcp_gplan *g, char *why, size_t cap);
+/* Collective over comm and node: allocate this rank's device pool when it
+ * reads units its node peers take (DCP_GDLV_SHM), export it, gather the
+ * node's handles and map the peers' pools, with `device` current (restored
+ * after). Returns 0 when every rank of comm succeeded; 1 when one failed:
+ * then everything is undone on every rank and *why holds the agreed reason
+ * ("rank R: ..."). Never an error: the caller falls back to host messages. */
+int ldi_ipc_setup(MPI_Comm comm, MPI_Comm node, int device, const dcp_gplan *g, unsigned nslots,
+                  size_t slot_bytes, ldi_ipc *ipc, dcp_error *why);
+/* Unmap the peers' pools, then (a barrier on the node) free this rank's.
+ * Collective over the node once set up; nothing on a zeroed ldi_ipc. */
+void ldi_ipc_free(ldi_ipc *ipc);
+
 /* ---------------------------------------------------------------- execution */
 
 typedef struct ldi_exec_opts {
@@ -126,6 +164,7 @@ typedef struct ldi_exec_opts {
     MPI_Comm node;           /* the ranks sharing this rank's memory (plans with shm deliveries) */
     const MPI_Comm *groups;  /* per broadcast group of the plan: ldi_groups_create */
     const int *node_rank;    /* per rank of comm: its rank in its node communicator */
+    const ldi_ipc *ipc;      /* set up: the plan's shm deliveries run device to device */
 } ldi_exec_opts;
 
 /* The ranks sharing memory with this one: a node communicator, and per rank
@@ -138,12 +177,19 @@ typedef struct ldi_nodes {
 } ldi_nodes;
 int ldi_nodes_get(MPI_Comm comm, ldi_nodes *nd, dcp_error *err);
 /* The same without the communicator (comm stays MPI_COMM_NULL, nlocal 1),
- * by processor name; also ORs every rank's flag into *any_flag. */
-int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err);
+ * by processor name; also ORs every rank's flags (bits) into *any_flags and
+ * ANDs them into *all_flags. */
+int ldi_nodes_by_name(MPI_Comm comm, int flags, int *any_flags, int *all_flags, ldi_nodes *nd, dcp_error *err);
 void ldi_nodes_free(ldi_nodes *nd);
 
 int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const dcp_gplan *g,
                 const ldi_exec_opts *o, dcp_load_stats *st, dcp_error *err);
+
+/* dcp_load's two symbol versions (api.c). */
+int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+                 const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
+int ldi_load_0_1(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
+                 const dcp_load_options *opts, void *stats, dcp_error *err);
 
 /* Every rank reads its own needs, whole records (DCP_LOAD_INDEPENDENT). */
 int ldi_independent(dcp_checkpoint *ck, const dcp_greqs *reqs, int me, dcp_load_stats *st,

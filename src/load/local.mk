@@ -2,7 +2,7 @@
 # only these files include MPI (and CUDA when configure found it).
 lib_LTLIBRARIES += libdcpload.la
 include_HEADERS += include/dcp_load.h
-noinst_HEADERS += src/load/load.h
+noinst_HEADERS += src/load/load.h src/load/device.h
 libdcpload_la_SOURCES = \
 	src/load/util.c \
 	src/load/agree.c \
@@ -11,12 +11,14 @@ libdcpload_la_SOURCES = \
 	src/load/identity.c \
 	src/load/request.c \
 	src/load/groups.c \
+	src/load/device_fake.c \
 	src/load/dest.c \
+	src/load/ipc.c \
 	src/load/exec.c \
 	src/load/independent.c \
 	src/load/api.c
 libdcpload_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -pthread
-libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread
+libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread -lrt
 # Exports: the dcp_load* calls, with the symbol version DCP_LOAD_0.1 (src/load/libdcpload.map).
 libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -Wl,--version-script=$(srcdir)/src/load/libdcpload.map
 EXTRA_libdcpload_la_DEPENDENCIES = $(srcdir)/src/load/libdcpload.map
@@ -28,6 +30,8 @@ dcpload_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) $(XXHASH_CFLAGS)
 dcpload_LDADD = libdcpload.la libdcp.la $(MPI_LIBS) $(XXHASH_LIBS)
 
 if HAVE_CUDA
+# the device layer over CUDA (device.h); device_fake.c is the test-only stand-in
+libdcpload_la_SOURCES += src/load/device_cuda.c
 libdcpload_la_CFLAGS += $(CUDA_CFLAGS)
 libdcpload_la_LIBADD += $(CUDA_LIBS)
 dcpload_CFLAGS += $(CUDA_CFLAGS)

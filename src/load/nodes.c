@@ -25,7 +25,7 @@ static uint64_t name_hash(void)
     return h;
 }
 
-int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp_error *err)
+int ldi_nodes_by_name(MPI_Comm comm, int flags, int *any_flags, int *all_flags, ldi_nodes *nd, dcp_error *err)
 {
     nd->comm = MPI_COMM_NULL;
     nd->local = 0;
@@ -33,7 +33,7 @@ int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp
     int me, n;
     MPI_Comm_rank(comm, &me);
     MPI_Comm_size(comm, &n);
-    uint64_t mine[2] = {name_hash(), (uint64_t)(flag != 0)};
+    uint64_t mine[2] = {name_hash(), (uint64_t)(unsigned)flags};
     uint64_t *all = malloc(2 * (size_t)n * sizeof *all);
     nd->node = malloc((size_t)n * sizeof *nd->node);
     nd->node_rank = malloc((size_t)n * sizeof *nd->node_rank);
@@ -45,9 +45,11 @@ int ldi_nodes_by_name(MPI_Comm comm, int flag, int *any_flag, ldi_nodes *nd, dcp
         return rc;
     }
     ldi_allgather(mine, 2, MPI_UINT64_T, all, comm);
-    *any_flag = 0;
+    *any_flags = 0;
+    *all_flags = -1;
     for (int r = 0; r < n; r++) {
-        *any_flag |= all[2 * r + 1] != 0;
+        *any_flags |= (int)all[2 * r + 1];
+        *all_flags &= (int)all[2 * r + 1];
         int first = r, below = 0;
         for (int q = 0; q < r; q++)
             if (all[2 * q] == all[2 * r]) {

@@ -13,6 +13,14 @@
  *   safetensors model.safetensors of a Hugging Face folder (header JSON,
  *               DCP_SHARDING_INFO), also opened as a single file
  *   torchfile   a torch.save file opened on its own (Megatron's common.pt)
+ *   hfindex     model.safetensors.index.json beside a sharded Hugging Face
+ *               folder's shards (tests/data/hf_sharded)
+ *   mcoreconfig metadata.json (Megatron-Core's CheckpointingConfig) in
+ *               fixture 09's folder
+ *   rankfile    model_1.pt of a torch-checkpointing folder (per-rank
+ *               torch.save files of DTensors: meshes, placements, shapes)
+ *   recipe      an export recipe (dcp-recipe(5)) applied to fixture 09, a
+ *               Megatron checkpoint: dcp_export_hf into a folder, removed
  *
  * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
  * `make check`, which runs every committed input (tests/fuzz-regress.sh).
@@ -24,12 +32,13 @@
 #include <unistd.h>
 
 #include "dcp.h"
+#include "dcp_export.h"
 #include "dcp_write.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
-enum open_how { AS_FOLDER, AS_FILE, AS_BOTH };
+enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE };
 
 static const struct target {
     const char *name;
@@ -44,10 +53,14 @@ static const struct target {
     {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
     {"safetensors", NULL, "model.safetensors", AS_BOTH},
     {"torchfile", NULL, "common.pt", AS_FILE},
+    {"hfindex", "tests/data/hf_sharded", "model.safetensors.index.json", AS_FOLDER},
+    {"mcoreconfig", "tests/fixtures/09_megatron_torch_dist/ckpt", "metadata.json", AS_FOLDER},
+    {"rankfile", "tests/data/rankfiles/tc2", "model_1.pt", AS_FOLDER},
+    {"recipe", NULL, "r.json", AS_RECIPE},
 };
 
 static const struct target *tg;
-static char dir[256], path[320];
+static char dir[256], path[320], srcdir[4096];
 
 static void cleanup(void)
 {
@@ -71,6 +84,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         fprintf(stderr, "\n");
         exit(2);
     }
+    snprintf(srcdir, sizeof srcdir, "%s", src);
     const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(dir, sizeof dir, "%s/dcpfuzz.%s.%d", tmp, tg->name, (int)getpid());
     snprintf(path, sizeof path, "%s/%s", dir, tg->file);
@@ -130,6 +144,20 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     dcp_checkpoint *ck;
     dcp_error err;
     int verbose = getenv("FUZZ_VERBOSE") != NULL;   /* what a seed opens to, for its author */
+    if (tg->how == AS_RECIPE) {
+        char ckpt[4200], out[400], cmd[500];
+        snprintf(ckpt, sizeof ckpt, "%s/tests/fixtures/09_megatron_torch_dist/ckpt", srcdir);
+        snprintf(out, sizeof out, "%s/out", dir);
+        dcp_export_options o = {.recipe = path, .flags = DCP_EXPORT_NO_SYNC | DCP_EXPORT_ALLOW_UNMAPPED,
+                                .max_shard_size = 256};
+        int rc = dcp_export_hf(ckpt, out, &o, &err);
+        if (verbose)
+            fprintf(stderr, "fuzz_open: export: %s\n", rc == 0 ? "written" : err.msg);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+        if (rc == 0 && system(cmd) != 0)
+            abort();
+        return 0;
+    }
     if (tg->how != AS_FILE) {
         int rc = dcp_open(dir, 0, &ck, &err);
         if (verbose)

@@ -1,0 +1,89 @@
+#!/bin/bash
+# Partial checkpoints (a save that did not finish) are named as such by
+# dcp info / ls / cat / digest (exit 3, "a partial checkpoint: REASON"),
+# distinct from "not a checkpoint" (exit 1): shard files without .metadata,
+# torch's in-flight .metadata.tmp (and __R.metadata.tmp), a Megatron folder
+# without metadata.json, checkpoint files in a tmp-/tmp_/.tmp folder; the
+# library's dcp_open says "a partial checkpoint" too, and a complete
+# checkpoint, an HF folder and a Megatron one open as before.
+. "$top_srcdir/tests/lib.sh"
+scratch
+export XDG_CACHE_HOME="$SCRATCH/cache"
+S=$SCRATCH
+"$DCP" synth "$S/full" --keys 3 --shape 16,8 --ranks 4 --shard rows --seed 2 >/dev/null
+ls "$S/full"/*.distcp >/dev/null
+
+# partial PATH "REASON": dcp info, ls, cat and digest exit 3 naming it
+partial() {
+    local p=$1 why=$2 cmd rc
+    for cmd in info ls digest; do
+        rc=0; "$DCP" $cmd "$p" >"$S/out" 2>"$S/err" || rc=$?
+        [ $rc = 3 ] || fail "dcp $cmd $p: exit $rc, not 3: $(cat "$S/err")"
+        grep -qF "dcp: $p: a partial checkpoint: $why" "$S/err" || fail "dcp $cmd $p: $(cat "$S/err") (want: $why)"
+        [ -s "$S/out" ] && fail "dcp $cmd $p printed: $(cat "$S/out")"
+    done
+    rc=0; "$DCP" cat "$p" k >/dev/null 2>"$S/err" || rc=$?
+    [ $rc = 3 ] && grep -qF "a partial checkpoint" "$S/err" || fail "dcp cat $p: exit $rc: $(cat "$S/err")"
+}
+
+# 1. the shards of a save that crashed before .metadata
+mkdir "$S/step_100"; cp "$S/full"/*.distcp "$S/step_100/"
+partial "$S/step_100" "4 shard files, no .metadata (the save did not finish)"
+# dcp_open's own message, with the catalog off too
+expect_fail "step_100: a partial checkpoint: 4 shard files, no .metadata (the save did not finish)" \
+    "$DCP" --no-catalog layout "$S/step_100"
+
+# 2. DCP's in-flight name: .metadata.tmp written, not yet renamed
+mkdir "$S/step_200"; cp "$S/full"/*.distcp "$S/step_200/"; cp "$S/full/.metadata" "$S/step_200/.metadata.tmp"
+partial "$S/step_200" "4 shard files, .metadata.tmp, no .metadata (the save was writing its metadata and did not finish)"
+# ... beside an old .metadata: a save into the folder is in flight
+cp -r "$S/full" "$S/step_210"; cp "$S/full/.metadata" "$S/step_210/.metadata.tmp"
+partial "$S/step_210" "4 shard files, .metadata.tmp beside .metadata"
+# rank-local: __0.metadata.tmp
+mkdir "$S/step_220"; cp "$S/full/__0_0.distcp" "$S/step_220/"; cp "$S/full/.metadata" "$S/step_220/__0.metadata.tmp"
+partial "$S/step_220" "1 shard file, __R.metadata.tmp files"
+
+# 3. Megatron: common.pt and a complete DCP part, but no metadata.json (written last)
+M="$FIXTURES/09_megatron_torch_dist/ckpt"
+cp -r "$M" "$S/iter_0000300"; rm "$S/iter_0000300/metadata.json"
+partial "$S/iter_0000300" "1 shard file, no metadata.json (Megatron writes it last: the save did not finish)"
+mkdir "$S/iter_0000400"; cp "$M/common.pt" "$S/iter_0000400/"
+partial "$S/iter_0000400" "common.pt but no shard files"
+# iter_N named, no common.pt yet either
+cp -r "$S/full" "$S/iter_0000500"
+partial "$S/iter_0000500" "4 shard files, no metadata.json"
+# the complete Megatron folder opens
+"$DCP" info "$M" >/dev/null || fail "the complete Megatron checkpoint does not open"
+
+# 4. Hugging Face shards without their index (save_pretrained writes it last)
+"$DCP" convert --quiet --max-shard-size 300 "$S/full" "$S/hf_partial"
+n=$(ls "$S/hf_partial"/model-*-of-*.safetensors | wc -l)
+[ "$n" -gt 1 ] || fail "one HF shard: $(ls "$S/hf_partial")"
+rm "$S/hf_partial/model.safetensors.index.json"
+partial "$S/hf_partial" "$n of $n shard files, no model.safetensors.index.json (it is written last: the save did not finish)"
+
+# 5. a staged save not renamed yet (tmp-checkpoint-N, tmp_*, *.tmp)
+for d in tmp-checkpoint-600 tmp_step_600 step_600.tmp; do
+    cp -r "$S/full" "$S/$d"
+    partial "$S/$d" "4 shard files in a temporary folder \"$d\" (the save did not finish, or was not renamed yet)"
+done
+
+# not a checkpoint: exit 1, another message
+mkdir "$S/empty"; echo hi >"$S/empty/notes.txt"
+rc=0; "$DCP" info "$S/empty" 2>"$S/err" || rc=$?
+[ $rc = 1 ] && grep -q "not a checkpoint" "$S/err" && ! grep -q partial "$S/err" || fail "empty: exit $rc: $(cat "$S/err")"
+rc=0; "$DCP" ls "$S/no-such" 2>"$S/err" || rc=$?
+[ $rc = 1 ] || fail "a missing folder: exit $rc: $(cat "$S/err")"
+
+# complete ones are untouched: DCP, HF folder, single files; a mktemp-like "tmp.XXXX" name is no staging name
+"$DCP" ls "$S/full" >/dev/null || fail "the complete checkpoint"
+"$DCP" convert --quiet --max-shard-size 300 "$S/full" "$S/hf"
+"$DCP" ls "$S/hf" >/dev/null || fail "the HF folder"
+cp -r "$S/full" "$S/tmp.Ab12Cd"
+"$DCP" info "$S/tmp.Ab12Cd" >/dev/null || fail "a folder named like mktemp's is taken for a staged save"
+
+# a partial checkpoint completing: its .metadata arrives, and it opens
+cp "$S/full/.metadata" "$S/step_100/"
+"$DCP" ls "$S/step_100" >/dev/null || fail "step_100 once complete"
+diff <("$DCP" digest "$S/full") <("$DCP" digest "$S/step_100") || fail "step_100's values differ from full's"
+echo "partial checkpoints: named by every kind of unfinished save, exit 3"

@@ -1,0 +1,5 @@
+# Export recipes (issue 15): dcp convert --to hf.
+EXPORT_TESTS = tests/export-recipes.sh tests/export-hf.sh
+TESTS += $(EXPORT_TESTS)
+dist_check_SCRIPTS += $(EXPORT_TESTS)
+EXTRA_DIST += tests/interop/export_hf.py
