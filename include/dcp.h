@@ -1,9 +1,12 @@
 /* libdcp: read PyTorch Distributed Checkpoints (DCP) without Python.
  *
  * The public API. Every function that can fail returns 0 on success and -1 on
- * failure, filling a caller-provided dcp_error with an errno-like code and a
- * message that names the file, the key and the reason. Nothing in libdcp calls
- * exit() or abort(), and nothing here knows of FUSE, MPI or CUDA.
+ * failure (or a pointer, NULL on failure), filling a caller-provided
+ * dcp_error with an errno-like code and a message that names the file, the
+ * key and the reason. A lookup that finds nothing (dcp_find_entry,
+ * dcp_get_entry, dcp_check_blob) is -1 with code DCP_ENOTFOUND, which no
+ * failure has. Nothing in libdcp calls exit() or abort(), and nothing here
+ * knows of FUSE, MPI or CUDA. man libdcp(3), RETURN VALUE and ERRORS.
  *
  * Thread safety: a dcp_checkpoint may be shared by any number of threads once
  * opened; planning and reading are thread-safe. Plans are owned by one thread.
@@ -44,9 +47,15 @@ unsigned dcp_version_number(void);
 #define DCP_ERRMSG_MAX 1024
 
 typedef struct dcp_error {
-    int code;                   /* errno value: ENOENT, EIO, EINVAL, ENOMEM, ... */
+    int code;                   /* errno value: ENOENT, EIO, EINVAL, ENOMEM, ...; or DCP_ENOTFOUND */
     char msg[DCP_ERRMSG_MAX];   /* "<file>: <key>: <reason>" */
 } dcp_error;
+
+/* err->code of a lookup that found nothing: no such key, no entry at that
+ * index, no digest recorded. Outside errno's range (Linux's end below 200),
+ * so that "not there" never reads as a failure such as ENOENT for a missing
+ * data file, nor the other way round. Since 0.2 (DCP_0.2 calls). */
+#define DCP_ENOTFOUND 0x10000
 
 /* Called as bytes are processed (for progress bars); may be NULL. Used by
  * dcp_write.h and dcp_integrity.h. */
@@ -251,6 +260,13 @@ size_t dcp_num_entries(const dcp_checkpoint *ck);
  * (the checkpoint changed since it was opened: dcp_seek tells the two apart). */
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
+/* The same lookups under the error contract (since 0.2): 0 with *out the
+ * entry; -1 with *out NULL and err, whose code is DCP_ENOTFOUND when there is
+ * no such key (no entry i: i >= dcp_num_entries), else the failure's (ESTALE:
+ * the checkpoint changed since it was opened; EIO, ENOMEM, ...). Either way
+ * the message names the checkpoint and the key (or index). */
+int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err);
+int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err);
 /* Keys in byte (strcmp) order, for listings by key prefix that need not hold
  * every key: *out is the entry with the smallest key >= from, or NULL when
  * there is none. The key right after k is the one >= k followed by "\x01". A

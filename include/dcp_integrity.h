@@ -80,6 +80,12 @@ int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, 
  * recorded for it, -1 with err (EIO, naming file, key and offset) when its
  * bytes changed or cannot be read. Callers cache the answer per blob. */
 int dcp_verify_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err);
+/* dcp_verify_blob under the error contract (since 0.2): 0 when the blob
+ * matches its recorded digest; -1 with err: code DCP_ENOTFOUND when no
+ * digest is recorded for it (nothing to compare: not a failure of the
+ * bytes), EIO when its bytes changed, or the failure that kept it from being
+ * compared. The message names the file, the key and the offset. */
+int dcp_check_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err);
 /* Import digests from a sidecar file written by dcp_digests_export. */
 int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar, uint64_t *n,
                        dcp_error *err);

@@ -129,14 +129,70 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
     return 0;
 }
 
+/* One decoded (zstd) blob. */
+typedef struct dcpi_decoded {
+    uint32_t file;
+    uint64_t offset;
+    void *data;
+    uint64_t len;
+    uint64_t last_use;
+} dcpi_decoded;
+
+/* ck->blobs: the last few decoded blobs, so that a plan's many ops into one
+ * compressed blob decode it once. Made on first use, under ck->lock. */
+struct dcpi_blobcache {
+    dcpi_decoded slot[DCPI_DECODED_CACHE];
+    uint64_t clock;
+};
+
+static void blobcache_free(void *state)
+{
+    struct dcpi_blobcache *c = state;
+    for (int i = 0; i < DCPI_DECODED_CACHE; i++)
+        free(c->slot[i].data);
+    free(c);
+}
+
+/* Under ck->lock: ck->blobs, made if needed; NULL with err. */
+static struct dcpi_blobcache *blobs_of(dcp_checkpoint *ck, dcp_error *err)
+{
+    if (ck->blobs)
+        return ck->blobs;
+    struct dcpi_blobcache *c = calloc(1, sizeof *c);
+    if (!c) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+        return NULL;
+    }
+    if (dcpi_ck_on_close(ck, blobcache_free, c, err) < 0) {
+        free(c);
+        return NULL;
+    }
+    return ck->blobs = c;
+}
+
+int dcpi_blob_cached(dcp_checkpoint *ck)
+{
+    int n = 0;
+    pthread_mutex_lock(&ck->lock);
+    for (int i = 0; ck->blobs && i < DCPI_DECODED_CACHE; i++)
+        n += ck->blobs->slot[i].data != NULL;
+    pthread_mutex_unlock(&ck->lock);
+    return n;
+}
+
 /* Find or load the decoded blob; returns the cache slot with ck->lock held. */
 static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *key, dcp_error *err)
 {
     pthread_mutex_lock(&ck->lock);
+    struct dcpi_blobcache *c = blobs_of(ck, err);
+    if (!c) {
+        pthread_mutex_unlock(&ck->lock);
+        return NULL;
+    }
     for (int i = 0; i < DCPI_DECODED_CACHE; i++) {
-        dcpi_decoded *d = &ck->decoded[i];
+        dcpi_decoded *d = &c->slot[i];
         if (d->data && d->file == b->file && d->offset == b->offset) {
-            d->last_use = ++ck->decode_clock;
+            d->last_use = ++c->clock;
             return d;
         }
     }
@@ -145,13 +201,13 @@ static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *k
     uint64_t len = 0;
     if (decode(ck, b, key, &data, &len, err) < 0)
         return NULL;
-    pthread_mutex_lock(&ck->lock);
-    dcpi_decoded *victim = &ck->decoded[0];
+    pthread_mutex_lock(&ck->lock);   /* c stays: it is freed only by dcp_close */
+    dcpi_decoded *victim = &c->slot[0];
     for (int i = 0; i < DCPI_DECODED_CACHE; i++) {
-        dcpi_decoded *d = &ck->decoded[i];
+        dcpi_decoded *d = &c->slot[i];
         if (d->data && d->file == b->file && d->offset == b->offset) {   /* another thread won */
             free(data);
-            d->last_use = ++ck->decode_clock;
+            d->last_use = ++c->clock;
             return d;
         }
         if (!d->data || d->last_use < victim->last_use)
@@ -162,7 +218,7 @@ static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *k
     victim->len = len;
     victim->file = b->file;
     victim->offset = b->offset;
-    victim->last_use = ++ck->decode_clock;
+    victim->last_use = ++c->clock;
     return victim;
 }
 

@@ -11,8 +11,9 @@
  * front-end's), and if open(2) still fails with EMFILE/ENFILE the idle older
  * half is closed and the open retried. An fd handed out by dcp_file_fd or
  * dcpi_ck_fd is pinned: it has no release call, so it stays open until
- * dcp_close. All of this is guarded by ck->lock; only the opens happen under
- * it, the reads do not.
+ * dcp_close. All of this is ck->io, this file's (made by dcpi_ck_files_ready,
+ * freed at dcp_close through the closer it registers), guarded by ck->lock;
+ * only the opens happen under it, the reads do not.
  *
  * A file opened later must be the file that was there when the checkpoint
  * was opened (same device and inode, noted by dcp_open), and one reopened
@@ -51,7 +52,10 @@
 
 /* ------------------------------------------------------------ fd cache */
 
-struct dcpi_fdtab {
+struct dcpi_files {
+    size_t nfiles;        /* ck->nfiles when made: the length of every array */
+    int *fds;             /* -1 until opened */
+    int64_t *sizes;       /* -1 until stat'ed; the checkpoint is immutable */
     uint32_t *users;      /* reads in flight per file: the fd stays open while > 0 */
     uint64_t *last_use;   /* clock of the last acquire, to close the oldest first */
     uint8_t *pinned;      /* handed out to a caller with no release: open until dcp_close */
@@ -73,36 +77,72 @@ static size_t fd_cap(void)
     return cap < 16 ? 16 : cap;
 }
 
-/* Under ck->lock. The table lives in the arena, so dcp_close frees it. */
-static struct dcpi_fdtab *fdtab(dcp_checkpoint *ck)
+static void files_free(void *state)
 {
-    if (ck->fdtab)
-        return ck->fdtab;
+    struct dcpi_files *t = state;
+    for (size_t i = 0; i < t->nfiles; i++)
+        if (t->fds[i] >= 0)
+            close(t->fds[i]);
+    free(t->fds);
+    free(t->sizes);
+    free(t->users);
+    free(t->last_use);
+    free(t->pinned);
+    free(t->seen);
+    free(t->dev);
+    free(t->ino);
+    free(t);
+}
+
+int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
+{
     size_t n = ck->nfiles ? ck->nfiles : 1;
-    struct dcpi_fdtab *t = dcpi_arena_alloc(&ck->arena, sizeof *t);
-    if (!t || n > SIZE_MAX / sizeof(uint64_t))
-        return NULL;
-    t->users = dcpi_arena_alloc(&ck->arena, n * sizeof *t->users);
-    t->last_use = dcpi_arena_alloc(&ck->arena, n * sizeof *t->last_use);
-    t->pinned = dcpi_arena_alloc(&ck->arena, n);
-    t->seen = dcpi_arena_alloc(&ck->arena, n);
-    t->dev = dcpi_arena_alloc(&ck->arena, n * sizeof *t->dev);
-    t->ino = dcpi_arena_alloc(&ck->arena, n * sizeof *t->ino);
-    if (!t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino)
-        return NULL;
+    struct dcpi_files *t = calloc(1, sizeof *t);
+    if (!t)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    t->fds = malloc(n * sizeof *t->fds);
+    t->sizes = malloc(n * sizeof *t->sizes);
+    t->users = calloc(n, sizeof *t->users);
+    t->last_use = calloc(n, sizeof *t->last_use);
+    t->pinned = calloc(n, 1);
+    t->seen = calloc(n, 1);
+    t->dev = calloc(n, sizeof *t->dev);
+    t->ino = calloc(n, sizeof *t->ino);
+    if (t->fds && t->sizes)
+        for (size_t i = 0; i < ck->nfiles; i++) {
+            t->fds[i] = -1;
+            t->sizes[i] = -1;
+        }
+    t->nfiles = ck->nfiles;
     t->cap = fd_cap();
-    ck->fdtab = t;
-    return t;
+    if (!t->fds || !t->sizes || !t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino) {
+        files_free(t);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    }
+    if (ck->io || dcpi_ck_on_close(ck, files_free, t, err) < 0) {
+        files_free(t);
+        return ck->io ? dcpi_err(err, EINVAL, "%s: the data files' state is made twice", ck->path) : -1;
+    }
+    ck->io = t;
+    return 0;
+}
+
+/* The data files' state, or NULL with err before dcpi_ck_files_ready. */
+static struct dcpi_files *io_of(dcp_checkpoint *ck, dcp_error *err)
+{
+    if (!ck->io)
+        dcpi_err(err, EINVAL, "%s: the data files are not set up (dcpi_ck_files_ready)", ck->path);
+    return ck->io;
 }
 
 /* Under ck->lock: close the idle (unused, unpinned) fds that are at least as
  * old as the average idle one, i.e. roughly the older half. Returns how many
  * were closed. O(nfiles), and only runs when the cache is full. */
-static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_fdtab *t)
+static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_files *t)
 {
     uint64_t sum = 0, n = 0;
     for (size_t i = 0; i < ck->nfiles; i++)
-        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0) {
+        if (t->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0) {
             sum += t->last_use[i] / 1024;   /* scaled so the sum cannot overflow */
             n++;
         }
@@ -111,17 +151,17 @@ static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_fdtab *t)
     uint64_t avg = sum / n;
     size_t closed = 0;
     for (size_t i = 0; i < ck->nfiles; i++)
-        if (ck->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0 && t->last_use[i] / 1024 <= avg) {
-            close(ck->fds[i]);
-            ck->fds[i] = -1;
+        if (t->fds[i] >= 0 && !t->pinned[i] && t->users[i] == 0 && t->last_use[i] / 1024 <= avg) {
+            close(t->fds[i]);
+            t->fds[i] = -1;
             closed++;
         }
     t->nopen -= closed;
     return closed;
 }
 
-/* Under ck->lock: open data file `file` into ck->fds and record its size. */
-static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, const char *key,
+/* Under ck->lock: open data file `file` into t->fds and record its size. */
+static int open_file(dcp_checkpoint *ck, struct dcpi_files *t, uint32_t file, const char *key,
                      dcp_error *err)
 {
     const char *rel = ck->files[file];
@@ -166,17 +206,17 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_fdtab *t, uint32_t file, co
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    ck->fds[file] = fd;
-    if (ck->file_sizes[file] < 0)
-        ck->file_sizes[file] = (int64_t)st.st_size;   /* the checkpoint is immutable */
+    t->fds[file] = fd;
+    if (t->sizes[file] < 0)
+        t->sizes[file] = (int64_t)st.st_size;   /* the checkpoint is immutable */
     t->nopen++;
     return 0;
 }
 
 void dcpi_files_note_identity(dcp_checkpoint *ck)
 {
+    struct dcpi_files *t = ck->io;
     pthread_mutex_lock(&ck->lock);
-    struct dcpi_fdtab *t = fdtab(ck);
     for (size_t i = 0; t && i < ck->nfiles; i++) {
         struct stat st;
         if (t->seen[i] || fstatat(ck->dirfd, ck->files[i], &st, 0) != 0 || !S_ISREG(st.st_mode))
@@ -196,13 +236,14 @@ int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin,
     if (file >= ck->nfiles)
         return dcpi_err(err, EINVAL, "%s: %s%sdata file index %" PRIu32 " out of range (%zu files)",
                        ck->path, key ? key : "", key ? ": " : "", file, ck->nfiles);
+    struct dcpi_files *t = io_of(ck, err);
+    if (!t)
+        return -1;
+    if (file >= t->nfiles)   /* a file declared after the state was made */
+        return dcpi_err(err, EINVAL, "%s: %s%sdata file index %" PRIu32 " out of range (%zu files)",
+                        ck->path, key ? key : "", key ? ": " : "", file, t->nfiles);
     pthread_mutex_lock(&ck->lock);
-    struct dcpi_fdtab *t = fdtab(ck);
-    if (!t) {
-        pthread_mutex_unlock(&ck->lock);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
-    }
-    if (ck->fds[file] < 0 && open_file(ck, t, file, key, err) < 0) {
+    if (t->fds[file] < 0 && open_file(ck, t, file, key, err) < 0) {
         pthread_mutex_unlock(&ck->lock);
         return -1;
     }
@@ -211,17 +252,25 @@ int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin,
     else
         t->users[file]++;
     t->last_use[file] = ++t->clock;
-    *fd = ck->fds[file];
+    *fd = t->fds[file];
     if (size)
-        *size = (uint64_t)ck->file_sizes[file];
+        *size = (uint64_t)t->sizes[file];
     pthread_mutex_unlock(&ck->lock);
     return 0;
+}
+
+size_t dcpi_files_open(dcp_checkpoint *ck)
+{
+    pthread_mutex_lock(&ck->lock);
+    size_t n = ck->io ? ck->io->nopen : 0;
+    pthread_mutex_unlock(&ck->lock);
+    return n;
 }
 
 void dcpi_fd_release(dcp_checkpoint *ck, uint32_t file)
 {
     pthread_mutex_lock(&ck->lock);
-    ck->fdtab->users[file]--;
+    ck->io->users[file]--;
     pthread_mutex_unlock(&ck->lock);
 }
 
@@ -237,9 +286,9 @@ int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
 
 int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err)
 {
-    if (file < ck->nfiles) {
+    if (file < ck->nfiles && ck->io) {
         pthread_mutex_lock(&ck->lock);
-        int64_t s = ck->file_sizes[file];
+        int64_t s = ck->io->sizes[file];
         pthread_mutex_unlock(&ck->lock);
         if (s >= 0) {
             *size = (uint64_t)s;

@@ -16,6 +16,8 @@
 int dcpi_fd_acquire(dcp_checkpoint *ck, uint32_t file, const char *key, int pin, int *fd,
                     uint64_t *size, dcp_error *err);
 void dcpi_fd_release(dcp_checkpoint *ck, uint32_t file);
+/* How many data files' fds are open now, pinned ones included (tests). */
+size_t dcpi_files_open(dcp_checkpoint *ck);
 
 /* Note each data file's device and inode now (dcp_open, right after the
  * metadata was read): a file opened later must be the same one, else the

@@ -699,9 +699,13 @@ int dcp_greq_check(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim, 
                    const int64_t *len, const dcp_entry **out, uint64_t *nbytes, dcp_error *err)
 {
     const char *path = dcpi_ck_name(ck);
-    const dcp_entry *e = dcp_find(ck, key);
-    if (!e)
-        return dcpi_err(err, ENOENT, "%s: %s: no such key in the checkpoint", path, key);
+    const dcp_entry *e;
+    dcp_error fe;
+    if (dcp_find_entry(ck, key, &e, &fe) < 0) {
+        if (fe.code == DCP_ENOTFOUND)   /* ENOENT, as in 0.1 */
+            return dcpi_err(err, ENOENT, "%s: %s: no such key in the checkpoint", path, key);
+        return dcpi_err(err, fe.code, "%s", fe.msg);
+    }
     *out = e;
     if (e->kind == DCP_KIND_BYTES) {
         if (ndim != 0)

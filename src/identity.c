@@ -60,7 +60,7 @@ void dcpi_identity_finish(dcpi_identity *id, dcp_checkpoint *ck)
 {
     if (!id)
         return;   /* the key is computed from the file when it is needed */
-    dcpi_identity_key(id, ck->model_key);
+    dcpi_identity_key(id, ck->meta.key);
     dcpi_identity_stamp(ck, &id->sb);
     dcpi_identity_free(id);
 }
@@ -75,10 +75,10 @@ void dcpi_identity_stamp(dcp_checkpoint *ck, const struct stat *sb)
     struct timespec now;
     if (clock_gettime(CLOCK_REALTIME, &now) < 0 || now.tv_sec - sb->st_mtim.tv_sec < 2 ||
         now.tv_sec - sb->st_ctim.tv_sec < 2) {
-        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+        snprintf(ck->meta.stamp, sizeof ck->meta.stamp, "-");
         return;
     }
-    snprintf(ck->model_stamp, sizeof ck->model_stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
+    snprintf(ck->meta.stamp, sizeof ck->meta.stamp, "%llx:%llx:%llx:%lld.%09ld:%lld.%09ld",
              (unsigned long long)sb->st_dev, (unsigned long long)sb->st_ino, (unsigned long long)sb->st_size,
              (long long)sb->st_mtim.tv_sec, sb->st_mtim.tv_nsec, (long long)sb->st_ctim.tv_sec, sb->st_ctim.tv_nsec);
 }

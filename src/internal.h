@@ -95,22 +95,32 @@ struct dcpi_entry_priv {
     dcpi_chunkset *set;        /* a served model's, while cached (under ck->lock) */
 };
 
-/* Decoded (zstd) blob cache entry. */
-typedef struct dcpi_decoded {
-    uint32_t file;
-    uint64_t offset;
-    void *data;
-    uint64_t len;
-    uint64_t last_use;
-} dcpi_decoded;
-
-#define DCPI_DECODED_CACHE 4
-
 /* Internal blob flag (beside the public DCP_TRANSFORM_*): the blob is the raw
  * C-contiguous bytes of exactly its chunk (safetensors data). */
 #define DCPI_BLOB_RAW (1u << 31)
 
 typedef struct dcpi_store dcpi_store;   /* store.h */
+
+/* The .metadata a model was parsed from (identity.c computes it; the
+ * catalog files and finds models by it): the content key (XXH3-128 of its
+ * size, mtime and bytes) and its stat stamp. Not the checkpoint's digest
+ * identity (integrity/digest.c, dcp_checkpoint_identity): that one hashes
+ * every metadata file (the __R.metadata of a rank-local save too) and every
+ * data file's size, because recorded digests of shard bytes hold only while
+ * the shards keep their sizes, whereas a parsed model holds as long as its
+ * .metadata is the same. Two digests of two things, so two names. */
+typedef struct dcpi_metadata_id {
+    char key[33];              /* "" until known */
+    char stamp[112];           /* "" until known, "-" when racy (identity.c) */
+} dcpi_metadata_id;
+
+/* dcp_checkpoint is the model's (model.c): the entry and file tables, the
+ * arena, the lock and the chunk-set cache. The layers above it keep their
+ * state in their own structures, one pointer each, made and freed by their
+ * own file: model.c knows none of them, and frees what needs freeing
+ * through the closers they register (dcpi_ck_on_close), so it calls no
+ * layer above it. */
+#define DCPI_MAX_CLOSERS 4
 
 struct dcp_checkpoint {
     char *path;                /* the folder as given */
@@ -118,6 +128,11 @@ struct dcp_checkpoint {
     int dirfd;                 /* O_PATH|O_DIRECTORY of the folder */
     dcpi_arena arena;           /* keys, shapes, chunk boxes, strings */
 
+    /* A parsed model fills these while opening. A model served by the
+     * catalog allocates entries[] and priv[] for every entry at open and
+     * fills them as entries are asked for (an entry is there once its key
+     * is set, stored last with release order): a cache behind the pointers,
+     * which is why the const lookups may fill it. */
     dcp_entry *entries;
     struct dcpi_entry_priv *priv;   /* parallel to entries */
     size_t nentries, entry_cap;
@@ -128,42 +143,48 @@ struct dcp_checkpoint {
     dcpi_strmap file_index;         /* relative path -> file index */
 
     dcp_info info;
+    int from_catalog;              /* the model was rebuilt from the catalog (open.c) */
+    dcpi_metadata_id meta;         /* identity.c, integrity/modelcache.c */
 
-    pthread_mutex_t lock;          /* guards fds, records, arena after open, decoded cache */
-    int *fds;                      /* -1 until opened; nfiles values */
-    int64_t *file_sizes;           /* -1 until stat'ed */
-    struct dcpi_fdtab *fdtab;      /* reader.c: fd use counts for eviction; arena-owned, lazy */
-    dcpi_decoded decoded[DCPI_DECODED_CACHE];
-    uint64_t decode_clock;
-    char identity[33];             /* integrity/digest.c: computed once, "" until then */
-    int from_catalog;              /* the model was rebuilt from the catalog */
-    struct dcpi_st_index *st_index; /* torchsave.c: parsed safetensors headers of
-                                      SAFETENSORS-format shards; arena-owned list, under lock */
-
-    /* A model served by the catalog: entries[] and priv[] are allocated for
-     * every entry at open but filled as entries are asked for (an entry is
-     * there once its key is set, stored last with release order). */
-    struct dcpi_lazy *lazy;        /* integrity/modelcache.c's data of dcpi_store_catalog; NULL otherwise */
-    char model_key[33];            /* integrity/modelcache.c: the .metadata's content key, "" until known */
-    char model_stamp[112];         /* integrity/modelcache.c: its stat stamp, "" until known or when racy */
-    size_t *sorted;                /* a parsed model's entry indexes in key order (dcp_seek), lazy */
+    /* Guards the arena after open, the chunk-set cache below, priv[].set and
+     * priv[].records, and the layers' state (each file says which). */
+    pthread_mutex_t lock;
+    struct dcpi_keyorder *order;   /* store_mem.c: a parsed model's key order (dcp_seek),
+                                      made with ck, filled on first use behind a const ck */
     dcpi_chunkset *lru_head, *lru_tail;   /* unpinned chunk sets, most recent first (under lock) */
     size_t chunk_bytes;            /* bytes of every cached chunk set */
     size_t chunk_budget;           /* evict unpinned sets beyond this */
+
+    /* The layers' state, each opaque here. */
+    struct dcpi_files *io;         /* files.c: fds, sizes, the fd cache (dcpi_ck_files_ready) */
+    struct dcpi_blobcache *blobs;  /* blob.c: decoded (zstd) blobs, on first use */
+    struct dcpi_st_index *st_index; /* torchsave.c: parsed safetensors headers, arena-owned */
+    struct dcpi_digest_state *digest; /* integrity/digest.c: the digest identity, arena-owned */
+    struct dcpi_lazy *lazy;        /* integrity/modelcache.c: a served model's (its store's close frees it) */
+    struct {
+        void (*fn)(void *state);
+        void *state;
+    } closers[DCPI_MAX_CLOSERS];
+    unsigned nclosers;
 };
+
+/* Have fn(state) called by dcp_close, before the model is freed, latest
+ * first. The caller holds ck->lock, or has ck to itself (opening). 0, or -1
+ * with err (EOVERFLOW) when DCPI_MAX_CLOSERS are taken. */
+int dcpi_ck_on_close(dcp_checkpoint *ck, void (*fn)(void *), void *state, dcp_error *err);
 
 #define DCPI_CHUNK_BUDGET (16u << 20)
 
-/* An empty model over a folder (dcp_open starts the same way), and its file
- * tables once every file is declared (model.c). */
+/* An empty model over a folder (model.c; dcp_open starts the same way). */
 dcp_checkpoint *dcpi_ck_new(const char *folder, dcp_error *err);
+/* The data files' state (files.c: fds, sizes, the fd cache), made once
+ * every file is declared; reads fail with EINVAL before it. */
 int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err);
 
 /* The .metadata's identity (identity.c): its content key (XXH3-128 of its
  * size, mtime and bytes, fed as they are read) and its stat stamp, which
  * the catalog files a model under. dcpi_identity_begin returns NULL on OOM
- * (the others accept it); dcpi_identity_finish fills ck->model_key and
- * ck->model_stamp and frees. */
+ * (the others accept it); dcpi_identity_finish fills ck->meta and frees. */
 struct stat;
 typedef struct dcpi_identity dcpi_identity;
 dcpi_identity *dcpi_identity_begin(const struct stat *sb);
@@ -234,6 +255,9 @@ int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len,
 /* Decoded size of a blob (its length when it has no transform). */
 int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key,
                   dcp_error *err);
+/* How many decoded blobs ck holds now (at most DCPI_DECODED_CACHE; tests). */
+int dcpi_blob_cached(dcp_checkpoint *ck);
+#define DCPI_DECODED_CACHE 4
 
 /* The arguments of the _rebuild_tensor_v2/v3 call a torch.save data.pkl
  * makes for one tensor (torchsave.c), behind the wrappers torch.save may use

@@ -232,7 +232,8 @@ dcp_checkpoint *dcpi_ck_new(const char *path, dcp_error *err)
     ck->chunk_budget = DCPI_CHUNK_BUDGET;
     ck->store = &dcpi_store_mem;
     ck->path = strdup(path);
-    if (!ck->path) {
+    ck->order = dcpi_keyorder_new();
+    if (!ck->path || !ck->order) {
         dcp_close(ck);
         dcpi_err(err, ENOMEM, "%s: out of memory", path);
         return NULL;
@@ -247,17 +248,14 @@ dcp_checkpoint *dcpi_ck_new(const char *path, dcp_error *err)
     return ck;
 }
 
-/* The per-file tables every open checkpoint has. */
-int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
+int dcpi_ck_on_close(dcp_checkpoint *ck, void (*fn)(void *), void *state, dcp_error *err)
 {
-    ck->fds = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->fds);
-    ck->file_sizes = malloc((ck->nfiles ? ck->nfiles : 1) * sizeof *ck->file_sizes);
-    if (!ck->fds || !ck->file_sizes)
-        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
-    for (size_t i = 0; i < ck->nfiles; i++) {
-        ck->fds[i] = -1;
-        ck->file_sizes[i] = -1;
-    }
+    if (ck->nclosers == DCPI_MAX_CLOSERS)
+        return dcpi_err(err, EOVERFLOW, "%s: more than %d layers keep state (DCPI_MAX_CLOSERS)", ck->path,
+                        DCPI_MAX_CLOSERS);
+    ck->closers[ck->nclosers].fn = fn;
+    ck->closers[ck->nclosers].state = state;
+    ck->nclosers++;
     return 0;
 }
 
@@ -267,12 +265,10 @@ void dcp_close(dcp_checkpoint *ck)
 {
     if (!ck)
         return;
-    if (ck->fds)
-        for (size_t i = 0; i < ck->nfiles; i++)
-            if (ck->fds[i] >= 0)
-                close(ck->fds[i]);
-    for (int i = 0; i < DCPI_DECODED_CACHE; i++)
-        free(ck->decoded[i].data);
+    while (ck->nclosers > 0) {   /* the layers' state: fds, decoded blobs */
+        ck->nclosers--;
+        ck->closers[ck->nclosers].fn(ck->closers[ck->nclosers].state);
+    }
     if (store_of(ck)->close)
         store_of(ck)->close(ck);
     if (ck->priv)
@@ -281,12 +277,10 @@ void dcp_close(dcp_checkpoint *ck)
             free(ck->priv[i].records);
             free(ck->priv[i].set);
         }
-    free(ck->sorted);
+    dcpi_keyorder_free(ck->order);
     free(ck->entries);
     free(ck->priv);
     free(ck->files);
-    free(ck->fds);
-    free(ck->file_sizes);
     dcpi_strmap_free(&ck->keys);
     dcpi_strmap_free(&ck->file_index);
     dcpi_arena_free(&ck->arena);
@@ -316,27 +310,73 @@ const char *dcpi_ck_name(const dcp_checkpoint *ck)
 
 bool dcpi_store_sets(const dcp_checkpoint *ck) { return store_of(ck)->chunks != NULL; }
 
-/* Lookups fill a served model's tables behind a const pointer: a cache. */
-static dcp_checkpoint *cache_of(const dcp_checkpoint *ck) { return (dcp_checkpoint *)ck; }
-
 static int filled(const dcp_entry *e) { return __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != NULL; }
 
+/* A store's failure, about one key: "<checkpoint>: <what>: <reason>",
+ * whether or not the store's message named the checkpoint. Returns -1. */
+__attribute__((format(printf, 3, 4)))
+static int about(const dcp_checkpoint *ck, dcp_error *err, const char *fmt, ...)
+{
+    if (!err)
+        return -1;
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(ck->path);
+    if (!strncmp(err->msg, ck->path, n) && !strncmp(err->msg + n, ": ", 2)) {
+        char rest[DCP_ERRMSG_MAX];
+        snprintf(rest, sizeof rest, "%s", err->msg + n + 2);
+        return dcpi_err(err, err->code, "%s: %s: %s", ck->path, what, rest);
+    }
+    return dcpi_err_prefix(err, "%s: %s", ck->path, what);
+}
+
+int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err)
+{
+    dcp_error local;
+    if (!err)
+        err = &local;   /* the stores read err->code */
+    *out = NULL;
+    if (i >= ck->nentries)
+        return dcpi_err(err, DCP_ENOTFOUND, "%s: entry %zu: no such entry (the checkpoint has %zu)",
+                        dcpi_ck_name(ck), i, ck->nentries);
+    const dcp_entry *e = &ck->entries[i];
+    if (!filled(e) && store_of(ck)->all(ck, err) < 0)
+        return about(ck, err, "entry %zu", i);
+    *out = e;
+    return 0;
+}
+
+int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err)
+{
+    size_t idx;
+    dcp_error local;
+    if (!err)
+        err = &local;   /* the stores read err->code */
+    *out = NULL;
+    if (store_of(ck)->find(ck, key, 0, &idx, err) < 0)
+        return about(ck, err, "%s", key);
+    if (idx == SIZE_MAX)
+        return dcpi_err(err, DCP_ENOTFOUND, "%s: %s: no such key", dcpi_ck_name(ck), key);
+    *out = &ck->entries[idx];
+    return 0;
+}
+
+/* The calls of 0.1: NULL for "no such entry" and for a failure alike. */
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i)
 {
-    if (i >= ck->nentries)
-        return NULL;
-    const dcp_entry *e = &ck->entries[i];
+    const dcp_entry *e;
     dcp_error err;
-    if (!filled(e) && store_of(ck)->all(cache_of(ck), &err) < 0)
-        return NULL;
-    return e;
+    return dcp_get_entry(ck, i, &e, &err) == 0 ? e : NULL;
 }
 
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key)
 {
-    size_t idx;
+    const dcp_entry *e;
     dcp_error err;
-    return store_of(ck)->find(cache_of(ck), key, 0, &idx, &err) == 0 && idx != SIZE_MAX ? &ck->entries[idx] : NULL;
+    return dcp_find_entry(ck, key, &e, &err) == 0 ? e : NULL;
 }
 
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err)

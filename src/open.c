@@ -87,11 +87,9 @@ static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_ch
     dcp_checkpoint *ck = dcpi_ck_new(path, &err);
     if (!ck)
         return NULL;
-    memcpy(ck->model_key, from->model_key, sizeof ck->model_key);
-    memcpy(ck->model_stamp, from->model_stamp, sizeof ck->model_stamp);
+    ck->meta = from->meta;
     int rc = dcpi_catalog_load(ck, catalog, parse_folder);
-    memcpy(from->model_key, ck->model_key, sizeof ck->model_key);
-    memcpy(from->model_stamp, ck->model_stamp, sizeof ck->model_stamp);
+    from->meta = ck->meta;
     if (rc < 0 || dcpi_ck_files_ready(ck, &err) < 0) {
         dcp_close(ck);
         return NULL;

@@ -84,10 +84,11 @@ static int push_op(dcp_plan *p, const dcp_op *op, dcp_error *err)
     if (p->nops == p->cap) {
         size_t ncap = p->cap ? p->cap * 2 : 16;
         if (ncap < p->cap || ncap > SIZE_MAX / sizeof *p->ops)
-            return dcpi_err(err, ENOMEM, "plan too large");
+            return dcpi_err(err, ENOMEM, "%s: plan too large", p->entry ? p->entry->key : "(plan)");
         dcp_op *n = realloc(p->ops, ncap * sizeof *n);
         if (!n)
-            return dcpi_err(err, ENOMEM, "out of memory for %zu read operations", ncap);
+            return dcpi_err(err, ENOMEM, "%s: out of memory for %zu read operations",
+                            p->entry ? p->entry->key : "(plan)", ncap);
         p->ops = n;
         p->cap = ncap;
     }

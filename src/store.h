@@ -23,12 +23,14 @@
 
 struct dcpi_store {
     const char *name;
-    /* Fill every entry (dcp_entry_at, listings): 0, or -1 with err. */
-    int (*all)(dcp_checkpoint *ck, dcp_error *err);
+    /* Fill every entry (dcp_entry_at, listings): 0, or -1 with err. all and
+     * find take the const handle of the lookups: what they fill lies behind
+     * its pointers (entries[], the store's own state, ck->order). */
+    int (*all)(const dcp_checkpoint *ck, dcp_error *err);
     /* The index of the entry with key (seek 0) or of the first with a key
      * >= key in byte order (seek 1), filled; SIZE_MAX when there is none.
      * 0, or -1 with err. */
-    int (*find)(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err);
+    int (*find)(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err);
     /* A new chunk set of entry idx (pins 0, not yet cached), or NULL for a
      * store whose chunks stay in ck->priv[idx].chunks as long as ck. */
     int (*chunks)(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp_error *err);
@@ -41,6 +43,11 @@ struct dcpi_store {
 };
 
 extern const dcpi_store dcpi_store_mem;
+
+/* A parsed model's key order for seeks (store_mem.c), made with the model
+ * (dcpi_ck_new) and sorted at the first seek, under its own lock. */
+struct dcpi_keyorder *dcpi_keyorder_new(void);
+void dcpi_keyorder_free(struct dcpi_keyorder *o);
 
 /* Whether ck's chunks come in sets read on demand (pinned by
  * dcp_entry_chunks, cached within ck->chunk_budget), not kept for ck's life. */

@@ -297,12 +297,12 @@ class Checkpoint:
         if self._keys is None:
             with self._use() as ck:
                 keys = []
+                err = _ffi.new("dcp_error *")
+                out = _ffi.new("const dcp_entry **")
                 for i in range(_lib.dcp_num_entries(ck)):
-                    e = _lib.dcp_entry_at(ck, i)
-                    if e == _ffi.NULL:
-                        raise DcpError(_errno.ESTALE, f"{self._path}: entry {i} cannot be read: "
-                                                      "the checkpoint changed since it was opened")
-                    keys.append(_text(e.key))
+                    if _lib.dcp_get_entry(ck, i, out, err) < 0:
+                        _raise(err)
+                    keys.append(_text(out[0].key))
                 self._keys = keys
         return list(self._keys)
 
@@ -317,20 +317,24 @@ class Checkpoint:
         if not isinstance(key, str) or "\0" in key:
             return False
         with self._use() as ck:
-            return _lib.dcp_find(ck, key.encode("utf-8", "surrogateescape")) != _ffi.NULL
+            err = _ffi.new("dcp_error *")
+            out = _ffi.new("const dcp_entry **")
+            if _lib.dcp_find_entry(ck, key.encode("utf-8", "surrogateescape"), out, err) == 0:
+                return True
+            if err.code == _lib.DCP_ENOTFOUND:
+                return False
+            _raise(err)  # not "absent": the checkpoint cannot answer
+            return False
 
     def _find(self, ck: Any, key: str) -> Any:
         if not isinstance(key, str):
             raise TypeError(f"{self._path}: keys are str, not {type(key).__name__}")
         if "\0" not in key:
-            kb = key.encode("utf-8", "surrogateescape")
-            e = _lib.dcp_find(ck, kb)
-            if e != _ffi.NULL:
-                return e
-            # NULL is also "cannot answer" (the checkpoint changed): dcp_seek tells them apart.
             err = _ffi.new("dcp_error *")
             out = _ffi.new("const dcp_entry **")
-            if _lib.dcp_seek(ck, kb, out, err) < 0:
+            if _lib.dcp_find_entry(ck, key.encode("utf-8", "surrogateescape"), out, err) == 0:
+                return out[0]
+            if err.code != _lib.DCP_ENOTFOUND:
                 _raise(err)
         raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint", key)
 

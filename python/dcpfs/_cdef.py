@@ -23,6 +23,7 @@ void free(void *ptr);
 
 /* ---------------------------------------------------------------- errors */
 #define DCP_ERRMSG_MAX ...
+#define DCP_ENOTFOUND ...
 
 typedef struct dcp_error {
     int code;
@@ -118,6 +119,8 @@ size_t dcp_num_entries(const dcp_checkpoint *ck);
 
 const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
+int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err);
+int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err);
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err);
 
 int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err);

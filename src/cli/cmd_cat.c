@@ -126,11 +126,14 @@ int cmd_cat(int argc, char **argv)
     dcp_plan_init(&plan);
     dcp_error err;
     void *buf = malloc(PIECE);
-    const dcp_entry *e = dcp_find(ck, key);
+    const dcp_entry *e = NULL;
     if (!buf) {
         cli_error("out of memory");
-    } else if (!e) {
-        cli_error("%s: %s: no such key", path, key);
+    } else if (dcp_find_entry(ck, key, &e, &err) < 0) {
+        if (err.code == DCP_ENOTFOUND)
+            cli_error("%s: %s: no such key", path, key);
+        else
+            cli_error("%s", err.msg);
     } else if (box) {
         int64_t off[64], len[64];
         if (e->kind != DCP_KIND_TENSOR)

@@ -128,10 +128,10 @@ int cmd_diff(int argc, char **argv)
         cat = NULL;
     int differences = 0, trouble = 0;
     for (size_t i = 0; i < dcp_num_entries(a) && !trouble; i++) {
-        const dcp_entry *ea = dcp_entry_at(a, i), *eb = NULL;
+        const dcp_entry *ea, *eb = NULL;
         char sa[256], sb[256];
-        if (!ea || lookup(b, ea->key, &eb, &err) < 0) {
-            cli_error("%s", ea ? err.msg : "the checkpoint changed while it was read");
+        if (dcp_get_entry(a, i, &ea, &err) < 0 || lookup(b, ea->key, &eb, &err) < 0) {
+            cli_error("%s", err.msg);
             trouble = 1;
         } else if (!eb) {
             printf("only in A: %s\n", ea->key);
@@ -162,9 +162,9 @@ int cmd_diff(int argc, char **argv)
         }
     }
     for (size_t i = 0; i < dcp_num_entries(b) && !trouble; i++) {
-        const dcp_entry *eb = dcp_entry_at(b, i), *ea = NULL;
-        if (!eb || lookup(a, eb->key, &ea, &err) < 0) {
-            cli_error("%s", eb ? err.msg : "the checkpoint changed while it was read");
+        const dcp_entry *eb, *ea = NULL;
+        if (dcp_get_entry(b, i, &eb, &err) < 0 || lookup(a, eb->key, &ea, &err) < 0) {
+            cli_error("%s", err.msg);
             trouble = 1;
         } else if (!ea) {
             printf("only in B: %s\n", eb->key);

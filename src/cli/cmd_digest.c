@@ -50,16 +50,16 @@ int cmd_digest(int argc, char **argv)
     int status = 0;
     size_t n = dcp_num_entries(ck);
     for (size_t i = 0; i < n; i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e) {
-            cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+        const dcp_entry *e;
+        dcp_error err;
+        if (dcp_get_entry(ck, i, &e, &err) < 0) {
+            cli_error("%s", err.msg);
             status = 1;
             break;
         }
         if (!dcp_key_matches(pattern, e->key))
             continue;
         unsigned char d[16];
-        dcp_error err;
         int cast = 0;
         if (dcp_value_digest_as(ck, e, as, d, &cast, &err) < 0) {
             cli_error("%s", err.msg);

@@ -35,9 +35,10 @@ int cmd_info(int argc, char **argv)
     uint64_t by_dtype[DCP_DTYPE_COUNT] = {0}, bytes_total = 0;
     size_t n = dcp_num_entries(ck);
     for (size_t i = 0; i < n; i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e) {
-            cli_error("%s: the checkpoint changed while it was read", path);
+        const dcp_entry *e;
+        dcp_error err;
+        if (dcp_get_entry(ck, i, &e, &err) < 0) {
+            cli_error("%s", err.msg);
             dcp_close(ck);
             return 1;
         }

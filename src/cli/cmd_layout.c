@@ -106,18 +106,23 @@ int cmd_layout(int argc, char **argv)
         return cli_open_status();
     int status = 0;
     if (optind == argc - 2) {
-        const dcp_entry *e = dcp_find(ck, argv[optind + 1]);
-        if (!e) {
-            cli_error("%s: %s: no such key", argv[optind], argv[optind + 1]);
+        const dcp_entry *e;
+        dcp_error err;
+        if (dcp_find_entry(ck, argv[optind + 1], &e, &err) < 0) {
+            if (err.code == DCP_ENOTFOUND)
+                cli_error("%s: %s: no such key", argv[optind], argv[optind + 1]);
+            else
+                cli_error("%s", err.msg);
             status = 1;
         } else {
             status = show(ck, e, json);
         }
     } else {
         for (size_t i = 0; i < dcp_num_entries(ck); i++) {
-            const dcp_entry *e = dcp_entry_at(ck, i);
-            if (!e) {
-                cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+            const dcp_entry *e;
+            dcp_error err;
+            if (dcp_get_entry(ck, i, &e, &err) < 0) {
+                cli_error("%s", err.msg);
                 status = 1;
                 break;
             }

@@ -46,16 +46,16 @@ int cmd_ls(int argc, char **argv)
     if (!json)
         printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
     for (size_t i = 0; i < n; i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e) {
-            cli_error("%s: the checkpoint changed while it was read", argv[optind]);
+        const dcp_entry *e;
+        dcp_error err;
+        if (dcp_get_entry(ck, i, &e, &err) < 0) {
+            cli_error("%s", err.msg);
             status = 1;
             break;
         }
         if (!dcp_key_matches(pattern, e->key))
             continue;
         uint64_t nbytes = 0;
-        dcp_error err;
         if (dcp_entry_nbytes(ck, e, &nbytes, &err) < 0) {
             cli_error("%s", err.msg);
             status = 1;

@@ -187,7 +187,8 @@ static int resolve(const char *path, char out[PATH_MAX], dcp_error *err)
     else
         return dcpi_err(err, ENOENT, "catalog: neither XDG_CACHE_HOME nor HOME is set; give a catalog path");
     if (n < 0 || n >= PATH_MAX)
-        return dcpi_err(err, ENAMETOOLONG, "catalog: path too long");
+        return dcpi_err(err, ENAMETOOLONG, "%.200s...: the catalog's path is longer than PATH_MAX (%d bytes)",
+                        path ? path : xdg && *xdg ? xdg : home, PATH_MAX);
     return 0;
 }
 
@@ -207,7 +208,7 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
     *out = NULL;
     dcp_catalog *cat = calloc(1, sizeof *cat);
     if (!cat)
-        return dcpi_err(err, ENOMEM, "catalog: out of memory");
+        return dcpi_err(err, ENOMEM, "catalog %s: out of memory", path ? path : "(default)");
     if (resolve(path, cat->path, err) < 0) {
         free(cat);
         return -1;
@@ -395,21 +396,34 @@ int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, 
     return ret;
 }
 
-int dcp_verify_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err)
+int dcp_check_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err)
 {
     uint64_t want, got;
     int found;
+    const char *k = key ? key : "(blob)";
+    if (b->file >= ck->nfiles)
+        return dcpi_err(err, EINVAL, "%s: %s: data file index %u out of range (%zu files)", ck->path, k,
+                        (unsigned)b->file, ck->nfiles);
     if (dcp_catalog_digest(cat, ck, b, &want, &found, err) < 0)
         return -1;
     if (!found)
-        return 0;
+        return dcpi_err(err, DCP_ENOTFOUND, "%s/%s: %s: no digest recorded in %s for the blob at offset %" PRIu64
+                        " (length %" PRIu64 ")", ck->path, ck->files[b->file], k, cat->path, b->offset, b->length);
     if (dcp_blob_digest(ck, b, &got, err) < 0)
-        return dcpi_err_prefix(err, "%s", key ? key : "(blob)");
+        return dcpi_err_prefix(err, "%s", k);
     if (got != want)
         return dcpi_err(err, EIO, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") do not match the recorded digest"
                         " (xxh3 %016" PRIx64 ", recorded %016" PRIx64 ")",
-                        ck->path, ck->files[b->file], key ? key : "(blob)", b->offset, b->length, got, want);
-    return 1;
+                        ck->path, ck->files[b->file], k, b->offset, b->length, got, want);
+    return 0;
+}
+
+/* The call of 0.1: 1 matches, 0 nothing recorded, -1 failure or mismatch. */
+int dcp_verify_blob(dcp_catalog *cat, dcp_checkpoint *ck, const char *key, const dcp_blob *b, dcp_error *err)
+{
+    if (dcp_check_blob(cat, ck, key, b, err) == 0)
+        return 1;
+    return err && err->code == DCP_ENOTFOUND ? 0 : -1;
 }
 
 int dcp_digests_export(dcp_catalog *cat, dcp_checkpoint *ck, const char *path, dcp_error *err)

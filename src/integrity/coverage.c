@@ -272,12 +272,12 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
         }
     }
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
+        const dcp_entry *e;
         const dcp_chunk *chunks;
-        if (!e) {
+        if (dcp_get_entry(ck, i, &e, err) < 0) {
             free(missing);
             free(sizes);
-            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+            return -1;
         }
         if (e->kind == DCP_KIND_BYTES) {
             if (!e->has_blob)

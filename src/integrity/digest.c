@@ -311,9 +311,9 @@ int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp
 {
     size_t n = 0, nentries = dcp_num_entries(ck);
     for (size_t i = 0; i < nentries; i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e)
-            return dcpi_err(err, EIO, "%s: the checkpoint changed while it was read", ck->path);
+        const dcp_entry *e;
+        if (dcp_get_entry(ck, i, &e, err) < 0)
+            return -1;
         n += e->kind == DCP_KIND_BYTES ? 1 : e->nchunks;
     }
     dcpi_blobref *r = malloc((n ? n : 1) * sizeof *r);
@@ -413,19 +413,32 @@ static int compute_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
     return rc;
 }
 
+/* ck->digest: the digest identity, computed once per open checkpoint.
+ * Not the model's key (ck->meta, internal.h says why the two differ).
+ * Arena-owned, set under ck->lock. */
+struct dcpi_digest_state {
+    char identity[33];
+};
+
 int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
 {
     pthread_mutex_lock(&ck->lock);
-    int known = ck->identity[0] != 0;
+    int known = ck->digest != NULL;
     if (known)
-        memcpy(id, ck->identity, 33);
+        memcpy(id, ck->digest->identity, 33);
     pthread_mutex_unlock(&ck->lock);
     if (known)
         return 0;
     if (compute_identity(ck, id, err) < 0)
         return -1;
     pthread_mutex_lock(&ck->lock);
-    memcpy(ck->identity, id, 33);
+    if (!ck->digest) {
+        struct dcpi_digest_state *d = dcpi_arena_alloc(&ck->arena, sizeof *d);
+        if (d) {   /* else computed again next time */
+            memcpy(d->identity, id, 33);
+            ck->digest = d;
+        }
+    }
     pthread_mutex_unlock(&ck->lock);
     return 0;
 }

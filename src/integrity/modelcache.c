@@ -53,14 +53,14 @@
 
 /* ------------------------------------------------------------ metadata key */
 
-static int stamp_usable(const dcp_checkpoint *ck) { return ck->model_stamp[0] && ck->model_stamp[0] != '-'; }
+static int stamp_usable(const dcp_checkpoint *ck) { return ck->meta.stamp[0] && ck->meta.stamp[0] != '-'; }
 
 /* The content key, read from the file unless a parse (or an earlier
  * lookup) gave it. */
 static int metadata_key(dcp_checkpoint *ck, char key[33])
 {
-    if (ck->model_key[0]) {
-        memcpy(key, ck->model_key, 33);
+    if (ck->meta.key[0]) {
+        memcpy(key, ck->meta.key, 33);
         return 0;
     }
     int fd = openat(ck->dirfd, ".metadata", O_RDONLY | O_CLOEXEC);
@@ -85,7 +85,7 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
     close(fd);
     if (r != 0)
         return -1;
-    memcpy(ck->model_key, key, 33);
+    memcpy(ck->meta.key, key, 33);
     return 0;
 }
 
@@ -93,10 +93,10 @@ static int metadata_key(dcp_checkpoint *ck, char key[33])
 static void metadata_stamp(dcp_checkpoint *ck)
 {
     struct stat sb;
-    if (ck->model_stamp[0])
+    if (ck->meta.stamp[0])
         return;
     if (fstatat(ck->dirfd, ".metadata", &sb, 0) < 0)
-        snprintf(ck->model_stamp, sizeof ck->model_stamp, "-");
+        snprintf(ck->meta.stamp, sizeof ck->meta.stamp, "-");
     else
         dcpi_identity_stamp(ck, &sb);
 }
@@ -265,7 +265,7 @@ static int get_head(dcp_checkpoint *ck, const unsigned char *data, size_t len, u
 /* Under lz->lock: a row failed its checksum or bounds. The model is dropped
  * from the catalog (best effort) so that the next open parses afresh; this
  * one falls back to parsing (fall_back). */
-static int damaged(dcp_checkpoint *ck, const char *what, dcp_error *err)
+static int damaged(const dcp_checkpoint *ck, const char *what, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     sqlite3 *db = dcpi_catalog_db(lz->cat);
@@ -286,7 +286,7 @@ static int damaged(dcp_checkpoint *ck, const char *what, dcp_error *err)
 }
 
 /* Under lz->lock: fill ck->entries[idx] from its row (a no-op when filled). */
-static int fill_entry(dcp_checkpoint *ck, uint64_t idx, const void *key, size_t klen, const void *head,
+static int fill_entry(const dcp_checkpoint *ck, uint64_t idx, const void *key, size_t klen, const void *head,
                       size_t hlen, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
@@ -339,7 +339,7 @@ bad:;
     return damaged(ck, what, err);
 }
 
-static int sqlfail(dcp_checkpoint *ck, int rc, const char *what, dcp_error *err)
+static int sqlfail(const dcp_checkpoint *ck, int rc, const char *what, dcp_error *err)
 {
     dcpi_catalog_fail(ck->lazy->cat, rc, err, what);
     return dcpi_err_prefix(err, "%s", ck->path);
@@ -347,7 +347,7 @@ static int sqlfail(dcp_checkpoint *ck, int rc, const char *what, dcp_error *err)
 
 /* Under lz->lock: is the model row still there? A model is removed when its
  * folder's .metadata changed and another open stored the new one. */
-static int gone(dcp_checkpoint *ck, dcp_error *err)
+static int gone(const dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     sqlite3_reset(lz->alive);
@@ -381,7 +381,7 @@ static int same_entry(const dcp_entry *e, const dcp_entry *pe)
  * another process, an I/O error). Parse the .metadata now and serve the rest
  * of the model from the parse, provided it is still the model that was
  * opened: the same .metadata and the same keys at the entries given out. */
-static int fall_back(dcp_checkpoint *ck, dcp_error *err)
+static int fall_back(const dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     if (lz->parsed)
@@ -390,7 +390,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
     char key[33];
     if (lz->parse(ck->path, &p, err) < 0)
         return -1;
-    int same = metadata_key(p, key) == 0 && !strcmp(key, ck->model_key) && p->nentries == ck->nentries &&
+    int same = metadata_key(p, key) == 0 && !strcmp(key, ck->meta.key) && p->nentries == ck->nentries &&
                p->nfiles == ck->nfiles;
     for (size_t i = 0; same && i < ck->nentries; i++)
         same = !ck->entries[i].key ||
@@ -406,7 +406,7 @@ static int fall_back(dcp_checkpoint *ck, dcp_error *err)
 }
 
 /* Under lz->lock: fill entry idx from the parse. */
-static void fill_parsed(dcp_checkpoint *ck, size_t idx)
+static void fill_parsed(const dcp_checkpoint *ck, size_t idx)
 {
     dcp_entry *e = &ck->entries[idx];
     if (e->key)
@@ -425,7 +425,7 @@ static void fill_parsed(dcp_checkpoint *ck, size_t idx)
 /* ------------------------------------------------------------ entries */
 
 /* Under lz->lock: every entry's header from the catalog. */
-static int all_from_catalog(dcp_checkpoint *ck, dcp_error *err)
+static int all_from_catalog(const dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     int rc = 0, src;
@@ -450,7 +450,7 @@ static int all_from_catalog(dcp_checkpoint *ck, dcp_error *err)
     return rc;
 }
 
-static int lazy_all(dcp_checkpoint *ck, dcp_error *err)
+static int lazy_all(const dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     pthread_mutex_lock(&lz->lock);
@@ -466,7 +466,7 @@ static int lazy_all(dcp_checkpoint *ck, dcp_error *err)
 }
 
 /* Under lz->lock: the entry with key (or the first >= key) from the catalog. */
-static int find_in_catalog(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+static int find_in_catalog(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     sqlite3_stmt *st = seek ? lz->seek : lz->exact;
@@ -490,7 +490,7 @@ static int find_in_catalog(dcp_checkpoint *ck, const char *key, int seek, size_t
     return rc;
 }
 
-static int lazy_find(dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+static int lazy_find(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
     *idx = SIZE_MAX;
@@ -739,7 +739,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn par
             break;
         sqlite3_bind_text(st, 1, by_key ? key : real, -1, SQLITE_STATIC);
         if (!by_key)
-            sqlite3_bind_text(st, 2, ck->model_stamp, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 2, ck->meta.stamp, -1, SQLITE_STATIC);
         if ((src = sqlite3_step(st)) == SQLITE_ROW) {
             stamp_hit = !by_key;
             const unsigned char *data = sqlite3_column_blob(st, 2), *mkey = sqlite3_column_text(st, 3);
@@ -748,7 +748,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn par
             /* SQLite checks its pages, not what is in them: the record's checksum does. */
             if (data && mkey && strlen((const char *)mkey) == 32 &&
                 XXH3_64bits(data, len) == (uint64_t)sqlite3_column_int64(st, 1)) {
-                memcpy(ck->model_key, mkey, 33);
+                memcpy(ck->meta.key, mkey, 33);
                 rc = get_head(ck, data, len, db_bytes, &lz->nchunks);
             }
         }
@@ -864,7 +864,7 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog)
             sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
             sqlite3_bind_text(st, 2, real, -1, SQLITE_STATIC);
             if (stamp_usable(ck))
-                sqlite3_bind_text(st, 3, ck->model_stamp, -1, SQLITE_STATIC);
+                sqlite3_bind_text(st, 3, ck->meta.stamp, -1, SQLITE_STATIC);
             sqlite3_bind_int64(st, 4, (sqlite3_int64)XXH3_64bits(w.p, w.n));
             sqlite3_bind_blob64(st, 5, w.p, w.n, SQLITE_STATIC);
             rc = sqlite3_step(st) == SQLITE_DONE ? SQLITE_OK : sqlite3_errcode(db);

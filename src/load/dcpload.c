@@ -335,11 +335,9 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
         return -1;
     }
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {
-        const dcp_entry *e = dcp_entry_at(ck, i);
-        if (!e) {
-            snprintf(err->msg, sizeof err->msg, "%s: the checkpoint changed while it was read", dcp_path(ck));
+        const dcp_entry *e;
+        if (dcp_get_entry(ck, i, &e, err) < 0)
             return -1;
-        }
         if (e->kind != DCP_KIND_TENSOR || !dcp_key_matches(o->keys, e->key) || e->ndim > 64)
             continue;
         dcp_load_region *r = &j->reg[n];

@@ -15,19 +15,13 @@
 
 static inline dcp_checkpoint *tck_new(void)
 {
-    dcp_checkpoint *ck = calloc(1, sizeof *ck);
-    ck_assert_ptr_nonnull(ck);
-    dcpi_arena_init(&ck->arena);
-    dcpi_strmap_init(&ck->keys);
-    dcpi_strmap_init(&ck->file_index);
-    pthread_mutex_init(&ck->lock, NULL);
     const char *tmp = getenv("TMPDIR");
     char tmpl[4096];
+    dcp_error err;
     snprintf(tmpl, sizeof tmpl, "%s/dcp-planner-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     ck_assert_ptr_nonnull(mkdtemp(tmpl));
-    ck->path = strdup(tmpl);
-    ck->dirfd = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ck_assert_int_ge(ck->dirfd, 0);
+    dcp_checkpoint *ck = dcpi_ck_new(tmpl, &err);   /* an empty model, as dcp_open starts */
+    ck_assert_msg(ck != NULL, "%s", err.msg);
     return ck;
 }
 
@@ -70,15 +64,11 @@ static inline size_t tck_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *of
     return ci;
 }
 
-/* After every file is registered: the fd table, as dcp_open makes it. */
+/* After every file is registered: the data files' state, as dcp_open makes it. */
 static inline void tck_finish(dcp_checkpoint *ck)
 {
-    size_t n = ck->nfiles ? ck->nfiles : 1;
-    ck->fds = malloc(n * sizeof *ck->fds);
-    ck->file_sizes = malloc(n * sizeof *ck->file_sizes);
-    ck_assert(ck->fds && ck->file_sizes);
-    for (size_t i = 0; i < ck->nfiles; i++)
-        ck->fds[i] = -1, ck->file_sizes[i] = -1;
+    dcp_error err;
+    ck_assert_msg(dcpi_ck_files_ready(ck, &err) == 0, "%s", err.msg);
 }
 
 /* After every chunk of entry idx is added: the resolved record of chunk ci. */

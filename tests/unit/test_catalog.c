@@ -323,6 +323,16 @@ START_TEST(digests_record_verify_export_import)
     ck_assert_uint_eq(problems, 0);
     ck_assert_int_eq(dcp_digests_export(cat, ck, sidecar, &err), 0);
     ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err), 1);
+    ck_assert_msg(dcp_check_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err) == 0, "%s", err.msg);
+    /* a blob nothing was recorded for: not found, which is no failure of its bytes */
+    dcp_blob other = ck->priv[0].chunks[1].blob;
+    other.offset += 1;
+    other.length -= 1;
+    ck_assert_int_eq(dcp_check_blob(cat, ck, "w", &other, &err), -1);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+    ck_assert_msg(strstr(err.msg, "/a.distcp: w: no digest recorded in ") &&
+                  strstr(err.msg, "catalog.sqlite for the blob at offset 2049 (length 2047)"), "%s", err.msg);
+    ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &other, &err), 0);
 
     /* a flipped byte in the second chunk and one deep in the large blob */
     flip(ck, "a.distcp", 3000);
@@ -333,6 +343,10 @@ START_TEST(digests_record_verify_export_import)
     ck_assert_msg(strstr(msg, "/b.distcp: big: bytes at offset 17 (length 5242880) changed"), "%s", msg);
     ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[0].blob, &err), 1);
     ck_assert_int_eq(dcp_verify_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_msg(strstr(err.msg, "/a.distcp: w: bytes at offset 2048 (length 2048) do not match"), "%s", err.msg);
+    ck_assert_int_eq(dcp_check_blob(cat, ck, "w", &ck->priv[0].chunks[0].blob, &err), 0);
+    ck_assert_int_eq(dcp_check_blob(cat, ck, "w", &ck->priv[0].chunks[1].blob, &err), -1);
     ck_assert_int_eq(err.code, EIO);
     ck_assert_msg(strstr(err.msg, "/a.distcp: w: bytes at offset 2048 (length 2048) do not match"), "%s", err.msg);
     dcp_catalog_close(cat);

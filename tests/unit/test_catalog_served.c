@@ -639,7 +639,60 @@ START_TEST(changed_under_an_open_checkpoint_is_estale)
     ck_assert_int_eq(err.code, ESTALE);
     ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, "changed since it was opened"), "%s", err.msg);
     ck_assert_ptr_null(dcp_entry_at(s, 0));
+    /* the lookups of the error contract tell this failure from "no such key" */
+    ck_assert_int_eq(dcp_get_entry(s, 0, &e, &err), -1);
+    ck_assert_int_eq(err.code, ESTALE);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, ": entry 0: ") &&
+                  strstr(err.msg, "changed since it was opened"), "%s", err.msg);
+    ck_assert_int_eq(dcp_find_entry(s, "model.tiny", &e, &err), -1);
+    ck_assert_ptr_null(e);
+    ck_assert_int_eq(err.code, ESTALE);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, ": model.tiny: "), "%s", err.msg);
     dcp_close(s);
+    rm_tmpdir();
+}
+END_TEST
+
+/* A served model whose entry rows are damaged and whose .metadata is gone:
+ * the catalog cannot answer and the parse it falls back to fails, so a
+ * lookup of a key that is there fails (ENOENT for the missing .metadata,
+ * naming the folder and the key), which dcp_find_entry tells apart from a
+ * key that is not (DCP_ENOTFOUND); dcp_find gives NULL for both. */
+START_TEST(damaged_row_failure_is_not_not_found)
+{
+    make_tmpdir();
+    char src[4200], ck[4300], md[4400];
+    fixture_path("02_rowwise_4ranks", src, sizeof src);
+    snprintf(ck, sizeof ck, "%s/ck", tmpdir);
+    run("cp -rp '%s' '%s'", src, ck);
+    run("chmod -R u+w '%s' %s", ck, "");
+    dcp_checkpoint *p = open_parsed(ck), *s = open_served(ck);
+    const dcp_entry *pe = dcp_entry_at(p, 0), *e = NULL;
+    dcp_error err;
+    /* a sound served model: found, and not found */
+    ck_assert_msg(dcp_find_entry(s, pe->key, &e, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(e->key, pe->key);
+    ck_assert_int_eq(dcp_find_entry(s, "no.such.key", &e, &err), -1);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, ": no.such.key: no such key"), "%s", err.msg);
+    dcp_close(s);
+
+    s = open_catalog(ck);
+    ck_assert_int_eq(dcp_from_catalog(s), 1);
+    ck_assert_int_eq(sql("UPDATE model_entries SET head = CAST(zeroblob(length(head)) AS BLOB)"), SQLITE_OK);
+    snprintf(md, sizeof md, "%s/.metadata", ck);
+    ck_assert_int_eq(unlink(md), 0);
+    memset(&err, 0, sizeof err);
+    ck_assert_int_eq(dcp_find_entry(s, pe->key, &e, &err), -1);
+    ck_assert_ptr_null(e);
+    ck_assert_int_ne(err.code, DCP_ENOTFOUND);
+    ck_assert_int_eq(err.code, ENOENT);
+    ck_assert_msg(strstr(err.msg, ck) && strstr(err.msg, pe->key) && strstr(err.msg, "no .metadata"), "%s", err.msg);
+    ck_assert_ptr_null(dcp_find(s, pe->key));
+    ck_assert_int_eq(dcp_get_entry(s, 0, &e, &err), -1);
+    ck_assert_int_eq(err.code, ENOENT);
+    dcp_close(s);
+    dcp_close(p);
     rm_tmpdir();
 }
 END_TEST
@@ -712,6 +765,7 @@ int main(void)
     tcase_add_test(tc, records_stored_in_the_background);
     tcase_add_test(tc, damaged_chunk_row_falls_back_and_drops_the_model);
     tcase_add_test(tc, changed_under_an_open_checkpoint_is_estale);
+    tcase_add_test(tc, damaged_row_failure_is_not_not_found);
     tcase_add_test(tc, metadata_rewritten_during_first_open);
 #ifndef __SANITIZE_ADDRESS__
     tcase_add_test(tc, chunk_list_out_of_memory_is_no_damage);

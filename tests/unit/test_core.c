@@ -323,6 +323,52 @@ START_TEST(transposed_views_keep_their_strides)
 }
 END_TEST
 
+/* The lookups of the error contract: a key that is not there is -1 with
+ * DCP_ENOTFOUND and a message naming the folder and the key; the calls of
+ * 0.1 give the same entries, or NULL. */
+START_TEST(lookups_tell_not_found_from_found)
+{
+    dcp_checkpoint *ck;
+    dcp_error err;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/01_single_plain/ckpt", fixtures);
+    ck_assert_msg(dcp_open(path, 0, &ck, &err) == 0, "%s", err.msg);
+    const dcp_entry *e = (const dcp_entry *)&err;   /* set to NULL on a miss */
+    ck_assert_int_eq(dcp_find_entry(ck, "views.transposed", &e, &err), 0);
+    ck_assert_ptr_nonnull(e);
+    ck_assert_str_eq(e->key, "views.transposed");
+    ck_assert_ptr_eq(e, dcp_find(ck, "views.transposed"));
+
+    memset(&err, 0, sizeof err);
+    ck_assert_int_eq(dcp_find_entry(ck, "views.no_such", &e, &err), -1);
+    ck_assert_ptr_null(e);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+    char want[4300];
+    snprintf(want, sizeof want, "%s: views.no_such: no such key", path);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_ptr_null(dcp_find(ck, "views.no_such"));
+    ck_assert_int_eq(dcp_find_entry(ck, "", &e, &err), -1);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+
+    size_t n = dcp_num_entries(ck);
+    ck_assert_uint_gt(n, 0);
+    ck_assert_int_eq(dcp_get_entry(ck, n - 1, &e, &err), 0);
+    ck_assert_ptr_eq(e, dcp_entry_at(ck, n - 1));
+    ck_assert_int_eq(dcp_get_entry(ck, n, &e, &err), -1);
+    ck_assert_ptr_null(e);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+    snprintf(want, sizeof want, "%s: entry %zu: no such entry (the checkpoint has %zu)", path, n, n);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_ptr_null(dcp_entry_at(ck, n));
+    ck_assert_int_eq(dcp_get_entry(ck, SIZE_MAX, &e, &err), -1);
+    ck_assert_int_eq(err.code, DCP_ENOTFOUND);
+    /* no errno value is DCP_ENOTFOUND: "not there" never reads as a failure */
+    ck_assert_int_ne(DCP_ENOTFOUND, ENOENT);
+    ck_assert_int_gt(DCP_ENOTFOUND, 4095);
+    dcp_close(ck);
+}
+END_TEST
+
 /* Corrupt every byte of a shard that holds several blobs (08): each read is a
  * success or an error naming the file, never a crash or a wrong-sized read. */
 START_TEST(records_corrupted)
@@ -487,6 +533,7 @@ int main(void)
     tcase_set_timeout(m, 120);
     tcase_add_test(m, fixtures_match_manifest);
     tcase_add_test(m, transposed_views_keep_their_strides);
+    tcase_add_test(m, lookups_tell_not_found_from_found);
     tcase_add_test(m, metadata_truncated_and_flipped);
     suite_add_tcase(s, m);
     TCase *r = tcase_create("records");

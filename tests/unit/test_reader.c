@@ -456,10 +456,7 @@ START_TEST(test_fd_cache)
     uint32_t v[2];
     ck_assert_int_eq(pread(pinned, v, 8, 0), 8);
     ck_assert_uint_eq(v[0], 5);
-    size_t open_now = 0;
-    for (size_t i = 0; i < n; i++)
-        open_now += ck->fds[i] >= 0;
-    ck_assert_uint_le(open_now, 32);
+    ck_assert_uint_le(dcpi_files_open(ck), 32);
     tck_free(ck);
 }
 END_TEST
@@ -537,6 +534,45 @@ END_TEST
 
 /* Reads in pieces on several threads: any vector, any thread count, the
  * prefix up to end of file, errors that name the file. */
+/* The layers' state is theirs: reads before the data files' state is made
+ * fail naming the folder (never a NULL dereference), and dcp_close frees
+ * what each layer registered, latest first, with a bounded number of slots. */
+static int closed_order[8], nclosed;
+static void note_closed(void *state) { closed_order[nclosed++] = *(int *)state; }
+
+START_TEST(test_layer_state)
+{
+    dcp_checkpoint *ck = tck_new();
+    uint32_t f = tck_file(ck, "a.bin", "abcdefgh", 8);
+    dcp_error err;
+    int fd;
+    char buf[8];
+    ck_assert_int_eq(dcp_file_fd(ck, f, &fd, &err), -1);
+    ck_assert_int_eq(err.code, EINVAL);
+    ck_assert_msg(strstr(err.msg, ck->path) && strstr(err.msg, "data files are not set up"), "%s", err.msg);
+    ck_assert_int_eq(dcpi_pread_full(ck, f, buf, 8, 0, "k", &err), -1);
+    ck_assert_int_eq(err.code, EINVAL);
+    tck_finish(ck);
+    ck_assert_int_eq(dcpi_ck_files_ready(ck, &err), -1);   /* made once */
+    ck_assert_int_eq(err.code, EINVAL);
+    ck_assert_msg(dcpi_pread_full(ck, f, buf, 8, 0, "k", &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(memcmp(buf, "abcdefgh", 8), 0);
+    ck_assert_uint_eq(dcpi_files_open(ck), 1);
+
+    static int ids[DCPI_MAX_CLOSERS] = {1, 2, 3, 4};
+    nclosed = 0;
+    unsigned taken = ck->nclosers;   /* files.c's */
+    for (unsigned i = taken; i < DCPI_MAX_CLOSERS; i++)
+        ck_assert_int_eq(dcpi_ck_on_close(ck, note_closed, &ids[i], &err), 0);
+    ck_assert_int_eq(dcpi_ck_on_close(ck, note_closed, &ids[0], &err), -1);
+    ck_assert_int_eq(err.code, EOVERFLOW);
+    tck_free(ck);
+    ck_assert_int_eq(nclosed, DCPI_MAX_CLOSERS - (int)taken);
+    for (int i = 0; i < nclosed; i++)   /* latest first */
+        ck_assert_int_eq(closed_order[i], DCPI_MAX_CLOSERS - i);
+}
+END_TEST
+
 START_TEST(test_parallel_pieces)
 {
     const size_t size = ((size_t)9 << 20) + 12345;
@@ -611,6 +647,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_fd_cache);
     tcase_add_test(t, test_cached_and_prefetch);
     tcase_add_test(t, test_parallel_pieces);
+    tcase_add_test(t, test_layer_state);
     suite_add_tcase(s, t);
     return s;
 }
