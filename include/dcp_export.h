@@ -56,6 +56,43 @@ typedef struct dcp_export_options {
  * the recipe give is EINVAL naming the parameter. */
 int dcp_export_hf(const char *src, const char *dst, const dcp_export_options *opt, dcp_error *err);
 
+/* Load and check what an export needs before any checkpoint is read: the
+ * recipe (parsed and checked), --config (a JSON object) and the dtype. The
+ * errors dcp_export_hf would give for them. */
+int dcp_export_check(const dcp_export_options *opt, dcp_error *err);
+
+/* ------------------------------------------------- the export as a view
+ *
+ * The folder dcp_export_hf writes, laid out without writing it: its files'
+ * names and sizes, and any byte range of any of them rendered on demand
+ * from the checkpoint (dcpfs -o view=hf:NAME serves a mount of it).
+ * dcp_export_hf writes exactly these bytes: there is one layout. */
+
+typedef struct dcp_hf_file {
+    const char *name;           /* "config.json", "model.safetensors" (one shard) or
+                                   "model.safetensors.index.json" and "model-0000I-of-0000N.safetensors" */
+    uint64_t size;
+} dcp_hf_file;
+
+typedef struct dcp_hf_view dcp_hf_view;
+
+/* Map ck's keys through opt's recipe and lay the folder out (keys and
+ * shapes only; no tensor data is read). The errors of dcp_export_hf (an
+ * unmapped key, a missing parameter, ...), naming dcp_path(ck). ck must stay
+ * open while the view lives; opt's progress callback is not used. */
+int dcp_hf_view_build(dcp_checkpoint *ck, const dcp_export_options *opt, dcp_hf_view **out, dcp_error *err);
+/* The files, *n of them, in the view's order; valid while the view lives. */
+const dcp_hf_file *dcp_hf_view_files(const dcp_hf_view *v, size_t *n);
+/* Bytes [off, off + len) of file `file` into buf, clamped at its end (*got:
+ * the bytes given; 0 at or past the end). Any offset and length: only the
+ * rows of the outputs the range touches are read. plan (dcp_plan_init'ed)
+ * and stage (stage_len bytes, used by casts: at least one source element,
+ * 8 bytes; the more, the fewer reads) are the caller's, so threads reading
+ * one view each bring their own. */
+int dcp_hf_view_read(const dcp_hf_view *v, size_t file, uint64_t off, void *buf, size_t len, size_t *got,
+                     dcp_plan *plan, void *stage, size_t stage_len, dcp_error *err);
+void dcp_hf_view_free(dcp_hf_view *v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,8 @@
 # of libdcp. The recipes are data, installed under $(pkgdatadir)/recipes.
 include_HEADERS += include/dcp_export.h
 noinst_HEADERS += src/write/recipe.h
-libdcp_la_SOURCES += src/write/recipe.c src/write/hf_export.c
+noinst_HEADERS += src/write/hf.h
+libdcp_la_SOURCES += src/write/recipe.c src/write/hf_plan.c src/write/hf_view.c src/write/hf_export.c
 libdcp_la_CFLAGS += -DDCP_RECIPEDIR='"$(pkgdatadir)/recipes"'
 recipesdir = $(pkgdatadir)/recipes
 dist_recipes_DATA = \

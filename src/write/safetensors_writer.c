@@ -19,13 +19,13 @@
 #include "atomic.h"
 #include "internal.h"
 #include "safetensors.h"
+#include "st_header.h"
 #include "zip_write.h"
 
 #define PIECE (1u << 20)              /* bytes at a time: stays in L2 between read, CRC and write */
 
-/* Header bytes for items (tensors only), data in item order. */
-static int st_header(const dcp_item *items, size_t n, const char *what, unsigned char **out, uint64_t *out_len,
-                     uint64_t *data_len, dcp_error *err)
+int dcpw_st_header(const dcp_item *items, size_t n, const char *what, unsigned char **out, uint64_t *out_len,
+                   uint64_t *data_len, dcp_error *err)
 {
     json_t *root = json_object(), *meta = json_object();
     int rc = 0;
@@ -98,7 +98,7 @@ int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, uns
 {
     unsigned char *hdr;
     uint64_t hlen, total;
-    if (st_header(items, n, path, &hdr, &hlen, &total, err) < 0)
+    if (dcpw_st_header(items, n, path, &hdr, &hlen, &total, err) < 0)
         return -1;
     int fd;
     char tmp[4200];
@@ -171,7 +171,7 @@ int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_ent
         m++;
     }
     uint64_t total;
-    if (st_header(items, m, dcp_path(ck), &l->header, &l->header_len, &total, err) < 0) {
+    if (dcpw_st_header(items, m, dcp_path(ck), &l->header, &l->header_len, &total, err) < 0) {
         free(items);
         dcp_st_view_free(l);
         return -1;

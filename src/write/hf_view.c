@@ -1,0 +1,255 @@
+/* dcp_hf_view_read: any byte range of any file of a Hugging Face export
+ * (hf_plan.c lays the folder out), rendered from the source on demand. Both
+ * dcp_export_hf (hf_export.c, 1 MiB at a time) and dcpfs's -o view=hf
+ * (whatever range a reader asks for) read through here, so the two are the
+ * same bytes.
+ *
+ * An output's rows are source rows through a row map; rows that stay
+ * adjacent form runs, and each run is a contiguous byte range of the source
+ * tensor's C-order image, planned and read through dcp_plan_bytes: a
+ * permutation reads row by row, a rename in large pieces, and only the
+ * touched rows of the touched outputs are read (memory: the caller's buffer,
+ * its plan and its staging buffer; never a whole tensor). Casts read source
+ * elements into the caller's staging buffer, as many at a time as it holds,
+ * and round to nearest even. Bytes of an element cut by the range's ends are
+ * rendered whole into a small buffer and trimmed. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hf.h"
+
+/* ------------------------------------------------------------ dtype casts */
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);          /* NaN stays a (quiet) NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);   /* round to nearest even */
+}
+
+static float f16_to_f32(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0x1f) {
+        u = s | 0x7f800000u | (m << 13);
+    } else if (e) {
+        u = s | ((e + 112) << 23) | (m << 13);
+    } else if (!m) {
+        u = s;
+    } else {                                          /* subnormal: normalise */
+        e = 113;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            e--;
+        }
+        u = s | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return s | 0x7e00;                            /* NaN */
+    if (a >= 0x477ff000u)                             /* rounds past 65504: infinity */
+        return s | 0x7c00;
+    if (a < 0x38800000u) {                            /* subnormal or zero in half */
+        if (a < 0x33000000u)                          /* below half the smallest subnormal */
+            return s;
+        uint32_t m = (a & 0x7fffff) | 0x800000, e = a >> 23;
+        uint32_t shift = 126 - e;                     /* 14..24 */
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (r & 1)))
+            r++;
+        return s | (uint16_t)r;
+    }
+    uint32_t r = a - 0x38000000u;                     /* rebias the exponent */
+    r = (r + 0xfffu + ((r >> 13) & 1)) >> 13;
+    return s | (uint16_t)r;
+}
+
+int hf_is_float(dcp_dtype d)
+{
+    return d == DCP_FLOAT32 || d == DCP_FLOAT16 || d == DCP_BFLOAT16 || d == DCP_FLOAT64;
+}
+
+/* n elements of dtype in at src to dtype out at dst (both floating point). */
+void hf_cast(dcp_dtype in, const void *src_, dcp_dtype out, void *dst_, size_t n)
+{
+    const unsigned char *src = src_;
+    unsigned char *dst = dst_;
+    /* The common casts as tight loops the compiler vectorises; the rest element by element. */
+    if (in == DCP_FLOAT32 && (out == DCP_BFLOAT16 || out == DCP_FLOAT16)) {
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, src + 4 * i, 4);
+            uint16_t h = out == DCP_BFLOAT16 ? f32_to_bf16(f) : f32_to_f16(f);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+        return;
+    }
+    if (in == DCP_BFLOAT16 && out == DCP_FLOAT32) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            uint32_t u = (uint32_t)h << 16;
+            memcpy(dst + 4 * i, &u, 4);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        double d = 0;
+        uint16_t h;
+        switch (in) {
+        case DCP_FLOAT32: memcpy(&f, src + 4 * i, 4); break;
+        case DCP_FLOAT64: memcpy(&d, src + 8 * i, 8); f = (float)d; break;
+        case DCP_FLOAT16: memcpy(&h, src + 2 * i, 2); f = f16_to_f32(h); break;
+        default: memcpy(&h, src + 2 * i, 2); f = bf16_to_f32(h); break;
+        }
+        switch (out) {
+        case DCP_FLOAT32: memcpy(dst + 4 * i, &f, 4); break;
+        case DCP_FLOAT64:
+            d = in == DCP_FLOAT64 ? d : (double)f;
+            memcpy(dst + 8 * i, &d, 8);
+            break;
+        case DCP_FLOAT16: h = f32_to_f16(f); memcpy(dst + 2 * i, &h, 2); break;
+        default: h = f32_to_bf16(f); memcpy(dst + 2 * i, &h, 2); break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ rendering */
+
+/* Elements [el, el + n) of output o into dst. */
+static int render_elems(const dcp_hf_view *v, const hf_out *o, uint64_t el, uint64_t n, unsigned char *dst,
+                        dcp_plan *plan, unsigned char *stage, size_t stage_len, dcp_error *err)
+{
+    size_t isz = dcp_dtype_size(o->in), osz = dcp_dtype_size(o->out);
+    int same = o->in == o->out;
+    uint64_t stage_elems = stage_len / isz;
+    if (!same && !stage_elems)
+        return dcpi_err(err, EINVAL, "%s: %s: a cast needs a staging buffer of at least %zu bytes", v->srcp, o->key,
+                        isz);
+    while (n) {
+        int64_t r = (int64_t)(el / o->row_elems);
+        uint64_t c = el % o->row_elems;
+        int64_t s = rcp_map_row(o->maps, o->nmaps, r);
+        uint64_t cnt = o->row_elems - c;
+        if (cnt > n)
+            cnt = n;
+        /* Following rows whose sources follow too join the run. */
+        for (int64_t rr = r, ss = s; cnt < n && rr + 1 < o->rows; rr++, ss++) {
+            if (!same && cnt >= stage_elems)
+                break;
+            if (rcp_map_row(o->maps, o->nmaps, rr + 1) != ss + 1)
+                break;
+            cnt += n - cnt < o->row_elems ? n - cnt : o->row_elems;
+        }
+        if (!same && cnt > stage_elems)
+            cnt = stage_elems;
+        uint64_t soff = (o->base + (uint64_t)s * o->row_elems + c) * isz;
+        if (dcp_plan_bytes(v->ck, o->entry, soff, cnt * isz, plan, err) < 0)
+            return dcpi_err_prefix(err, "%s", o->key);
+        if (plan->nbytes != cnt * isz)
+            return dcpi_err(err, EIO, "%s: %s: short read for %s", v->srcp, o->entry->key, o->key);
+        if (dcp_plan_execute(v->ck, plan, same ? dst : stage, err) < 0)
+            return -1;
+        if (!same)
+            hf_cast(o->in, stage, o->out, dst, (size_t)cnt);
+        dst += cnt * osz;
+        el += cnt;
+        n -= cnt;
+    }
+    return 0;
+}
+
+/* Bytes [a, b) of output o (relative to its first byte) into dst. */
+static int render_out(const dcp_hf_view *v, const hf_out *o, uint64_t a, uint64_t b, unsigned char *dst,
+                      dcp_plan *plan, unsigned char *stage, size_t stage_len, dcp_error *err)
+{
+    uint64_t osz = dcp_dtype_size(o->out);
+    while (a < b) {
+        uint64_t ea = a - a % osz;
+        if (ea != a || b - a < osz) {
+            /* An element cut by the range: render it whole. */
+            unsigned char tmp[16];
+            if (render_elems(v, o, ea / osz, 1, tmp, plan, stage, stage_len, err) < 0)
+                return -1;
+            uint64_t n = (ea + osz < b ? ea + osz : b) - a;
+            memcpy(dst, tmp + (a - ea), (size_t)n);
+            dst += n;
+            a += n;
+            continue;
+        }
+        uint64_t n = (b - a) / osz;
+        if (render_elems(v, o, a / osz, n, dst, plan, stage, stage_len, err) < 0)
+            return -1;
+        dst += n * osz;
+        a += n * osz;
+    }
+    return 0;
+}
+
+int dcp_hf_view_read(const dcp_hf_view *v, size_t file, uint64_t off, void *buf, size_t len, size_t *got,
+                     dcp_plan *plan, void *stage, size_t stage_len, dcp_error *err)
+{
+    if (got)
+        *got = 0;
+    if (!v || !got || !plan || (!buf && len) || (!stage && stage_len))
+        return dcpi_err(err, EINVAL, "dcp_hf_view_read: a view, a buffer, a plan and a place for the count are "
+                        "needed");
+    if (file >= v->nfiles)
+        return dcpi_err(err, EINVAL, "%s: the export has %zu files, not %zu", v->srcp, v->nfiles, file + 1);
+    const hf_file *f = &v->files[file];
+    uint64_t size = v->pub[file].size;
+    if (off >= size)
+        return 0;
+    if (len > size - off)
+        len = (size_t)(size - off);
+    unsigned char *dst = buf;
+    uint64_t end = off + len;
+    if (off < f->head_len) {
+        size_t n = (size_t)((end < f->head_len ? end : f->head_len) - off);
+        memcpy(dst, f->head + off, n);
+        dst += n;
+        off += n;
+    }
+    /* The first output reaching past off. */
+    const hf_out *o = v->outs + f->first;
+    size_t lo = 0, hi = f->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o[mid].at + o[mid].nbytes <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i < f->count && off < end; i++) {
+        uint64_t a = off - o[i].at, b = (end < o[i].at + o[i].nbytes ? end : o[i].at + o[i].nbytes) - o[i].at;
+        if (b > a && render_out(v, &o[i], a, b, dst, plan, stage, stage_len, err) < 0)
+            return dcpi_err_prefix(err, "%s", v->pub[file].name);
+        dst += b - a;
+        off += b - a;
+    }
+    *got = len;
+    return 0;
+}
