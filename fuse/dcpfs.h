@@ -41,6 +41,7 @@
 
 #include "dcp.h"
 #include "dcp_integrity.h"
+#include "dcp_export.h"
 #include "dcp_write.h"
 
 #define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
@@ -48,7 +49,11 @@
 
 /* ------------------------------------------------------------------ options */
 
-enum dfs_view { DFS_VIEW_RAW = 0, DFS_VIEW_NPY = 1 };
+enum dfs_view {
+    DFS_VIEW_RAW = 0,
+    DFS_VIEW_NPY = 1,
+    DFS_VIEW_HF = 2        /* each checkpoint as the Hugging Face folder dcp convert --to hf writes (hfview.c) */
+};
 enum dfs_readmode { DFS_READ_AUTO = 0, DFS_READ_SPLICE = 1, DFS_READ_PREAD = 2 };
 /* -o read=auto splices a plan whose pieces average at least this: below it,
  * a splice call per piece costs more than copying through preadv
@@ -57,7 +62,13 @@ enum dfs_readmode { DFS_READ_AUTO = 0, DFS_READ_SPLICE = 1, DFS_READ_PREAD = 2 }
 
 struct dfs_options {
     char *source;           /* SOURCE as given */
-    char *view_name;        /* -o view=raw|npy */
+    char *view_name;        /* -o view=raw|npy|hf:RECIPE */
+    char *hf_dtype;         /* -o hf_dtype=DTYPE: view=hf casts floating-point tensors (dcp convert --dtype) */
+    char *hf_config;        /* -o hf_config=PATH: the model's config.json (--config) */
+    char *hf_max_shard;     /* -o hf_max_shard_size=SIZE (--max-shard-size) */
+    char *hf_keys;          /* -o hf_keys=PATTERN (--keys) */
+    int hf_allow_unmapped;  /* -o hf_allow_unmapped (--allow-unmapped) */
+    char *hf_recipe;        /* view=hf:FILE: the recipe file's absolute path */
     char *read_name;        /* -o read=auto|splice|pread */
     int ready_fd;           /* -o ready_fd=N: one byte written when the mount is live */
     int max_depth;          /* -o depth=N: folder levels scanned below SOURCE */
@@ -107,8 +118,14 @@ struct dfs_layout {
 
 /* A computed file. Called without locks from any thread. */
 struct dfs_vfile_ops {
-    /* The file's layout, computed on the first call; 0 or -errno (logged). */
+    /* The file's layout, computed on the first call; 0 or -errno (logged).
+     * A file with a read op gives its size only (no header, no segments). */
     int (*layout)(struct dfs_node *n, struct dfs_layout *out);
+    /* Optional: bytes [off, off + len) into buf (*got: how many; the file's
+     * end clamps them), with the calling thread's plan and staging buffer
+     * (read.c); 0 or -errno (logged). */
+    int (*read)(struct dfs_node *n, uint64_t off, void *buf, size_t len, size_t *got, dcp_plan *plan,
+                void *stage, size_t stage_len);
     void (*destroy)(struct dfs_node *n);
 };
 
@@ -163,6 +180,7 @@ struct dfs_ckpt {
     _Atomic int64_t *file_sizes;   /* per data file, -1 until fstat'ed (splice checks) */
     size_t nfiles;
     struct dfs_verified *verified; /* -o verify: blobs checked so far (verify.c) */
+    dcp_hf_view *hf;           /* view=hf: the export's layout (hfview.c) */
     unsigned gen;              /* bumped when a checkpoint whose listing failed is opened again */
     struct dfs_ckpt *next;
 };
@@ -173,6 +191,7 @@ struct dfs_dh;   /* ops.c: an open directory */
 
 struct dfs {
     struct dfs_options opt;
+    dcp_export_options hf;     /* view=hf: the export's options (main.c) */
     char *source;              /* realpath of SOURCE */
     int srcfd;                 /* O_DIRECTORY of SOURCE */
     int folder_mode;           /* SOURCE is a folder of checkpoints */
@@ -210,6 +229,9 @@ struct dfs_node *dfs_map_get(struct dfs *fs, uint64_t ino);
 /* Child by name (caller holds fs->lock for directories that can change). */
 struct dfs_node *dfs_child(const struct dfs_node *dir, const char *name);
 void dfs_sort_kids(struct dfs_node *dir);
+/* Append n to a listing being built (published later), after making its
+ * inode reachable: 0 or -errno. */
+int dfs_push_kid(struct dfs *fs, struct dfs_node *n, struct dfs_node ***kids, size_t *nkids, size_t *kcap);
 int dfs_is_dir(const struct dfs_node *n);
 /* Open a checkpoint root if it is not open yet, and publish its listing.
  * Returns 0 or -errno (EIO when the checkpoint cannot be read, logged). */
@@ -250,6 +272,13 @@ const char *dfs_npy_descr(dcp_dtype dt, char *tmp, size_t tmplen);
 #define DFS_STVIEW_NAME "all.safetensors"
 /* A new (not yet laid out) view file for a checkpoint root being listed, or NULL. */
 struct dfs_node *dfs_stview_new(struct dfs *fs, struct dfs_node *root);
+
+/* hfview.c: view=hf, a checkpoint root holding the files of its Hugging Face
+ * export. Lay the export out (dcp_hf_view_build, into ck->hf) and add a node
+ * per file to the root's listing being built: 0 or -errno (the export's
+ * error logged). */
+int dfs_hfview_add_files(struct dfs *fs, struct dfs_node *root, struct dfs_node ***kids, size_t *nkids,
+                         size_t *kcap);
 
 /* read.c */
 void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);

@@ -26,6 +26,11 @@
 enum { KEY_MAX_READ = 1 };
 static const struct fuse_opt dfs_optspec[] = {
     OPT("view=%s", view_name),
+    OPT("hf_dtype=%s", hf_dtype),
+    OPT("hf_config=%s", hf_config),
+    OPT("hf_max_shard_size=%s", hf_max_shard),
+    OPT("hf_keys=%s", hf_keys),
+    OPT("hf_allow_unmapped", hf_allow_unmapped),
     OPT("read=%s", read_name),
     OPT("ready_fd=%d", ready_fd),
     OPT("depth=%d", max_depth),
@@ -59,6 +64,13 @@ static void usage(void)
            "them, read-only: every state-dict key is a file holding the global tensor's bytes.\n\n"
            "dcpfs options:\n"
            "    -o view=raw|npy        tensor files as raw bytes (default) or NAME.npy\n"
+           "    -o view=hf:RECIPE      each checkpoint as the Hugging Face folder `dcp convert --to hf\n"
+           "                           --recipe RECIPE` writes (config.json, safetensors shards)\n"
+           "    -o hf_dtype=DTYPE      view=hf: cast floating-point tensors (float32, float16, bfloat16)\n"
+           "    -o hf_config=PATH      view=hf: the model's config.json (parameters, copied as is)\n"
+           "    -o hf_max_shard_size=SIZE  view=hf: bytes per shard (default 5GB)\n"
+           "    -o hf_keys=PATTERN     view=hf: only the source keys PATTERN selects\n"
+           "    -o hf_allow_unmapped   view=hf: leave out keys no rule maps (else the checkpoint fails)\n"
            "    -o read=auto|splice|pread  how reads are answered (default auto)\n"
            "    -o splice_min=BYTES    auto: splice when the mean piece is this large (default %u)\n"
            "    -o ready_fd=N          write one byte to fd N once the mount is live\n"
@@ -187,8 +199,16 @@ static int parse_modes(struct dfs_options *o)
         o->view = DFS_VIEW_RAW;
     else if (strcmp(o->view_name, "npy") == 0)
         o->view = DFS_VIEW_NPY;
+    else if (strncmp(o->view_name, "hf:", 3) == 0 && o->view_name[3])
+        o->view = DFS_VIEW_HF;
     else {
-        fprintf(stderr, "dcpfs: -o view=%s: expected raw or npy\n", o->view_name);
+        fprintf(stderr, "dcpfs: -o view=%s: expected raw, npy or hf:RECIPE\n", o->view_name);
+        return -1;
+    }
+    if (o->view != DFS_VIEW_HF && (o->hf_dtype || o->hf_config || o->hf_max_shard || o->hf_keys ||
+                                   o->hf_allow_unmapped)) {
+        fprintf(stderr, "dcpfs: -o hf_dtype, hf_config, hf_max_shard_size, hf_keys and hf_allow_unmapped go "
+                "with -o view=hf:RECIPE\n");
         return -1;
     }
     if (!o->read_name || strcmp(o->read_name, "auto") == 0)
@@ -203,6 +223,58 @@ static int parse_modes(struct dfs_options *o)
     }
     if (o->max_depth < 0 || o->max_depth > 64) {
         fprintf(stderr, "dcpfs: -o depth=%d: expected 0 to 64\n", o->max_depth);
+        return -1;
+    }
+    return 0;
+}
+
+/* A path that stays valid after the daemon changes to "/": absolute. NULL
+ * (with a message) when it does not resolve. */
+static char *absolute(const char *opt, const char *path)
+{
+    char *p = realpath(path, NULL);
+    if (!p)
+        fprintf(stderr, "dcpfs: -o %s=%s: %s\n", opt, path, strerror(errno));
+    return p;
+}
+
+/* view=hf: the export's options, checked (the recipe loaded, the config
+ * parsed) so that a bad one fails the mount with the export's message. */
+static int hf_options(struct dfs *fs)
+{
+    struct dfs_options *o = &fs->opt;
+    dcp_export_options *x = &fs->hf;
+    memset(x, 0, sizeof *x);
+    x->dtype = DCP_DTYPE_INVALID;
+    x->recipe = o->view_name + 3;
+    x->recipe_dirs = getenv("DCP_RECIPE_PATH");   /* as dcp convert: searched first */
+    x->keys = o->hf_keys;
+    x->flags = o->hf_allow_unmapped ? DCP_EXPORT_ALLOW_UNMAPPED : 0;
+    if (o->hf_dtype && (x->dtype = dcp_dtype_from_name(o->hf_dtype)) == DCP_DTYPE_INVALID) {
+        fprintf(stderr, "dcpfs: -o hf_dtype=%s: expected float32, float16, bfloat16 or float64\n", o->hf_dtype);
+        return -1;
+    }
+    if (o->hf_max_shard && (dcp_parse_size(o->hf_max_shard, &x->max_shard_size) < 0 || !x->max_shard_size)) {
+        fprintf(stderr, "dcpfs: -o hf_max_shard_size=%s: expected a size (e.g. 5GB, 512MiB)\n", o->hf_max_shard);
+        return -1;
+    }
+    if (o->hf_config) {
+        char *p = absolute("hf_config", o->hf_config);
+        if (!p)
+            return -1;
+        free(o->hf_config);
+        x->config = o->hf_config = p;
+    }
+    if (strchr(x->recipe, '/') || (strlen(x->recipe) > 5 && !strcmp(x->recipe + strlen(x->recipe) - 5, ".json"))) {
+        char *p = absolute("view=hf", x->recipe);   /* a recipe file */
+        if (!p)
+            return -1;
+        o->hf_recipe = p;
+        x->recipe = p;
+    }
+    dcp_error err;
+    if (dcp_export_check(x, &err) < 0) {
+        fprintf(stderr, "dcpfs: %s\n", err.msg);
         return -1;
     }
     return 0;
@@ -252,7 +324,7 @@ int main(int argc, char *argv[])
         fprintf(stderr, "usage: %s [options] SOURCE MOUNTPOINT (see %s --help)\n", argv[0], argv[0]);
         goto out0;
     }
-    if (parse_modes(&fs.opt) < 0)
+    if (parse_modes(&fs.opt) < 0 || (fs.opt.view == DFS_VIEW_HF && hf_options(&fs) < 0))
         goto out0;
     if (fs.opt.ready_fd >= 0 && fcntl(fs.opt.ready_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "dcpfs: -o ready_fd=%d: %s\n", fs.opt.ready_fd, strerror(errno));
@@ -349,6 +421,11 @@ out0:;   /* a label takes a statement, not a declaration, before C23 */
     free(fs.source);
     free(fs.opt.source);
     free(fs.opt.view_name);
+    free(fs.opt.hf_dtype);
+    free(fs.opt.hf_config);
+    free(fs.opt.hf_max_shard);
+    free(fs.opt.hf_keys);
+    free(fs.opt.hf_recipe);
     free(fs.opt.read_name);
     free(fs.opt.catalog);
     free(cmd.mountpoint);

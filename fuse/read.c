@@ -28,6 +28,8 @@ struct rctx {
     dcp_plan plan;
     char *buf;
     size_t cap;
+    char *stage;              /* view=hf: source elements staged for a cast */
+    size_t stage_cap;
     struct fuse_bufvec *bv;
     size_t bvcap;
     size_t *order;
@@ -41,6 +43,7 @@ static void ctx_free(void *p)
     struct rctx *c = p;
     dcp_plan_free(&c->plan);
     free(c->buf);
+    free(c->stage);
     free(c->bv);
     free(c->order);
     free(c);
@@ -544,8 +547,40 @@ void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t 
     fuse_reply_buf(req, c->buf, got);
 }
 
+/* A computed file that renders its bytes itself (view=hf): into the
+ * per-thread buffer, through a staging buffer twice the request (a cast to
+ * a dtype half as wide reads the source in one plan). */
+static void read_rendered(fuse_req_t req, struct dfs_node *n, size_t size, off_t off)
+{
+    struct rctx *c = ctx();
+    size_t stage = 2 * size + 64;
+    if (!c || ctx_buf(c, size ? size : 1) < 0) {
+        fuse_reply_err(req, ENOMEM);
+        return;
+    }
+    if (stage > c->stage_cap) {
+        char *g = realloc(c->stage, stage);
+        if (!g) {
+            fuse_reply_err(req, ENOMEM);
+            return;
+        }
+        c->stage = g;
+        c->stage_cap = stage;
+    }
+    size_t got = 0;
+    int rc = off < 0 ? 0 : n->vops->read(n, (uint64_t)off, c->buf, size, &got, &c->plan, c->stage, c->stage_cap);
+    if (rc < 0)
+        fuse_reply_err(req, -rc);
+    else
+        fuse_reply_buf(req, c->buf, got);
+}
+
 void dfs_read_virtual(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off)
 {
+    if (n->vops && n->vops->read) {
+        read_rendered(req, n, size, off);
+        return;
+    }
     struct dfs_layout lay;
     int rc = n->vops ? n->vops->layout(n, &lay) : -EIO;
     if (rc < 0)

@@ -610,9 +610,7 @@ static int by_name(const void *a, const void *b)
     return strcmp((*(struct dfs_node *const *)a)->name, (*(struct dfs_node *const *)b)->name);
 }
 
-/* Append n to a listing being built (published later by list_dir), after
- * making its inode reachable. */
-static int push_kid(struct dfs *fs, struct dfs_node *n, struct dfs_node ***kids, size_t *nkids, size_t *kcap)
+int dfs_push_kid(struct dfs *fs, struct dfs_node *n, struct dfs_node ***kids, size_t *nkids, size_t *kcap)
 {
     if (*nkids == *kcap) {
         struct dfs_node **g = realloc(*kids, (*kcap = 2 * *kcap + 4) * sizeof *g);
@@ -665,7 +663,7 @@ static int add_passthrough(struct dfs *fs, struct dfs_node *root, struct dfs_nod
         }
         *n->pst = st;
         atomic_store(&n->size, (int64_t)st.st_size);
-        if ((rc = push_kid(fs, n, kids, nkids, kcap)) < 0)
+        if ((rc = dfs_push_kid(fs, n, kids, nkids, kcap)) < 0)
             break;
     }
     closedir(d);
@@ -681,7 +679,35 @@ static int add_root_files(struct dfs *fs, struct dfs_node *root, struct dfs_node
     if (rc < 0)
         return rc;
     struct dfs_node *n = dfs_stview_new(fs, root);
-    return n ? push_kid(fs, n, kids, nkids, kcap) : -ENOMEM;
+    return n ? dfs_push_kid(fs, n, kids, nkids, kcap) : -ENOMEM;
+}
+
+/* A checkpoint root listing only the files `files` adds (view=hf: no key
+ * tree). Serialised by fs->list_lock. */
+static int list_files(struct dfs *fs, struct dfs_node *dir,
+                      int (*files)(struct dfs *, struct dfs_node *, struct dfs_node ***, size_t *, size_t *))
+{
+    struct dfs_node **kids = NULL;
+    size_t nkids = 0, kcap = 0;
+    int rc = files(fs, dir, &kids, &nkids, &kcap);
+    if (rc == 0) {
+        struct dfs_node tmp = {0};
+        tmp.kids = kids;
+        tmp.nkids = nkids;
+        dfs_sort_kids(&tmp);
+        pthread_rwlock_wrlock(&fs->lock);
+        struct dfs_node **old = dir->kids;
+        dir->kids = kids;
+        dir->nkids = nkids;
+        dir->kcap = kcap;
+        dir->nsubdirs = 0;
+        atomic_store(&dir->listed, 1);
+        pthread_rwlock_unlock(&fs->lock);
+        free(old);
+        kids = NULL;
+    }
+    free(kids);
+    return rc;
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -728,7 +754,8 @@ static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
     /* The root is listed now (its plain files must not clash with keys);
      * every other directory when it is first listed or looked into. */
     pthread_mutex_lock(&fs->list_lock);
-    int rc = list_dir(fs, ck->root, 0, add_root_files);
+    int rc = fs->opt.view == DFS_VIEW_HF ? list_files(fs, ck->root, dfs_hfview_add_files)
+                                         : list_dir(fs, ck->root, 0, add_root_files);
     pthread_mutex_unlock(&fs->list_lock);
     return rc;
 }
@@ -762,6 +789,8 @@ int dfs_ckpt_ensure(struct dfs *fs, struct dfs_ckpt *ck)
                      * not reused: they belong to the model being closed) */
         ck->gen++;
         dfs_verify_free(ck);
+        dcp_hf_view_free(ck->hf);
+        ck->hf = NULL;
         dcp_close(ck->ck);
         ck->ck = NULL;
         free(ck->file_sizes);
@@ -812,6 +841,7 @@ void dfs_free_all(struct dfs *fs)
     while (ck) {
         struct dfs_ckpt *next = ck->next;
         dfs_verify_free(ck);
+        dcp_hf_view_free(ck->hf);
         dcp_close(ck->ck);
         free(ck->file_sizes);
         free(ck->path);
