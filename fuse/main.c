@@ -228,13 +228,16 @@ static int parse_modes(struct dfs_options *o)
     return 0;
 }
 
-/* A path that stays valid after the daemon changes to "/": absolute. NULL
- * (with a message) when it does not resolve. */
-static char *absolute(const char *opt, const char *path)
+/* A path that stays valid after the daemon changes to "/": a relative one
+ * made absolute (not resolved: a missing file is the export's error). */
+static char *absolute(const char *path)
 {
-    char *p = realpath(path, NULL);
-    if (!p)
-        fprintf(stderr, "dcpfs: -o %s=%s: %s\n", opt, path, strerror(errno));
+    char cwd[4096];
+    if (path[0] == '/' || !getcwd(cwd, sizeof cwd))
+        return strdup(path);
+    char *p = malloc(strlen(cwd) + strlen(path) + 2);
+    if (p)
+        sprintf(p, "%s/%s", cwd, path);
     return p;
 }
 
@@ -250,7 +253,8 @@ static int hf_options(struct dfs *fs)
     x->recipe_dirs = getenv("DCP_RECIPE_PATH");   /* as dcp convert: searched first */
     x->keys = o->hf_keys;
     x->flags = o->hf_allow_unmapped ? DCP_EXPORT_ALLOW_UNMAPPED : 0;
-    if (o->hf_dtype && (x->dtype = dcp_dtype_from_name(o->hf_dtype)) == DCP_DTYPE_INVALID) {
+    if (o->hf_dtype && (x->dtype = dcp_dtype_from_name(o->hf_dtype)) != DCP_FLOAT32 && x->dtype != DCP_FLOAT16 &&
+        x->dtype != DCP_BFLOAT16 && x->dtype != DCP_FLOAT64) {
         fprintf(stderr, "dcpfs: -o hf_dtype=%s: expected float32, float16, bfloat16 or float64\n", o->hf_dtype);
         return -1;
     }
@@ -259,16 +263,20 @@ static int hf_options(struct dfs *fs)
         return -1;
     }
     if (o->hf_config) {
-        char *p = absolute("hf_config", o->hf_config);
-        if (!p)
+        char *p = absolute(o->hf_config);
+        if (!p) {
+            fprintf(stderr, "dcpfs: out of memory\n");
             return -1;
+        }
         free(o->hf_config);
         x->config = o->hf_config = p;
     }
     if (strchr(x->recipe, '/') || (strlen(x->recipe) > 5 && !strcmp(x->recipe + strlen(x->recipe) - 5, ".json"))) {
-        char *p = absolute("view=hf", x->recipe);   /* a recipe file */
-        if (!p)
+        char *p = absolute(x->recipe);   /* a recipe file */
+        if (!p) {
+            fprintf(stderr, "dcpfs: out of memory\n");
             return -1;
+        }
         o->hf_recipe = p;
         x->recipe = p;
     }

@@ -25,3 +25,6 @@ tests_unit_test_fuse_names_SOURCES = tests/unit/test_fuse_names.c fuse/names.c f
 tests_unit_test_fuse_names_CFLAGS = $(UNIT_TEST_FLAGS) -I$(top_srcdir)/fuse
 tests_unit_test_fuse_names_LDADD = $(CHECK_LIBS)
 TESTS += tests/unit/test_fuse_names
+# -o view=hf:RECIPE: the mount is the export (dcp convert --to hf), byte for byte.
+TESTS += tests/fuse-hfview.sh
+EXTRA_DIST += tests/fuse-hfview.sh

@@ -252,6 +252,19 @@ def save(sd, path, world, mode=None):
     mp.spawn(save_worker, args=(world, free_port(), sd, path, mode), nprocs=world, join=True)
 
 
+def make_llama(out):
+    """The Llama model only (ref-llama, llama-config.json), as torchtitan (tt) and stacked Megatron-Core
+    (mc, with common.pt) checkpoints: for tests that need one model (tests/fuse-hfview.sh)."""
+    os.makedirs(out, exist_ok=True)
+    llama = build("llama")
+    llama.save_pretrained(f"{out}/ref-llama")
+    llama.config.to_json_file(f"{out}/llama-config.json")
+    hf = {k: v.detach().clone() for k, v in llama.state_dict().items()}
+    save(torchtitan_sd(hf), f"{out}/tt", 2, "rows")
+    save(megatron_sd(hf, stacked=True), f"{out}/mc", 2, "stacked")
+    write_common(f"{out}/mc", **MEGATRON_ARGS)
+
+
 def make(out):
     os.makedirs(out, exist_ok=True)
     llama = build("llama")
@@ -328,6 +341,14 @@ if __name__ == "__main__":
     warnings.filterwarnings("ignore")
     if sys.argv[1] == "make":
         make(sys.argv[2])
+    elif sys.argv[1] == "make-llama":
+        make_llama(sys.argv[2])
+    elif sys.argv[1] == "same":   # same A B DTYPE: from_pretrained of A and of B, the same logits exactly
+        dt = getattr(torch, sys.argv[4])
+        _, a = logits(sys.argv[2], dt)
+        _, b = logits(sys.argv[3], dt)
+        assert torch.equal(a, b), f"{sys.argv[2]} and {sys.argv[3]}: logits differ: {(a - b).abs().max().item()}"
+        print(f"ok {sys.argv[2]} = {sys.argv[3]}: {sys.argv[4]} logits equal, {tuple(a.shape)}")
     else:   # check REF DST DTYPE [REF DST DTYPE ...]: one process, one import of transformers
         args = sys.argv[2:]
         for i in range(0, len(args), 3):
