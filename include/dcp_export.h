@@ -9,7 +9,9 @@
  * permutation reads its source rows through the planner a few MiB at a time,
  * so memory is bounded by the number of keys, never by the tensors' bytes.
  * The folder appears only when complete (temporary name, fsync, a rename
- * that never replaces). Errors as in dcp.h. */
+ * that never replaces). The same folder can be served without writing it
+ * (dcp_hf_view_*, below; dcpfs -o view=hf:NAME): the export writes what the
+ * view renders. Errors as in dcp.h. */
 #ifndef DCP_EXPORT_H
 #define DCP_EXPORT_H
 
