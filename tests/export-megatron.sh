@@ -7,7 +7,7 @@
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"
 need python3
-PIP="pip install --no-deps megatron-core==0.16.1 && pip install psutil"
+PIP="pip install --no-deps megatron-core==0.16.1 psutil==7.2.2"
 python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
 python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
 python3 -c "import megatron.core" 2>/dev/null || skip "megatron-core is not installed ($PIP)"

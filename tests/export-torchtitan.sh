@@ -8,7 +8,7 @@
 # bfloat16). See tests/interop/export_torchtitan.py.
 . "$top_srcdir/tests/lib.sh"
 need python3
-PIP="pip install --no-deps torchtitan==0.3.0 spmd-types==0.2.3 && pip install tyro==1.0.16"
+PIP="pip install --no-deps torchtitan==0.3.0 spmd-types==0.2.3 tyro==1.0.16 docstring-parser==0.18.0 typeguard==4.6.1"
 python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
 python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
 python3 -c "import torchtitan" 2>/dev/null || skip "torchtitan is not installed ($PIP)"
