@@ -97,12 +97,12 @@ run_case() {
         /usr/bin/time -f '%e %U %S %M' -o "$DIR/t" python3 "$SRCDIR/bench/torchtitan-to-hf.py" "$DIR/src" "$DIR/out" 32 \
             2>"$DIR/peer.err" || { cat "$DIR/peer.err"; skip "torchtitan's converter failed"; }
         grep '^torchtitan-to-hf:' "$DIR/peer.err" >"$DIR/peer.phases" || true
-        [ -f "$DIR/peer.digest" ] || $DCP --no-catalog digest "$DIR/out"/model-00001-of-00001.safetensors >"$DIR/peer.digest"
+        [ -f "$DIR/peer.digest" ] || $DCP --no-catalog digest "$DIR/out"/model-00001-of-00001.safetensors | sort -k2 >"$DIR/peer.digest"
     else
         # shellcheck disable=SC2086
         /usr/bin/time -f '%e %U %S %M' -o "$DIR/t" $DCP --no-catalog convert -q --no-sync --to hf $flags \
             "$DIR/src" "$DIR/out"
-        case "$flags" in *permute.json) [ -f "$DIR/dcp.digest" ] || $DCP --no-catalog digest "$DIR/out/model.safetensors" >"$DIR/dcp.digest" ;; esac
+        case "$flags" in *permute.json) [ -f "$DIR/dcp.digest" ] || $DCP --no-catalog digest "$DIR/out/model.safetensors" | sort -k2 >"$DIR/dcp.digest" ;; esac
     fi
     local wall user sys kb cpu
     read -r wall user sys kb <"$DIR/t"
