@@ -1,7 +1,8 @@
 # dcp convert --to hf against Megatron-Core's own code (issue 15): tiny GPTModels built by
 # megatron-core's classes (a Llama-shaped one: RMSNorm, SwiGLU, GQA; a GPT-NeoX-shaped one:
 # LayerNorm, GeLU, biases, partial rotary), their sharded_state_dict() saved by
-# megatron.core.dist_checkpointing.save on the CPU, exported by the shipped recipes
+# megatron.core.dist_checkpointing.save on the CPU (one rank; the Llama-shaped one also from 2
+# tensor-parallel gloo ranks), exported by the shipped recipes
 # (llama-megatron, gpt-neox-megatron); AutoModelForCausalLM.from_pretrained of each export gives
 # Megatron's forward's float32 logits (relative error <= 1e-5). See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
@@ -25,7 +26,13 @@ for x in llama:llama-megatron neox:gpt-neox-megatron; do
     case "$out" in *"skipped decoder.layers.mlp.linear_fc2._extra_state/shard_1_2: left out by the recipe"*) ;;
         *) fail "$k: _extra_state/shard_1_2 not reported: $out" ;; esac
 done
-$PY check "$SCRATCH" o-llama llama o-neox neox >"$SCRATCH/check.log" 2>&1 ||
+# The same Llama-shaped model saved from 2 tensor-parallel ranks (linear_qkv split by query groups,
+# linear_fc1's gate and up halves split): the same export, byte for byte.
+$D convert -q --to hf --recipe llama-megatron --config "$SCRATCH/llama-config.json" "$SCRATCH/llama-tp2" \
+    "$SCRATCH/o-llama-tp2" || fail "export of llama-tp2"
+[ "$($D digest "$SCRATCH/o-llama/model.safetensors")" = "$($D digest "$SCRATCH/o-llama-tp2/model.safetensors")" ] ||
+    fail "the tensor-parallel 2 checkpoint's export differs from the tensor-parallel 1 one's"
+$PY check "$SCRATCH" o-llama llama o-neox neox o-llama-tp2 llama-tp2 >"$SCRATCH/check.log" 2>&1 ||
     { cat "$SCRATCH/check.log"; fail "logits differ from Megatron-Core's forward"; }
 grep '^ok' "$SCRATCH/check.log"
 echo ok

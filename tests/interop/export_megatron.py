@@ -6,6 +6,7 @@ initialised by Megatron (use_cpu_initialization; norms then perturbed so a swapp
 
   llama  RMSNorm, SwiGLU (gated_linear_unit), GQA (4 heads, 2 query groups), rope, no biases
   neox   LayerNorm, GeLU, biases, multi-head attention, rope on half of each head (rotary_percent 0.5)
+  llama-tp2  the llama one again (same weights), tensor parallel 2 on 2 gloo ranks
 
 and for each writes OUT/KIND, its sharded_state_dict() saved by
 megatron.core.dist_checkpointing.save (the torch_dist backend: layer-stacked keys, TE-style
@@ -31,17 +32,22 @@ PROMPT = [[1, 7, 42, 99, 3, 127, 64, 5, 18, 77, 2, 0, 33, 101, 8, 55]]
 KINDS = ("llama", "neox")
 
 
-def init_megatron():
+def free_port():
     import socket
-    import torch.distributed as dist
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return port
+
+
+def init_megatron(rank=0, world=1, port=None, tp=1):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or free_port()}", rank=rank,
+                            world_size=world)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
-    parallel_state.initialize_model_parallel(1, 1)
+    parallel_state.initialize_model_parallel(tp, 1)
     model_parallel_cuda_manual_seed(1234, inference_rng_tracker=True)
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
@@ -97,7 +103,28 @@ def megatron_logits(m):
         return m(tok, pos, attention_mask=mask).float()
 
 
+def tp2_worker(rank, port, out):
+    """The Llama-shaped model again, tensor parallel 2 on 2 gloo ranks: linear_qkv split by query
+    groups and linear_fc1's gate and up halves each split across the ranks, which
+    dist_checkpointing saves as one global tensor each."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    init_megatron(rank, 2, port, tp=2)
+    m = build("llama")
+    part = megatron_logits(m).contiguous()   # the output layer is split by vocabulary
+    parts = [torch.empty_like(part) for _ in range(2)]
+    dist.all_gather(parts, part)
+    if rank == 0:
+        torch.save(torch.cat(parts, dim=-1), f"{out}/llama-tp2-logits.pt")
+        os.makedirs(f"{out}/llama-tp2")
+    dist.barrier()
+    dist_checkpointing.save(m.sharded_state_dict(), f"{out}/llama-tp2")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def make(out):
+    import torch.multiprocessing as mp
     from megatron.core import dist_checkpointing
     init_megatron()
     os.makedirs(out, exist_ok=True)
@@ -108,6 +135,8 @@ def make(out):
         os.makedirs(f"{out}/{kind}")
         dist_checkpointing.save(m.sharded_state_dict(), f"{out}/{kind}")
         print(f"{kind}: {len(m.state_dict())} state dict keys saved by dist_checkpointing")
+    mp.spawn(tp2_worker, args=(free_port(), out), nprocs=2, join=True)
+    print("llama-tp2: saved by dist_checkpointing from 2 tensor-parallel ranks")
 
 
 def check(out, dst, kind):
