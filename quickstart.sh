@@ -26,6 +26,14 @@ if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torch_checkpoin
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps torch-checkpointing==0.1.1 ||
         echo "pip install torch-checkpointing failed: tests/*-rankfiles.sh will fail"
 fi
+if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torchtitan, megatron.core, psutil' 2>/dev/null; then
+    # The frameworks' own code for tests/export-torchtitan.sh and tests/export-megatron.sh: --no-deps
+    # (their declared dependencies pull a CUDA torch), with the light packages they import.
+    echo "== pip install --no-deps torchtitan==0.3.0 spmd-types==0.2.3 tyro==1.0.16 docstring-parser==0.18.0 typeguard==4.6.1 megatron-core==0.16.1 psutil==7.2.2"
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps torchtitan==0.3.0 spmd-types==0.2.3 tyro==1.0.16 \
+        docstring-parser==0.18.0 typeguard==4.6.1 megatron-core==0.16.1 psutil==7.2.2 ||
+        echo "pip install torchtitan / megatron-core failed: tests/export-torchtitan.sh and tests/export-megatron.sh will skip"
+fi
 
 echo "== building"
 [ -x configure ] || autoreconf -fi >/dev/null

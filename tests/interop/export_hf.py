@@ -23,8 +23,8 @@ The torchtitan layouts come from the Hugging Face weights by torchtitan's own
 mapping: Llama3StateDictAdapter.from_hf (torchtitan 0.3.0,
 torchtitan/models/llama3/state_dict_adapter.py) renames the keys and applies
 _reverse_permute to q_proj and k_proj: w.view(n_heads, 2, hd // 2, dim)
-.transpose(1, 2).reshape(n_heads * hd, dim). (torchtitan itself is not used:
-0.3.0 does not import without spmd_types, torch_checkpointing and more.) The
+.transpose(1, 2).reshape(n_heads * hd, dim). (torchtitan itself is not used here;
+tests/export-torchtitan.sh and tests/export-megatron.sh use the frameworks' own code.) The
 Megatron layout is Megatron-Core's: linear_qkv rows are [groups, heads/groups
 q heads + 1 k head + 1 v head, head_dim], linear_fc1 = cat(gate, up),
 input_layernorm fused into linear_qkv.layer_norm_weight and pre_mlp_layernorm
