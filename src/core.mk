@@ -1,7 +1,7 @@
 # libdcp: the core. No FUSE, MPI or CUDA here.
 lib_LTLIBRARIES += libdcp.la
-include_HEADERS += include/dcp.h include/dcp_gplan.h
-noinst_HEADERS += src/internal.h src/pickle.h
+include_HEADERS += include/dcp.h include/dcp_file.h include/dcp_gplan.h
+noinst_HEADERS += src/internal.h src/pickle.h src/sized_opts.h
 libdcp_la_SOURCES = \
 	src/util.c \
 	src/keys.c \
@@ -21,7 +21,8 @@ libdcp_la_SOURCES = \
 	src/planner.c \
 	src/files.c src/files.h \
 	src/reader.c \
-	src/gplan.c
+	src/gplan.c \
+	src/abi_0_1.c
 libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread
 libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
 # Exports: the public dcp_* calls, each with the symbol version DCP_0.1

@@ -23,6 +23,7 @@
 #include "dcp_write.h"
 #include "atomic.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "pickle.h"
 #include "pickle_write.h"
 #include "safetensors.h"
@@ -31,25 +32,6 @@
 
 #define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save source */
 #define MAX_DEPTH 64
-
-int dcp_parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || !isdigit((unsigned char)s[0]))
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return -1;
-    static const struct { const char *suf; uint64_t mul; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000}, {"M", 1ull << 20},
-        {"MiB", 1ull << 20}, {"MB", 1000000}, {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000},
-        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (!strcmp(end, units[i].suf))
-            return __builtin_mul_overflow((uint64_t)v, units[i].mul, out) ? -1 : 0;
-    return -1;
-}
 
 /* ---------------------------------------------------------------- formats */
 
@@ -973,9 +955,9 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
 static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel, size_t nsel, dcp_error *err)
 {
     dcp_ckpt_writer *w;
-    dcp_ckpt_options o = {.checkpoint_id = dst,
-                          .flags = ((s->opt->flags & DCP_WRITE_NO_SYNC) ? DCP_CKPT_NO_SYNC : 0) |
-                                   ((s->opt->flags & DCP_WRITE_NO_CRC) ? DCP_CKPT_NO_CRC : 0)};
+    dcp_ckpt_options o = DCP_CKPT_OPTIONS_INIT;
+    o.checkpoint_id = dst;
+    o.flags = s->opt->flags & (DCP_WRITE_NO_SYNC | DCP_WRITE_NO_CRC);   /* one flag family */
     if (dcp_ckpt_create(tmp, &o, &w, err) < 0)
         return -1;
     int rc = 0;
@@ -1028,11 +1010,14 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     return rc;
 }
 
-static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *caller, dcp_error *err)
 {
-    dcp_convert_options none = {0};
-    if (!opt)
-        opt = &none;
+    dcp_convert_options o = DCP_CONVERT_OPTIONS_INIT;
+    const dcp_convert_options *opt = &o;
+    /* The first sized layout (0.2): keep this size when fields are added. */
+    if (caller && dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_convert_files", "DCP_CONVERT_OPTIONS_INIT",
+                                  err) < 0)
+        return -1;
     dcp_format from = opt->from ? opt->from : dcp_format_guess(srcp);
     dcp_format to = opt->to ? opt->to : dcp_format_guess(dst);
     struct stat st;

@@ -26,6 +26,7 @@
 #include "dcp_export.h"
 #include "atomic.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "pickle.h"
 #include "recipe.h"
 #include "zip.h"
@@ -751,10 +752,15 @@ static int open_source(const char *srcp, dcp_checkpoint **ck, dcp_error *err)
     return dcp_open_file(srcp, DCP_FORMAT_AUTO, ck, NULL, err);
 }
 
-int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options *opt, dcp_error *err)
+int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options *caller, dcp_error *err)
 {
-    if (!srcp || !dst_in || !opt)
+    if (!srcp || !dst_in || !caller)
         return dcpi_err(err, EINVAL, "dcp_export_hf: a source, a destination and options are needed");
+    dcp_export_options o;
+    const dcp_export_options *opt = &o;
+    /* The first sized layout (0.2): keep this size when fields are added. */
+    if (dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_export_hf", "DCP_EXPORT_OPTIONS_INIT", err) < 0)
+        return -1;
     if (opt->dtype != DCP_DTYPE_INVALID && !is_float(opt->dtype))
         return dcpi_err(err, EINVAL, "%s: --dtype %s: float32, float16, bfloat16 or float64", dst_in,
                         dcp_dtype_name(opt->dtype) ? dcp_dtype_name(opt->dtype) : "?");

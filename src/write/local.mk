@@ -9,6 +9,7 @@ libdcp_la_SOURCES += \
 	src/write/torchsave_writer.c \
 	src/write/safetensors_writer.c \
 	src/write/convert.c \
+	src/write/size.c \
 	src/write/synth.c
 libdcp_la_CFLAGS += $(ZLIB_CFLAGS) $(LIBDEFLATE_CFLAGS)
 libdcp_la_LIBADD += $(ZLIB_LIBS) $(LIBDEFLATE_LIBS)
