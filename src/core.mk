@@ -15,6 +15,8 @@ libdcp_la_SOURCES = \
 	src/torchsave.c \
 	src/blob.c \
 	src/safetensors.c src/safetensors.h \
+	src/format.c \
+	src/single_file.c src/single_file.h \
 	src/hf_index.c \
 	src/megatron_config.c \
 	src/rankfiles.c \
