@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcp_write.h"
+#include "dcp_file.h"   /* dcp_open_file */
 
 void cli_error(const char *fmt, ...)
 {

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dcp_write.h"
+#include "dcp_file.h"   /* dcp_open_file, dcp_format_guess */
 #include "load.h"
 #include "sized_opts.h"
 

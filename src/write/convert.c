@@ -9,7 +9,6 @@
  * a few MiB of an entry at a time, so memory is bounded by the key count.
  * The destination is written under a temporary name beside it and renamed
  * into place at the end; on failure the temporary is removed. */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,13 +25,13 @@
 #include "internal.h"
 #include "sized_opts.h"
 #include "pickle.h"
+#include "keypaths.h"
 #include "pickle_write.h"
 #include "single_file.h"
 #include "zip.h"
 #include "zip_write.h"
 
-#define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save source */
-#define MAX_DEPTH 64
+#define MAX_DEPTH 64                  /* the reader's own limit on nested dicts */
 
 /* ---------------------------------------------------------------- formats */
 
@@ -42,126 +41,7 @@ static int has_suffix(const char *s, const char *suf)
     return n > m && !strcmp(s + n - m, suf);
 }
 
-/* ------------------------------------------------- single-file sources */
-
-/* Each key's path in the nesting it was flattened from, for the DCP
- * writer's planner_data: from a torch.save source's dicts, or from a DCP
- * source's own planner_data. */
-typedef struct keypaths {
-    dcpi_arena arena;
-    dcpi_strmap map;          /* key -> index in parts[], n[] */
-    dcp_path_part **parts;
-    size_t *n;
-    size_t count, cap;
-} keypaths;
-
-static void kp_init(keypaths *kp)
-{
-    memset(kp, 0, sizeof *kp);
-    dcpi_arena_init(&kp->arena);
-    dcpi_strmap_init(&kp->map);
-}
-
-static void kp_free(keypaths *kp)
-{
-    dcpi_strmap_free(&kp->map);
-    dcpi_arena_free(&kp->arena);
-    free(kp->parts);
-    free(kp->n);
-}
-
-/* Copies key and parts. 0, or -1 on out of memory. */
-static int kp_add(keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n)
-{
-    if (kp->count == kp->cap) {
-        size_t nc = kp->cap ? kp->cap * 2 : 64;
-        dcp_path_part **np = realloc(kp->parts, nc * sizeof *np);
-        if (np)
-            kp->parts = np;
-        size_t *nn = realloc(kp->n, nc * sizeof *nn);
-        if (nn)
-            kp->n = nn;
-        if (!np || !nn)
-            return -1;
-        kp->cap = nc;
-    }
-    char *k = dcpi_arena_strndup(&kp->arena, key, kl);
-    dcp_path_part *c = dcpi_arena_alloc(&kp->arena, (n ? n : 1) * sizeof *c);
-    if (!k || !c)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        c[i] = parts[i];
-        if (parts[i].str && !(c[i].str = dcpi_arena_strndup(&kp->arena, parts[i].str, parts[i].len)))
-            return -1;
-    }
-    if (dcpi_strmap_put(&kp->map, k, kl, kp->count) < 0)
-        return -1;
-    kp->parts[kp->count] = c;
-    kp->n[kp->count++] = n;
-    return 0;
-}
-
-static const dcp_path_part *kp_get(const keypaths *kp, const char *key, size_t *n)
-{
-    uint64_t i;
-    if (!kp || !dcpi_strmap_get(&kp->map, key, strlen(key), &i))
-        return NULL;
-    *n = kp->n[i];
-    return kp->parts[i];
-}
-
-/* Re-pickle a plain value as torch.save would (for a non-tensor value of a
- * torch.save source that becomes a DCP bytes item). 0, or -1 if the value
- * holds something other than plain data. */
-static int repickle(pw *p, const pk_node *n, int depth)
-{
-    if (!n || depth > MAX_DEPTH)
-        return -1;
-    switch (n->type) {
-    case PK_NONE: pw_none(p); return 0;
-    case PK_BOOL: pw_bool(p, n->u.b); return 0;
-    case PK_INT: pw_int(p, n->u.i); return 0;
-    case PK_BIGINT: pw_long_bytes(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_FLOAT: pw_float(p, n->u.f); return 0;
-    case PK_STR: pw_str(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_BYTES: pw_bytes(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_TUPLE:
-        pw_tuple_begin(p, n->u.seq.n);
-        for (size_t i = 0; i < n->u.seq.n; i++)
-            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
-        pw_tuple_end(p, n->u.seq.n);
-        return 0;
-    case PK_LIST:
-        pw_list_begin(p);
-        for (size_t i = 0; i < n->u.seq.n; i++) {
-            pw_list_elem(p);
-            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
-        }
-        pw_list_end(p);
-        return 0;
-    case PK_DICT:
-        pw_dict_begin(p);
-        for (size_t i = 0; i < n->u.dict.n; i++) {
-            pw_dict_key(p);
-            if (repickle(p, n->u.dict.keys[i], depth + 1) < 0 || repickle(p, n->u.dict.vals[i], depth + 1) < 0)
-                return -1;
-        }
-        pw_dict_end(p);
-        return 0;
-    default: {
-        /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
-        unsigned char *b;
-        size_t bl;
-        if (dcpi_pickled_bytes(n, &b, &bl) != 0)
-            return -1;
-        pw_bytes(p, b, bl);
-        free(b);
-        return 0;
-    }
-    }
-}
+/* ------------------------------------- torch.save sources: the reader's hooks */
 
 /* torch.save(obj) of a plain value, in memory: a DCP bytes item's blob
  * (the single-file reader's blob hook, single_file.h). 0, 1 when v is not
@@ -172,7 +52,7 @@ static int blob_of_value(void *ctx, const char *key, const pk_node *v, unsigned 
     (void)ctx;
     pw p;
     pw_init(&p, 2, -1, key);
-    if (repickle(&p, v, 0) < 0) {
+    if (pw_value(&p, v) < 0) {
         pw_free(&p);
         return 1;
     }
@@ -198,7 +78,7 @@ static int blob_of_value(void *ctx, const char *key, const pk_node *v, unsigned 
 
 /* What the single-file reader's hooks write to. */
 typedef struct pt_hooks_ctx {
-    keypaths *paths;
+    dcpw_keypaths *paths;
     dcp_skip_fn skipped;
     void *skipped_ctx;
 } pt_hooks_ctx;
@@ -212,7 +92,7 @@ static int path_of_value(void *ctx, const char *key, size_t klen, const dcpi_key
         return -1;
     for (size_t i = 0; i < n; i++)
         pp[i] = (dcp_path_part){.str = parts[i].str, .len = parts[i].len};
-    return kp_add(h->paths, key, klen, pp, n);
+    return dcpw_kp_add(h->paths, key, klen, pp, n);
 }
 
 static void skipped_value(void *ctx, const char *key, const char *why)
@@ -233,75 +113,10 @@ typedef struct src {
     uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
-    keypaths paths;          /* keys' paths for planner_data, when the source knows them */
+    dcpw_keypaths paths;          /* keys' paths for planner_data, when the source knows them */
     size_t no_run_tag;       /* an entry of one chunk found not stored as is: */
     int no_run_valid;        /* its strides or transforms hold for all of it, so ask no more */
 } src;
-
-/* A DCP source's planner_data (flattened key -> path tuple), kept for the
- * output. Best effort: a source without one, or with one that is not
- * str/int tuples, leaves keys without paths (flat keys in the output). */
-static int read_planner_data(const char *dir, keypaths *kp, dcp_error *err)
-{
-    char p[4200];
-    if ((size_t)snprintf(p, sizeof p, "%s/.metadata", dir) >= sizeof p)
-        return 0;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    struct stat st;
-    if (fd < 0)
-        return 0;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > PKL_MAX) {
-        close(fd);
-        return 0;
-    }
-    size_t size = (size_t)st.st_size, got = 0;
-    char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", p);
-    }
-    while (got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    pk_doc *doc = NULL;
-    const pk_node *root;
-    dcp_error ignored;
-    int rc = 0;
-    if (got == size && pk_parse(buf, size, p, &doc, &root, &ignored) == 0 && root->type == PK_CALL &&
-        root->u.call.state) {
-        const pk_node *state = pk_as_dict(root->u.call.state);
-        if (!state && root->u.call.state->type == PK_TUPLE)   /* slots dataclass: (None, {slot: value}) */
-            state = pk_as_dict(pk_item(root->u.call.state, 1));
-        const pk_node *pd = pk_as_dict(pk_dict_get(state, "planner_data"));
-        size_t np = 0;
-        for (size_t i = 0; pd && i < pd->u.dict.n && rc == 0; i++) {
-            const pk_node *path = pd->u.dict.vals[i];
-            const char *key;
-            size_t kl, n = pk_len(path);
-            if (!pk_str(pd->u.dict.keys[i], &key, &kl) || !path || (path->type != PK_TUPLE && path->type != PK_LIST) ||
-                n == 0 || n > MAX_DEPTH)
-                continue;
-            dcp_path_part parts[MAX_DEPTH];
-            for (np = 0; np < n; np++) {
-                const pk_node *e = pk_item(path, np);
-                if (pk_str(e, &parts[np].str, &parts[np].len))
-                    continue;
-                if (!e || e->type != PK_INT)
-                    break;
-                parts[np] = (dcp_path_part){.index = e->u.i};
-            }
-            if (np == n && kp_add(kp, key, kl, parts, n) < 0)
-                rc = dcpi_err(err, ENOMEM, "%s: out of memory", p);
-        }
-    }
-    pk_free(doc);
-    free(buf);
-    return rc;
-}
 
 /* Progress by position (entry's base + end of the bytes just produced), so
  * bytes produced twice (a kernel copy that fell back to reading) count once. */
@@ -573,7 +388,7 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
     for (size_t k = 0; k < nsel && rc == 0; k++) {
         const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
         size_t np;
-        const dcp_path_part *path = kp_get(&s->paths, e->key, &np);
+        const dcp_path_part *path = dcpw_kp_get(&s->paths, e->key, &np);
         dcp_error ignored;
         if (path && dcp_ckpt_set_path(w, e->key, path, np, &ignored) < 0 && ignored.code == ENOMEM)
             rc = dcpi_err(err, ENOMEM, "%s: out of memory", dst);
@@ -622,7 +437,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
 
     src s = {.opt = opt};
     s.source = (dcp_source){.fill = src_fill, .range = src_range, .ctx = &s};
-    kp_init(&s.paths);
+    dcpw_kp_init(&s.paths);
     dcp_plan_init(&s.plan);
     size_t nskipped = 0;
     int rc;
@@ -630,7 +445,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         dcp_checkpoint *ck;
         rc = dcp_open(srcp, 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
-        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = read_planner_data(srcp, &s.paths, err)) < 0)
+        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)
             dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
         pt_hooks_ctx hc = {.paths = &s.paths, .skipped = opt->skipped, .skipped_ctx = opt->skipped_ctx};
@@ -642,7 +457,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         rc = dcpi_err(err, ENOTDIR, "%s: a DCP checkpoint is a folder", srcp);
     }
     if (rc < 0) {
-        kp_free(&s.paths);
+        dcpw_kp_free(&s.paths);
         return -1;
     }
 
@@ -730,6 +545,6 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     dcpi_side_bytes_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);
-    kp_free(&s.paths);
+    dcpw_kp_free(&s.paths);
     return rc;
 }
