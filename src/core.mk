@@ -32,4 +32,4 @@ libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
 libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -Wl,--version-script=$(srcdir)/src/libdcp.map
 EXTRA_libdcp_la_DEPENDENCIES = $(srcdir)/src/libdcp.map
 EXTRA_DIST += src/libdcp.map
-dist_man_MANS += man/dcp_gplan.3 man/dcp_dtype.3
+dist_man_MANS += man/dcp_gplan.3 man/dcp_dtype.3 man/dcp_file.3
