@@ -79,7 +79,8 @@ int dcpi_ckpt_create_0_1(const char *dir, const ckpt_options_0_1 *old, dcp_ckpt_
     dcp_ckpt_options o = DCP_CKPT_OPTIONS_INIT;
     if (old) {
         /* 0.1's own flag family: bit 0 was NO_SYNC (now DCP_WRITE_NESTED's bit). */
-        o.flags = ((old->flags & (1u << 0)) ? DCP_WRITE_NO_SYNC : 0) | ((old->flags & (1u << 1)) ? DCP_WRITE_NO_CRC : 0);
+        o.flags = ((old->flags & (1u << 0)) ? DCP_WRITE_NO_SYNC : 0) |
+                  ((old->flags & (1u << 1)) ? DCP_WRITE_NO_CRC : 0);
         o.checkpoint_id = old->checkpoint_id;
     }
     return dcp_ckpt_create(dir, &o, out, err);

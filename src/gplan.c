@@ -632,8 +632,9 @@ int dcp_gplan_build(dcp_checkpoint *ck, const dcp_greqs *reqs, int nranks, int m
         dcpi_err(err, EINVAL, "dcp_gplan_build: invalid arguments (rank %d of %d)", me, nranks);
         goto out;
     }
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (dcpi_sized_opts(&opts, sizeof opts, sizeof opts, caller, "dcp_gplan_build", "DCP_GPLAN_OPTS_INIT", err) < 0)
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&opts, sizeof opts, DCPI_OPTS_MIN(dcp_gplan_opts, bcast_local), caller, "dcp_gplan_build",
+                        "DCP_GPLAN_OPTS_INIT", err) < 0)
         goto out;
     if (o->unit_max == 0) {
         dcpi_err(err, EINVAL, "dcp_load: zero staging size");

@@ -238,8 +238,8 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
-/* One safetensors file rel of ck's folder, alone (name: in messages). */
-int dcpi_load_safetensors_file(dcp_checkpoint *ck, const char *rel, const char *name, dcp_error *err); /* safetensors.c */
+/* One safetensors file rel of ck's folder, alone (name: in messages; safetensors.c). */
+int dcpi_load_safetensors_file(dcp_checkpoint *ck, const char *rel, const char *name, dcp_error *err);
 int dcpi_hf_index_check(dcp_checkpoint *ck, const char *sub, char *const *files, size_t nfiles,
                         dcp_error *err);                                           /* hf_index.c */
 int dcpi_megatron_config(dcp_checkpoint *ck, dcp_error *err);                         /* megatron_config.c */

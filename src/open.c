@@ -107,8 +107,9 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
     const dcp_open_options *opts = &o;
     if (!caller)
         return dcp_open(path, 0, out, err);
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_open_ex", "DCP_OPEN_OPTIONS_INIT", err) < 0)
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_open_options, catalog), caller, "dcp_open_ex",
+                        "DCP_OPEN_OPTIONS_INIT", err) < 0)
         return -1;
     dcp_checkpoint *ck = dcpi_ck_new(path, err);
     if (!ck)

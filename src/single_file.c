@@ -210,7 +210,8 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         return 0;
     }
     if (depth == 0)
-        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
+        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n)
+                                       : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
     if (dcpi_torch_is_tensor(n))
         return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP

@@ -6,10 +6,15 @@
 #define DCP_SIZED_OPTS_H
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "dcp.h"
+
+/* The size of a struct's first sized layout, which ends at field `last`:
+ * the least a caller may pass. Stays when fields are added after it. */
+#define DCPI_OPTS_MIN(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
 
 /* Copy the caller's struct at src (its first field `size_t size`) into dst,
  * a struct of `known` bytes this library was built with, zeroed first so

@@ -176,11 +176,14 @@ int main(int argc, char **argv)
     load_and_compare(ck, regs, nregs, NULL, "overlapping, default");
     dcp_load_options small = {.size = sizeof(dcp_load_options), .staging_bytes = 4096, .nstaging = 2};
     load_and_compare(ck, regs, nregs, &small, "overlapping, 4 KiB staging");
-    dcp_load_options p2p = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_NO_BCAST, .staging_bytes = 10000, .nstaging = 1};
+    dcp_load_options p2p = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_NO_BCAST, .staging_bytes = 10000,
+                             .nstaging = 1};
     load_and_compare(ck, regs, nregs, &p2p, "overlapping, p2p, one buffer");
-    dcp_load_options bcast = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_BCAST_LOCAL, .staging_bytes = 8192, .nstaging = 2};
+    dcp_load_options bcast = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_BCAST_LOCAL, .staging_bytes = 8192,
+                               .nstaging = 2};
     load_and_compare(ck, regs, nregs, &bcast, "overlapping, messages and broadcasts");
-    dcp_load_options shm1 = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_SHM, .staging_bytes = 10000, .nstaging = 1};
+    dcp_load_options shm1 = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_SHM, .staging_bytes = 10000,
+                              .nstaging = 1};
     load_and_compare(ck, regs, nregs, &shm1, "overlapping, shared memory, one buffer");
     dcp_load_options indep = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_INDEPENDENT};
     load_and_compare(ck, regs, nregs, &indep, "overlapping, independent");
@@ -211,7 +214,8 @@ int main(int argc, char **argv)
     /* options and checkpoint must be the same on every rank: one rank that
      * differs fails every rank with one message naming it (no hang) */
     if (nranks > 1) {
-        dcp_load_options mine = DCP_LOAD_OPTIONS_INIT, other = {.size = sizeof(dcp_load_options), .staging_bytes = 8192};
+        dcp_load_options mine = DCP_LOAD_OPTIONS_INIT;
+        dcp_load_options other = {.size = sizeof(dcp_load_options), .staging_bytes = 8192};
         snprintf(want, sizeof want,
                  "dcp_load: rank %d passes other options than rank 0 (flags 0x0, 4 staging buffers of 8192 bytes;"
                  " rank 0: flags 0x0, 4 of 16777216)", culprit);

@@ -101,8 +101,9 @@ static int set_defaults(const dcp_load_options *opts, dcp_load_options *o, dcp_e
 {
     memset(o, 0, sizeof *o);
     o->size = sizeof *o;
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (opts && dcpi_sized_opts(o, sizeof *o, sizeof *o, opts, "dcp_load", "DCP_LOAD_OPTIONS_INIT", err) < 0)
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (opts && dcpi_sized_opts(o, sizeof *o, DCPI_OPTS_MIN(dcp_load_options, nstaging), opts, "dcp_load",
+                                "DCP_LOAD_OPTIONS_INIT", err) < 0)
         return -1;
     if (!o->staging_bytes)
         o->staging_bytes = LDI_STAGING_DEFAULT;

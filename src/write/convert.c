@@ -5,8 +5,9 @@
  * core's single-file reader (single_file.c), which builds the same model
  * over the one file (a torch.save storage record or a safetensors range per
  * tensor, strides and all); its hooks let convert keep a torch.save file's
- * plain values as bytes items, re-pickled here, and the keys' nesting. Every destination is fed by one fill callback that plans and reads
- * a few MiB of an entry at a time, so memory is bounded by the key count.
+ * plain values as bytes items, re-pickled here, and the keys' nesting.
+ * Every destination is fed by one fill callback that plans and reads a few
+ * MiB of an entry at a time, so memory is bounded by the key count.
  * The destination is written under a temporary name beside it and renamed
  * into place at the end; on failure the temporary is removed. */
 #include <dirent.h>
@@ -419,9 +420,9 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
 {
     dcp_convert_options o = DCP_CONVERT_OPTIONS_INIT;
     const dcp_convert_options *opt = &o;
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (caller && dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_convert_files", "DCP_CONVERT_OPTIONS_INIT",
-                                  err) < 0)
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (caller && dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_convert_options, skipped_ctx), caller,
+                                  "dcp_convert_files", "DCP_CONVERT_OPTIONS_INIT", err) < 0)
         return -1;
     dcp_format from = opt->from ? opt->from : dcp_format_guess(srcp);
     dcp_format to = opt->to ? opt->to : dcp_format_guess(dst);

@@ -102,8 +102,9 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *caller, dcp_ckpt_wr
     *out = NULL;
     dcp_ckpt_options o = DCP_CKPT_OPTIONS_INIT;
     const dcp_ckpt_options *opts = &o;
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (caller && dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_ckpt_create", "DCP_CKPT_OPTIONS_INIT",
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (caller && dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_ckpt_options, checkpoint_id), caller,
+                                  "dcp_ckpt_create", "DCP_CKPT_OPTIONS_INIT",
                                   err) < 0)
         return -1;
     int existed = 0;

@@ -758,8 +758,9 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
         return dcpi_err(err, EINVAL, "dcp_export_hf: a source, a destination and options are needed");
     dcp_export_options o;
     const dcp_export_options *opt = &o;
-    /* The first sized layout (0.2): keep this size when fields are added. */
-    if (dcpi_sized_opts(&o, sizeof o, sizeof o, caller, "dcp_export_hf", "DCP_EXPORT_OPTIONS_INIT", err) < 0)
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_export_options, skipped_ctx), caller, "dcp_export_hf",
+                        "DCP_EXPORT_OPTIONS_INIT", err) < 0)
         return -1;
     if (opt->dtype != DCP_DTYPE_INVALID && !is_float(opt->dtype))
         return dcpi_err(err, EINVAL, "%s: --dtype %s: float32, float16, bfloat16 or float64", dst_in,

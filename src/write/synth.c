@@ -221,11 +221,11 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
 {
     dcp_synth_options so;
     const dcp_synth_options *o = &so;
-    /* The first sized layout (0.2): keep this size when fields are added. */
+    /* At least the first sized layout (0.2), which ends at the field named. */
     if (!caller)
         return dcpi_err(err, EINVAL, "%s: dcp_synth_checkpoint: no options", dir);
-    if (dcpi_sized_opts(&so, sizeof so, sizeof so, caller, "dcp_synth_checkpoint", "DCP_SYNTH_OPTIONS_INIT",
-                        err) < 0)
+    if (dcpi_sized_opts(&so, sizeof so, DCPI_OPTS_MIN(dcp_synth_options, progress_ctx), caller,
+                        "dcp_synth_checkpoint", "DCP_SYNTH_OPTIONS_INIT", err) < 0)
         return -1;
     if (o->ranks < 1 || o->ranks > 65536 || o->ndim < 0 || o->ndim > 8 || !dcp_dtype_name(o->dtype) ||
         o->chunks_per_key < 1 || o->chunks_per_key > 1 << 20)

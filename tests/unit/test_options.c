@@ -188,7 +188,8 @@ static uint32_t first_cd_crc(const char *path)
     int found = 0;
     for (off_t i = 0; i + 20 <= sb.st_size && !found; i++)
         if (!memcmp(b + i, "PK\1\2", 4)) {
-            crc = (uint32_t)b[i + 16] | (uint32_t)b[i + 17] << 8 | (uint32_t)b[i + 18] << 16 | (uint32_t)b[i + 19] << 24;
+            crc = (uint32_t)b[i + 16] | (uint32_t)b[i + 17] << 8 | (uint32_t)b[i + 18] << 16 |
+                  (uint32_t)b[i + 19] << 24;
             found = 1;
         }
     free(b);
