@@ -172,7 +172,7 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         err = &scratch;
     memset(err, 0, sizeof *err);
     dcp_load_options o;
-    int bad_opts = set_defaults(opts, &o, err);   /* agreed below, with the nodes */
+    int bad_opts = set_defaults(opts, &o, err);   /* agreed below */
 
     MPI_Comm c = private_comm(comm);
     int me, n;
@@ -200,9 +200,11 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     /* bit 1: this rank needs the node communicator; bit 2: all its
      * destinations are CUDA memory (the device path needs it of every rank) */
     mine = (cuda || (o.flags & DCP_LOAD_SHM) ? 1 : 0) | (all_cuda ? 2 : 0);
-    int lrc = bad_opts < 0 ? -1 : 0;
-    if (lrc == 0)
-        lrc = ldi_nodes_by_name(c, mine, &any, &all, &nd, err);
+    /* options outside the rules on some rank: every rank fails, before the
+     * collectives whose arguments depend on them */
+    if ((rc = ldi_agree(c, bad_opts, err)) < 0)
+        goto out;
+    int lrc = ldi_nodes_by_name(c, mine, &any, &all, &nd, err);
     if (lrc == 0 && (any & 1)) {
         ldi_nodes_free(&nd);
         lrc = ldi_nodes_get(c, &nd, err);
