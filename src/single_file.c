@@ -24,9 +24,9 @@
 #define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save file */
 #define MAX_DEPTH 64                  /* dicts within dicts */
 
-/* A checkpoint over one file: the folder is the file's, the file table holds
- * the file alone: model.c's empty model, without its folder detection. */
-static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_error *err)
+/* An empty model over path's folder (model.c's, without its folder
+ * detection); *base is the file's name in it. */
+static dcp_checkpoint *ck_over_folder(const char *path, const char **base, dcp_error *err)
 {
     const char *slash = strrchr(path, '/');
     *base = slash ? slash + 1 : path;
@@ -37,12 +37,19 @@ static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_erro
     }
     dcp_checkpoint *ck = dcpi_ck_new(folder, err);
     free(folder);
-    if (!ck) {
+    if (!ck)
         dcpi_err_prefix(err, "%s", path);
-        return NULL;
-    }
+    return ck;
+}
+
+/* The model of a torch.save file before its tensors: the file table holds
+ * the file alone, ready to read (its zip and data.pkl are read through it). */
+static dcp_checkpoint *ck_for_file(const char *path, dcp_error *err)
+{
+    const char *base;
+    dcp_checkpoint *ck = ck_over_folder(path, &base, err);
     uint32_t f;
-    if (dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+    if (ck && (dcpi_model_file(ck, base, strlen(base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0)) {
         dcp_close(ck);
         return NULL;
     }
@@ -257,8 +264,7 @@ int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_ch
                          dcpi_side_bytes **side, size_t *nside, size_t *nskipped, dcp_error *err)
 {
     *out = NULL;
-    const char *base;
-    dcp_checkpoint *ck = ck_for_file(path, &base, err);
+    dcp_checkpoint *ck = ck_for_file(path, err);
     if (!ck)
         return -1;
     pt_load L = {.ck = ck, .path = path, .err = err};
@@ -343,17 +349,14 @@ out:
     return 0;
 }
 
-/* A safetensors file: its folder's model over the one file (safetensors.c). */
+/* A safetensors file: its folder's model over the one file, read as one
+ * file of a Hugging Face folder is (safetensors.c). */
 static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_error *err)
 {
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    if (!folder)
-        return dcpi_err(err, ENOMEM, "%s: out of memory", path);
-    dcp_checkpoint *ck = dcpi_ck_new(folder, err);
-    free(folder);
+    const char *base;
+    dcp_checkpoint *ck = ck_over_folder(path, &base, err);
     if (!ck)
-        return dcpi_err_prefix(err, "%s", path);
+        return -1;
     if (dcpi_load_safetensors_file(ck, base, path, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
         dcp_close(ck);
         return -1;
