@@ -41,8 +41,8 @@
 
 #include "dcp.h"
 #include "dcp_integrity.h"
-#include "dcp_export.h"
-#include "dcp_write.h"
+#include "dcp_export.h" /* the Hugging Face view (-o view=hf:NAME) */
+#include "dcp_file.h"   /* dcp_st_view_*: the virtual model.safetensors */
 
 #define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
 #define DFS_TIMEOUT_SCAN 1.0                      /* scan folders change as training writes */

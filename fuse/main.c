@@ -247,7 +247,7 @@ static int hf_options(struct dfs *fs)
 {
     struct dfs_options *o = &fs->opt;
     dcp_export_options *x = &fs->hf;
-    memset(x, 0, sizeof *x);
+    *x = (dcp_export_options)DCP_EXPORT_OPTIONS_INIT;
     x->dtype = DCP_DTYPE_INVALID;
     x->recipe = o->view_name + 3;
     x->recipe_dirs = getenv("DCP_RECIPE_PATH");   /* as dcp convert: searched first */

@@ -733,7 +733,9 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
 static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
 {
     dcp_error err;
-    dcp_open_options oo = {.flags = fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG, .catalog = fs->opt.catalog};
+    dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
+    oo.flags = fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG;
+    oo.catalog = fs->opt.catalog;
     if (dcp_open_ex(ck->path, &oo, &ck->ck, &err) < 0) {
         dfs_log(LOG_ERR, "%s", err.msg);
         return -EIO;

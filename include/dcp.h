@@ -57,6 +57,28 @@ typedef struct dcp_error {
  * data file, nor the other way round. Since 0.2 (DCP_0.2 calls). */
 #define DCP_ENOTFOUND 0x10000
 
+/* ---------------------------------------------------------------- options */
+
+/* Options structs that can grow. Each one (dcp_open_options here,
+ * dcp_ckpt_options, dcp_convert_options and dcp_synth_options in
+ * dcp_write.h, dcp_export_options, dcp_gplan_opts, dcp_load_options) starts
+ * with `size_t size`, the sizeof the caller was compiled with, which its
+ * initialiser macro sets:
+ *
+ *     dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+ *     o.flags = DCP_OPEN_CATALOG;
+ *
+ * Fields are only ever added at the end. The library reads the caller's
+ * first `size` bytes and gives each field past them its default (zero), so
+ * a program built against older headers works with a newer library. A size
+ * past the end the library knows (a program built against newer headers) is
+ * accepted when the bytes it does not know are all zero, else E2BIG (a field
+ * it would ignore was set); a size below the first sized layout (0: the
+ * struct was not made by its initialiser) is EINVAL. Since 0.2: programs
+ * built against 0.1's headers, whose structs had no size, are bound to the
+ * DCP_0.1 versions of the calls (symbol versioning), which take the old
+ * layouts and old flag values. man libdcp(3), OPTIONS. */
+
 /* Called as bytes are processed (for progress bars); may be NULL. Used by
  * dcp_write.h and dcp_integrity.h. */
 typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
@@ -188,9 +210,11 @@ enum {
 };
 
 typedef struct dcp_open_options {
+    size_t size;               /* sizeof(dcp_open_options): set by DCP_OPEN_OPTIONS_INIT */
     unsigned flags;            /* DCP_OPEN_* */
     const char *catalog;       /* catalog file; NULL: $XDG_CACHE_HOME/dcpfs/catalog.sqlite */
 } dcp_open_options;
+#define DCP_OPEN_OPTIONS_INIT {.size = sizeof(dcp_open_options)}
 
 /* Open the checkpoint folder at path: a global .metadata, rank-local
  * __R.metadata files, a Hugging Face safetensors layout, or per-rank

@@ -31,6 +31,7 @@ enum {
 };
 
 typedef struct dcp_export_options {
+    size_t size;                /* sizeof(dcp_export_options): DCP_EXPORT_OPTIONS_INIT (dcp.h, options) */
     const char *recipe;         /* a recipe name (NAME.json looked up in recipe_dirs, then in the
                                    installed $(pkgdatadir)/recipes), or a path to a recipe file
                                    (one with a '/' or ending in .json) */
@@ -50,6 +51,7 @@ typedef struct dcp_export_options {
                                    no rule maps it with DCP_EXPORT_ALLOW_UNMAPPED) */
     void *skipped_ctx;
 } dcp_export_options;
+#define DCP_EXPORT_OPTIONS_INIT {.size = sizeof(dcp_export_options)}
 
 /* Export src (a checkpoint folder or a single .pt/.safetensors file) to the
  * folder dst, which must not exist. A source key that no rule maps and the

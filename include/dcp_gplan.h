@@ -198,12 +198,14 @@ typedef struct dcp_gplan {
 } dcp_gplan;
 
 typedef struct dcp_gplan_opts {
+    size_t size;             /* sizeof(dcp_gplan_opts): DCP_GPLAN_OPTS_INIT (dcp.h, options) */
     uint64_t unit_max;       /* largest unit: the staging buffer size (> 0) */
     int no_bcast;            /* p2p only */
     const int *node;         /* per rank: its node (any id shared by the ranks sharing memory); may be NULL */
     int shm;                 /* ranks on the reader's node copy out of its buffer (DCP_GDLV_SHM) */
     int bcast_local;         /* broadcast groups also on the reader's node */
 } dcp_gplan_opts;
+#define DCP_GPLAN_OPTS_INIT {.size = sizeof(dcp_gplan_opts)}
 
 /* Build the global plan of the decoded requests for rank `me` of nranks.
  * Deterministic: every rank computes the same plan (me only sets g->me).

@@ -130,10 +130,12 @@ enum {
 };
 
 typedef struct dcp_load_options {
+    size_t size;                /* sizeof(dcp_load_options): DCP_LOAD_OPTIONS_INIT (dcp.h, options) */
     unsigned flags;             /* DCP_LOAD_* */
     size_t staging_bytes;       /* size of each staging buffer; 0: 16 MiB; at most 1 GiB */
     unsigned nstaging;          /* buffers for reads and as many for receives; 0: 4 */
 } dcp_load_options;
+#define DCP_LOAD_OPTIONS_INIT {.size = sizeof(dcp_load_options)}
 
 /* Open a checkpoint on every rank of comm. Collective: if any rank fails,
  * every rank returns -1 with that rank's message and no checkpoint. */

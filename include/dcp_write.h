@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "dcp.h"
+#include "dcp_file.h"   /* dcp_format, dcp_open_file, dcp_st_view_*: read side, once declared here */
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,16 +56,32 @@ typedef struct dcp_source {
  * "1.0.0"). torch.distributed.checkpoint.load reads the result. */
 typedef struct dcp_ckpt_writer dcp_ckpt_writer;
 
+/* One flag family for every writer (dcp_ckpt_options.flags,
+ * dcp_write_torch_save, dcp_write_safetensors, dcp_convert_options.flags).
+ * Each writer ignores the flags that mean nothing to it. */
 enum {
-    DCP_CKPT_NO_SYNC = 1u << 0,  /* skip fsync of data files and .metadata (sync_files=False) */
-    DCP_CKPT_NO_CRC = 1u << 1    /* zip CRC-32s written as 0 (torch's save.compute_crc32 = False);
-                                    torch.load does not check them */
+    /* torch.save: split keys on '.' into nested dicts ("a.b" -> {"a": {"b": t}});
+     * otherwise one flat dict, like torch.save(model.state_dict()). */
+    DCP_WRITE_NESTED = 1u << 0,
+    DCP_WRITE_NO_CRC = 1u << 1,     /* zip CRC-32s written as 0 (torch's save.compute_crc32 =
+                                       False); torch.load does not check them */
+    DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync: of the data files and .metadata (DCP,
+                                       sync_files=False), before the final rename, nor of the folder */
+    DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
 };
 
+/* The DCP writer's flags of 0.1, kept as aliases of the one family. With
+ * 0.1's headers DCP_CKPT_NO_SYNC was 1u << 0; programs built so call
+ * dcp_ckpt_create@DCP_0.1, which still reads bit 0 as DCP_WRITE_NO_SYNC. */
+#define DCP_CKPT_NO_SYNC DCP_WRITE_NO_SYNC
+#define DCP_CKPT_NO_CRC DCP_WRITE_NO_CRC
+
 typedef struct dcp_ckpt_options {
-    unsigned flags;                /* DCP_CKPT_* */
+    size_t size;                   /* sizeof(dcp_ckpt_options): DCP_CKPT_OPTIONS_INIT (dcp.h, options) */
+    unsigned flags;                /* DCP_WRITE_NO_SYNC, DCP_WRITE_NO_CRC (others ignored) */
     const char *checkpoint_id;     /* StorageMeta.checkpoint_id; NULL: the folder as given */
 } dcp_ckpt_options;
+#define DCP_CKPT_OPTIONS_INIT {.size = sizeof(dcp_ckpt_options)}
 
 /* Create the folder. An existing folder must be empty (never a .metadata, a
  * rank-local checkpoint or any other file): data files are created with
@@ -117,15 +134,6 @@ typedef struct dcp_item {
     uint64_t tag;               /* passed to fill */
 } dcp_item;
 
-enum {
-    /* torch.save: split keys on '.' into nested dicts ("a.b" -> {"a": {"b": t}});
-     * otherwise one flat dict, like torch.save(model.state_dict()). */
-    DCP_WRITE_NESTED = 1u << 0,
-    DCP_WRITE_NO_CRC = 1u << 1,     /* torch.save and DCP output: CRC-32s written as 0 */
-    DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync before the final rename, nor of the folder after */
-    DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
-};
-
 #define DCP_WRITE_BYTES_MAX (1ull << 30)
 
 /* A torch.save file torch.load(weights_only=True) accepts: a dict of tensors
@@ -153,47 +161,7 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
 int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, unsigned flags, const dcp_source *src,
                           dcp_progress_fn progress, void *pctx, dcp_error *err);
 
-/* ------------------------------------------- the virtual safetensors file */
-
-/* A checkpoint's tensors seen as one safetensors file, for serving without
- * materialising it: the header bytes, and where each tensor's bytes lie. */
-typedef struct dcp_st_view_tensor {
-    const dcp_entry *entry;
-    uint64_t offset;            /* of its first byte in the virtual file */
-    uint64_t length;
-} dcp_st_view_tensor;
-
-typedef struct dcp_st_view {
-    unsigned char *header;      /* 8-byte little-endian length + JSON, space-padded */
-    uint64_t header_len;        /* bytes of header = offset of the first tensor byte */
-    dcp_st_view_tensor *tensors;     /* ascending offsets, contiguous */
-    size_t ntensors;
-    uint64_t size;              /* the whole virtual file */
-    const dcp_entry **skipped;  /* bytes items and tensors safetensors has no dtype for */
-    size_t nskipped;
-} dcp_st_view;
-
-/* Lay out the entries `select` accepts (all when NULL), in metadata order. */
-int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_entry *e), void *sctx,
-                        dcp_st_view **out, dcp_error *err);
-void dcp_st_view_free(dcp_st_view *l);
-/* The index of the first of n tensors (ascending, contiguous offsets) whose
- * bytes reach past off; n when none does. For servers that answer a read of
- * the virtual file their own way (dcpfs splices the pieces). */
-size_t dcp_st_view_find(const dcp_st_view_tensor *t, size_t n, uint64_t off);
-/* Bytes [off, off+len) of the virtual file into buf (clamped at its end;
- * *got = bytes produced). Any alignment; thread-safe given one plan per thread. */
-int dcp_st_view_read(dcp_checkpoint *ck, const dcp_st_view *l, uint64_t off, void *buf, size_t len,
-                       size_t *got, dcp_plan *plan, dcp_error *err);
-
 /* ---------------------------------------------------------------- convert */
-
-typedef enum dcp_format {
-    DCP_FORMAT_AUTO = 0,
-    DCP_FORMAT_DCP,             /* a checkpoint folder */
-    DCP_FORMAT_TORCH_SAVE,      /* .pt / .pth */
-    DCP_FORMAT_SAFETENSORS      /* .safetensors file, or a folder of shards + model.safetensors.index.json */
-} dcp_format;
 
 /* Called once per item not converted, with its key: bytes items into
  * safetensors, dtypes safetensors lacks, values of a torch.save source that
@@ -201,6 +169,7 @@ typedef enum dcp_format {
 typedef void (*dcp_skip_fn)(void *ctx, const char *key, const char *why);
 
 typedef struct dcp_convert_options {
+    size_t size;                /* sizeof(dcp_convert_options): DCP_CONVERT_OPTIONS_INIT */
     dcp_format from, to;        /* AUTO: from the path (dcp_format_guess) */
     const char *keys;           /* fnmatch pattern (or dotted prefix) selecting keys; NULL: all */
     uint64_t max_shard_size;    /* safetensors: split into shards past this many bytes; 0: one file */
@@ -210,21 +179,10 @@ typedef struct dcp_convert_options {
     dcp_skip_fn skipped;
     void *skipped_ctx;
 } dcp_convert_options;
-
-/* The format a path names: an existing folder, or a path with neither a
- * .pt/.pth nor a .safetensors suffix, is DCP; a folder holding
- * model.safetensors.index.json (or only *.safetensors) is SAFETENSORS. */
-dcp_format dcp_format_guess(const char *path);
-const char *dcp_format_name(dcp_format f);
+#define DCP_CONVERT_OPTIONS_INIT {.size = sizeof(dcp_convert_options)}
 
 /* Convert src to dst (which must not exist). dst appears only when complete. */
 int dcp_convert_files(const char *src, const char *dst, const dcp_convert_options *opt, dcp_error *err);
-
-/* Open a single torch.save (.pt) or safetensors file as a checkpoint, read
- * with the dcp.h planner and reader. Non-tensor values of a torch.save file
- * other than bytes objects holding torch.save blobs are left out (counted in
- * *nskipped when given). */
-int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err);
 
 /* ---------------------------------------------------------------- synth */
 
@@ -236,6 +194,7 @@ typedef enum dcp_shard {
 } dcp_shard;
 
 typedef struct dcp_synth_options {
+    size_t size;                /* sizeof(dcp_synth_options): DCP_SYNTH_OPTIONS_INIT */
     uint64_t nkeys;
     int ndim;
     int64_t shape[8];
@@ -249,6 +208,7 @@ typedef struct dcp_synth_options {
     dcp_progress_fn progress;
     void *progress_ctx;
 } dcp_synth_options;
+#define DCP_SYNTH_OPTIONS_INIT {.size = sizeof(dcp_synth_options)}
 
 /* Key i is "model.layers.<i>.weight"; its C-order bytes are what
  * dcp_synth_fill(seed, i, dtype, ...) gives (see dcp-synth(1) for the formula). */
@@ -257,7 +217,12 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *opt, dcp_erro
 void dcp_synth_fill(uint64_t seed, uint64_t key, dcp_dtype dt, uint64_t off, void *buf, size_t len);
 
 /* "1048576", "64K", "256MiB", "2G" (binary), "5GB" (decimal, as Hugging
- * Face's max_shard_size). Returns 0, or -1 for a malformed size. */
+ * Face's max_shard_size). 0 with *out the size; -1 with err: EINVAL for a
+ * malformed size or an unknown unit, ERANGE for one past 2^64 - 1, the
+ * message naming the text (what, e.g. "--max-shard-size", prefixes it when
+ * not NULL). Since 0.2. */
+int dcp_parse_size_ex(const char *s, const char *what, uint64_t *out, dcp_error *err);
+/* The same without the reason (0.1): 0, or -1 for a malformed size. */
 int dcp_parse_size(const char *s, uint64_t *out);
 
 #ifdef __cplusplus

@@ -33,6 +33,7 @@
 
 #include "dcp_gplan.h"
 #include "internal.h"
+#include "sized_opts.h"
 
 /* ------------------------------------------------------------ growable arrays */
 
@@ -618,17 +619,23 @@ static int order_units(dcp_gplan *g, dcp_error *err)
 /* ------------------------------------------------------------ entry points */
 
 int dcp_gplan_build(dcp_checkpoint *ck, const dcp_greqs *reqs, int nranks, int me,
-                    const dcp_gplan_opts *o, dcp_gplan *g, dcp_error *err)
+                    const dcp_gplan_opts *caller, dcp_gplan *g, dcp_error *err)
 {
     memset(g, 0, sizeof *g);
     g->nranks = nranks;
     g->me = me;
+    dcp_gplan_opts opts;
+    const dcp_gplan_opts *o = &opts;
     struct builder b = {.ck = ck, .g = g, .o = o};
     int rc = -1;
-    if (!ck || !reqs || !o || nranks < 1 || me < 0 || me >= nranks) {
+    if (!ck || !reqs || !caller || nranks < 1 || me < 0 || me >= nranks) {
         dcpi_err(err, EINVAL, "dcp_gplan_build: invalid arguments (rank %d of %d)", me, nranks);
         goto out;
     }
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&opts, sizeof opts, DCPI_OPTS_MIN(dcp_gplan_opts, bcast_local), caller, "dcp_gplan_build",
+                        "DCP_GPLAN_OPTS_INIT", err) < 0)
+        goto out;
     if (o->unit_max == 0) {
         dcpi_err(err, EINVAL, "dcp_load: zero staging size");
         goto out;

@@ -208,6 +208,12 @@ int dcpi_model_reserve_chunks(dcp_checkpoint *ck, size_t idx, size_t more, dcp_e
 /* Append a chunk box (ndim must match the entry's). Returns its index in *ci. */
 int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
                         const int64_t *sizes, size_t *ci, dcp_error *err);
+/* Where chunk ci of entry idx lies (a parsed model's, while loading). */
+void dcpi_model_chunk_blob(dcp_checkpoint *ck, size_t idx, size_t ci, const dcp_blob *b);
+/* Chunk ci's record when the loader already knows it (a single torch.save
+ * file's tensors): the planner then never locates it. The stride is copied.
+ * After the entry's last chunk is added (one record slot per chunk). */
+int dcpi_model_chunk_record(dcp_checkpoint *ck, size_t idx, size_t ci, const dcp_record *rec, dcp_error *err);
 /* Check a relative path from metadata: not empty, not absolute, no "..". */
 int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
@@ -232,6 +238,8 @@ int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
+/* One safetensors file rel of ck's folder, alone (name: in messages; safetensors.c). */
+int dcpi_load_safetensors_file(dcp_checkpoint *ck, const char *rel, const char *name, dcp_error *err);
 int dcpi_hf_index_check(dcp_checkpoint *ck, const char *sub, char *const *files, size_t nfiles,
                         dcp_error *err);                                           /* hf_index.c */
 int dcpi_megatron_config(dcp_checkpoint *ck, dcp_error *err);                         /* megatron_config.c */

@@ -185,6 +185,33 @@ int dcpi_model_add_chunk(dcp_checkpoint *ck, size_t idx, const int64_t *offsets,
     return 0;
 }
 
+void dcpi_model_chunk_blob(dcp_checkpoint *ck, size_t idx, size_t ci, const dcp_blob *b)
+{
+    ck->priv[idx].chunks[ci].blob = *b;
+    ck->priv[idx].chunks[ci].has_blob = 1;
+}
+
+int dcpi_model_chunk_record(dcp_checkpoint *ck, size_t idx, size_t ci, const dcp_record *rec, dcp_error *err)
+{
+    dcp_entry *e = &ck->entries[idx];
+    struct dcpi_entry_priv *p = &ck->priv[idx];
+    if (ci >= e->nchunks)
+        return dcpi_err(err, EINVAL, "%s: %s: no chunk %zu", ck->path, e->key, ci);
+    /* One slot per chunk, sized now: the loader has added every chunk. */
+    if (!p->records && !(p->records = calloc(e->nchunks, sizeof *p->records)))
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    size_t n = (size_t)e->ndim * sizeof *rec->stride;
+    int64_t *st = dcpi_arena_alloc(&ck->arena, n ? n : 1);
+    if (!st)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    if (n)
+        memcpy(st, rec->stride, n);
+    p->records[ci].rec = *rec;
+    p->records[ci].rec.stride = st;
+    p->records[ci].state = 1;
+    return 0;
+}
+
 int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err)
 {
     (void)err;

@@ -18,6 +18,7 @@
 
 #include "files.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "probe.h"
 
 static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err);
@@ -74,7 +75,8 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
 
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)
 {
-    dcp_open_options o = {.flags = flags, .catalog = NULL};
+    dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+    o.flags = flags;
     return dcp_open_ex(path, &o, out, err);
 }
 
@@ -98,9 +100,17 @@ static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_ch
     return ck;
 }
 
-int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint **out, dcp_error *err)
+int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint **out, dcp_error *err)
 {
     *out = NULL;
+    dcp_open_options o;
+    const dcp_open_options *opts = &o;
+    if (!caller)
+        return dcp_open(path, 0, out, err);
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_open_options, catalog), caller, "dcp_open_ex",
+                        "DCP_OPEN_OPTIONS_INIT", err) < 0)
+        return -1;
     dcp_checkpoint *ck = dcpi_ck_new(path, err);
     if (!ck)
         return -1;

@@ -77,10 +77,15 @@ static int is_safetensors(const char *name)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static int load_file(dcp_checkpoint *ck, const char *rel, gather *g, int *sharding_info, dcp_error *err)
+/* The tensors of file rel, as pieces in g. sharding_info NULL: the file is
+ * read alone, DCP_SHARDING_INFO left aside (each tensor is what it holds);
+ * else set when the file has it. name: the file in messages (NULL:
+ * folder/rel). */
+static int load_file(dcp_checkpoint *ck, const char *rel, const char *name_in, gather *g, int *sharding_info,
+                     dcp_error *err)
 {
     char what[4096];
-    snprintf(what, sizeof what, "%s/%s", ck->path, rel);
+    snprintf(what, sizeof what, "%s%s%s", name_in ? name_in : ck->path, name_in ? "" : "/", name_in ? "" : rel);
     uint32_t file;
     if (dcpi_model_file(ck, rel, strlen(rel), &file, err) < 0)
         return -1;
@@ -100,7 +105,7 @@ static int load_file(dcp_checkpoint *ck, const char *rel, gather *g, int *shardi
         return -1;
     json_t *shard = NULL;
     const char *info = json_string_value(json_object_get(json_object_get(root, "__metadata__"), "DCP_SHARDING_INFO"));
-    if (info) {
+    if (info && sharding_info) {
         json_error_t je;
         shard = json_loads(info, 0, &je);
         *sharding_info = 1;
@@ -211,27 +216,16 @@ static int list_files(dcp_checkpoint *ck, const char *sub, char ***out, size_t *
     return rc;
 }
 
-int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
+/* The model's entries from the pieces: a key's global shape is the
+ * element-wise max of offset+shape over its pieces, each piece a chunk. */
+static int build(dcp_checkpoint *ck, gather *g, dcp_error *err)
 {
-    char **files;
-    size_t nfiles;
-    const char *sub = ".";
-    if (list_files(ck, sub, &files, &nfiles, err) < 0)
-        return -1;
-    if (nfiles == 0 && list_files(ck, sub = "sharded", &files, &nfiles, err) < 0)
-        return -1;
-    gather g = {0};
-    dcpi_strmap_init(&g.first);
-    dcpi_strmap_init(&g.last);
-    int rc = nfiles ? 0 : dcpi_err(err, ENOENT, "%s: no .safetensors files", ck->path);
-    int sharding_info = 0;
-    for (size_t i = 0; i < nfiles && rc == 0; i++)
-        rc = load_file(ck, files[i], &g, &sharding_info, err);
-    for (size_t k = 0; k < g.nkeys && rc == 0; k++) {
-        piece *p0 = &g.p[g.order[k]];
+    int rc = 0;
+    for (size_t k = 0; k < g->nkeys && rc == 0; k++) {
+        piece *p0 = &g->p[g->order[k]];
         int64_t shape[DCPI_MAX_NDIM] = {0};
-        for (size_t i = g.order[k]; i != SIZE_MAX; i = g.p[i].next) {
-            piece *p = &g.p[i];
+        for (size_t i = g->order[k]; i != SIZE_MAX; i = g->p[i].next) {
+            piece *p = &g->p[i];
             if (p->nd != p0->nd || p->dt != p0->dt) {
                 rc = dcpi_err(err, EIO, "%s: %s: chunks disagree on dtype or dimensions", ck->path, p->key);
                 break;
@@ -248,24 +242,66 @@ int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
         if (rc == 0 && (dcpi_model_entry(ck, p0->key, strlen(p0->key), DCP_KIND_TENSOR, &idx, err) < 0 ||
                         dcpi_model_set_tensor(ck, idx, p0->dt, p0->nd, shape, err) < 0))
             rc = -1;
-        for (size_t i = g.order[k]; i != SIZE_MAX && rc == 0; i = g.p[i].next) {
-            if (dcpi_model_add_chunk(ck, idx, g.p[i].off, g.p[i].size, &ci, err) < 0) {
+        for (size_t i = g->order[k]; i != SIZE_MAX && rc == 0; i = g->p[i].next) {
+            if (dcpi_model_add_chunk(ck, idx, g->p[i].off, g->p[i].size, &ci, err) < 0) {
                 rc = -1;
                 break;
             }
-            ck->priv[idx].chunks[ci].blob = g.p[i].blob;
-            ck->priv[idx].chunks[ci].has_blob = 1;
+            dcpi_model_chunk_blob(ck, idx, ci, &g->p[i].blob);
         }
     }
+    return rc;
+}
+
+static void gather_free(gather *g)
+{
+    free(g->p);
+    free(g->order);
+    dcpi_strmap_free(&g->first);
+    dcpi_strmap_free(&g->last);
+}
+
+int dcpi_load_safetensors_file(dcp_checkpoint *ck, const char *rel, const char *name, dcp_error *err)
+{
+    gather g = {0};
+    dcpi_strmap_init(&g.first);
+    dcpi_strmap_init(&g.last);
+    int rc = load_file(ck, rel, name, &g, NULL, err);
+    if (rc == 0)
+        rc = build(ck, &g, err);
+    gather_free(&g);
+    if (rc == 0) {
+        ck->info.generation = "safetensors file";
+        ck->info.serialization = "safetensors";
+        ck->info.layout = "single file";   /* dcpi_ck_name then names the file */
+    }
+    return rc;
+}
+
+int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err)
+{
+    char **files;
+    size_t nfiles;
+    const char *sub = ".";
+    if (list_files(ck, sub, &files, &nfiles, err) < 0)
+        return -1;
+    if (nfiles == 0 && list_files(ck, sub = "sharded", &files, &nfiles, err) < 0)
+        return -1;
+    gather g = {0};
+    dcpi_strmap_init(&g.first);
+    dcpi_strmap_init(&g.last);
+    int rc = nfiles ? 0 : dcpi_err(err, ENOENT, "%s: no .safetensors files", ck->path);
+    int sharding_info = 0;
+    for (size_t i = 0; i < nfiles && rc == 0; i++)
+        rc = load_file(ck, files[i], NULL, &g, &sharding_info, err);
+    if (rc == 0)
+        rc = build(ck, &g, err);
     if (rc == 0)
         rc = dcpi_hf_index_check(ck, sub, files, nfiles, err);
     for (size_t i = 0; i < nfiles; i++)
         free(files[i]);
     free(files);
-    free(g.p);
-    free(g.order);
-    dcpi_strmap_free(&g.first);
-    dcpi_strmap_free(&g.last);
+    gather_free(&g);
     if (rc == 0) {
         ck->info.generation = sharding_info ? "Hugging Face safetensors written by torch.distributed.checkpoint (DCP_SHARDING_INFO)"
                                             : "Hugging Face safetensors";

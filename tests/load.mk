@@ -10,4 +10,4 @@ EXTRA_DIST += tests/load_lib.sh tests/load_check.py tests/load_torch_save.py tes
 check_PROGRAMS += tests/load_api
 tests_load_api_SOURCES = tests/load_api.c
 tests_load_api_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS)
-tests_load_api_LDADD = libdcpload.la libdcp.la $(MPI_LIBS)
+tests_load_api_LDADD = libdcpload.la libdcp.la $(MPI_LIBS) -ldl

@@ -8,6 +8,7 @@
  *
  * usage: mpiexec -n N load_api FIXTURES_DIR
  */
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,31 @@ static void *reference(dcp_checkpoint *ck, const struct reg *r, uint64_t *n)
     return buf;
 }
 
+typedef int (*load_fn)(MPI_Comm, dcp_checkpoint *, const dcp_load_region *, size_t, const dcp_load_options *,
+                       dcp_load_stats *, dcp_error *);
+static load_fn load_call = dcp_load;   /* the default version, as a program compiled now calls it */
+
+/* dcp_load as a program linked against 0.1 calls it (dcp_load@DCP_LOAD_0.1):
+ * options without a size, the stats without the device fields. */
+typedef struct load_options_0_1 {
+    unsigned flags;
+    size_t staging_bytes;
+    unsigned nstaging;
+} load_options_0_1;
+
+static int load_0_1(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *lr, size_t n,
+                    const dcp_load_options *o, dcp_load_stats *st, dcp_error *err)
+{
+    int (*old)(MPI_Comm, dcp_checkpoint *, const dcp_load_region *, size_t, const load_options_0_1 *, void *,
+               dcp_error *) = (int (*)(MPI_Comm, dcp_checkpoint *, const dcp_load_region *, size_t,
+                                       const load_options_0_1 *, void *, dcp_error *))dlvsym(RTLD_DEFAULT, "dcp_load",
+                                                                                           "DCP_LOAD_0.1");
+    CHECK(old != NULL, "dcp_load@DCP_LOAD_0.1 is not exported");
+    load_options_0_1 oo = {.flags = o->flags, .staging_bytes = o->staging_bytes, .nstaging = o->nstaging};
+    memset(st, 0, sizeof *st);
+    return old(comm, ck, lr, n, &oo, st, err);
+}
+
 /* Load regs (this rank's) with opts; compare each with the reference. */
 static void load_and_compare(dcp_checkpoint *ck, const struct reg *regs, size_t n,
                              const dcp_load_options *o, const char *what)
@@ -86,7 +112,7 @@ static void load_and_compare(dcp_checkpoint *ck, const struct reg *regs, size_t 
     }
     dcp_load_stats st;
     dcp_error err;
-    int rc = dcp_load(MPI_COMM_WORLD, ck, lr, n, o, &st, &err);
+    int rc = load_call(MPI_COMM_WORLD, ck, lr, n, o, &st, &err);
     CHECK(rc == 0, "%s: dcp_load failed: %s", what, err.msg);
     for (size_t i = 0; rc == 0 && i < n; i++)
         CHECK(!memcmp(lr[i].dest, want[i], size[i]), "%s: region %zu (%s) differs from the reference", what, i,
@@ -174,16 +200,31 @@ int main(int argc, char **argv)
     };
     size_t nregs = me == nranks - 1 && nranks > 1 ? 0 : sizeof regs / sizeof regs[0];
     load_and_compare(ck, regs, nregs, NULL, "overlapping, default");
-    dcp_load_options small = {.staging_bytes = 4096, .nstaging = 2};
+    dcp_load_options small = {.size = sizeof(dcp_load_options), .staging_bytes = 4096, .nstaging = 2};
     load_and_compare(ck, regs, nregs, &small, "overlapping, 4 KiB staging");
-    dcp_load_options p2p = {.flags = DCP_LOAD_NO_BCAST, .staging_bytes = 10000, .nstaging = 1};
+    dcp_load_options p2p = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_NO_BCAST, .staging_bytes = 10000,
+                             .nstaging = 1};
     load_and_compare(ck, regs, nregs, &p2p, "overlapping, p2p, one buffer");
-    dcp_load_options bcast = {.flags = DCP_LOAD_BCAST_LOCAL, .staging_bytes = 8192, .nstaging = 2};
+    dcp_load_options bcast = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_BCAST_LOCAL, .staging_bytes = 8192,
+                               .nstaging = 2};
     load_and_compare(ck, regs, nregs, &bcast, "overlapping, messages and broadcasts");
-    dcp_load_options shm1 = {.flags = DCP_LOAD_SHM, .staging_bytes = 10000, .nstaging = 1};
+    dcp_load_options shm1 = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_SHM, .staging_bytes = 10000,
+                              .nstaging = 1};
     load_and_compare(ck, regs, nregs, &shm1, "overlapping, shared memory, one buffer");
-    dcp_load_options indep = {.flags = DCP_LOAD_INDEPENDENT};
+    dcp_load_options indep = {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_INDEPENDENT};
     load_and_compare(ck, regs, nregs, &indep, "overlapping, independent");
+    /* a program linked against 0.1: its options (no size) read at their old offsets */
+    if (dlvsym(RTLD_DEFAULT, "dcp_load", "DCP_LOAD_0.2")) {   /* a shared libdcpload: versions exist */
+        load_call = load_0_1;
+        load_and_compare(ck, regs, nregs, &p2p, "overlapping, p2p, one buffer, 0.1's layout");
+        load_and_compare(ck, regs, nregs, &small, "overlapping, 4 KiB staging, 0.1's layout");
+        load_call = dcp_load;
+    }
+    /* sizes outside the rules (dcp.h, options) fail on every rank, agreed */
+    dcp_load_options unsized = {.staging_bytes = 4096};
+    expect_error_opts(ck, NULL, 0, &unsized, "dcp_load: options size 0 is below", 0, "no size");
+    expect_error_opts(ck, NULL, 0, me == nranks - 1 ? &unsized : NULL, "dcp_load: options size 0 is below", 0,
+                      "no size on one rank");
 
     /* the strict errors; afterwards the communicator is still usable */
     static float sink[8];
@@ -211,13 +252,16 @@ int main(int argc, char **argv)
     /* options and checkpoint must be the same on every rank: one rank that
      * differs fails every rank with one message naming it (no hang) */
     if (nranks > 1) {
-        dcp_load_options mine = {0}, other = {.staging_bytes = 8192};
+        dcp_load_options mine = DCP_LOAD_OPTIONS_INIT;
+        dcp_load_options other = {.size = sizeof(dcp_load_options), .staging_bytes = 8192};
         snprintf(want, sizeof want,
                  "dcp_load: rank %d passes other options than rank 0 (flags 0x0, 4 staging buffers of 8192 bytes;"
                  " rank 0: flags 0x0, 4 of 16777216)", culprit);
         expect_error_opts(ck, &ok, 1, me == culprit ? &other : &mine, want, 1, "other staging size");
-        dcp_load_options flags[] = {{.flags = DCP_LOAD_INDEPENDENT}, {.flags = DCP_LOAD_SHM},
-                                    {.flags = DCP_LOAD_NO_BCAST}, {.nstaging = 2}};
+        dcp_load_options flags[] = {{.size = sizeof(dcp_load_options), .flags = DCP_LOAD_INDEPENDENT},
+                                    {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_SHM},
+                                    {.size = sizeof(dcp_load_options), .flags = DCP_LOAD_NO_BCAST},
+                                    {.size = sizeof(dcp_load_options), .nstaging = 2}};
         for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
             snprintf(want, sizeof want, "dcp_load: rank %d passes other options than rank 0", culprit);
             expect_error_opts(ck, &ok, 1, me == culprit ? &flags[i] : &mine, want, 0, "other flags");

@@ -5,6 +5,14 @@ tests_unit_test_writer_SOURCES = tests/unit/test_writer.c
 tests_unit_test_writer_CFLAGS = $(UNIT_TEST_FLAGS)
 tests_unit_test_writer_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_writer_DEPENDENCIES = libdcp.la
+# Options that can grow and the DCP_0.1 calls with the old layouts (dcp.h, options).
+check_PROGRAMS += tests/unit/test_options
+TESTS += tests/unit/test_options
+tests_unit_test_options_SOURCES = tests/unit/test_options.c
+tests_unit_test_options_CFLAGS = $(UNIT_TEST_FLAGS)
+# Linked to the shared libdcp (public calls only), where the symbol versions are.
+tests_unit_test_options_LDADD = libdcp.la $(CHECK_LIBS) -ldl
+EXTRA_tests_unit_test_options_DEPENDENCIES = libdcp.la
 
 WRITER_TESTS = tests/writer-roundtrip.sh tests/writer-synth.sh tests/writer-errors.sh tests/writer-rss.sh \
 	tests/writer-zipcrc.sh \

@@ -564,6 +564,7 @@ def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
         rc = _lib.dcp_open_file(pb, _lib.DCP_FORMAT_AUTO, out, _ffi.NULL, err)
     else:
         opts = _ffi.new("dcp_open_options *")
+        opts.size = _ffi.sizeof("dcp_open_options")   # DCP_OPEN_OPTIONS_INIT
         opts.flags = _lib.DCP_OPEN_CATALOG if catalog else _lib.DCP_OPEN_DEFAULT
         cat = _ffi.NULL
         if catalog_path is not None:

@@ -13,7 +13,7 @@ CDEF: the declarations given to cdef.
 HEADERS = """
 #include <stdlib.h>
 #include <dcp.h>
-#include <dcp_write.h>
+#include <dcp_file.h>
 #include <dcp_gplan.h>
 """
 
@@ -104,6 +104,7 @@ typedef struct dcp_checkpoint dcp_checkpoint;
 #define DCP_OPEN_CATALOG ...
 
 typedef struct dcp_open_options {
+    size_t size;
     unsigned flags;
     const char *catalog;
     ...;
@@ -172,7 +173,7 @@ int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e,
 int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_error *err);
 int dcp_read_entry(dcp_checkpoint *ck, const dcp_entry *e, void **buf, uint64_t *len, dcp_error *err);
 
-/* ---------------------------------------------------------------- single files (dcp_write.h) */
+/* ---------------------------------------------------------------- single files (dcp_file.h) */
 typedef enum dcp_format {
     DCP_FORMAT_AUTO, DCP_FORMAT_DCP, DCP_FORMAT_TORCH_SAVE, DCP_FORMAT_SAFETENSORS, ...
 } dcp_format;
@@ -291,6 +292,7 @@ typedef struct dcp_gplan {
 } dcp_gplan;
 
 typedef struct dcp_gplan_opts {
+    size_t size;
     uint64_t unit_max;
     int no_bcast;
     const int *node;

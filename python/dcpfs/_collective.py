@@ -562,6 +562,7 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units,
     dest_of = {j: mine[i] for j, i in enumerate(idx) if i in mine}
     gp = ffi.new("dcp_gplan *")
     opts = ffi.new("dcp_gplan_opts *")
+    opts.size = ffi.sizeof("dcp_gplan_opts")   # DCP_GPLAN_OPTS_INIT
     opts.unit_max = staging_bytes
     opts.no_bcast = 1
     opts.node = node

@@ -82,8 +82,8 @@ int cmd_convert(int argc, char **argv)
         {"recipe", required_argument, 0, 'r'}, {"dtype", required_argument, 0, 'd'},
         {"config", required_argument, 0, 'c'}, {"allow-unmapped", no_argument, 0, 'u'},
         {"help", no_argument, 0, 'h'},       {0, 0, 0, 0}};
-    dcp_convert_options o = {0};
-    dcp_export_options x = {0};
+    dcp_convert_options o = DCP_CONVERT_OPTIONS_INIT;
+    dcp_export_options x = DCP_EXPORT_OPTIONS_INIT;
     int quiet = 0, c, hf = 0;
     while ((c = getopt_long(argc, argv, "hq", opts, NULL)) != -1) {
         switch (c) {
@@ -99,12 +99,18 @@ int cmd_convert(int argc, char **argv)
             }
             break;
         case 'k': o.keys = optarg; break;
-        case 'm':
-            if (dcp_parse_size(optarg, &o.max_shard_size) < 0 || !o.max_shard_size) {
-                cli_error("convert: bad size '%s' for --max-shard-size (e.g. 5GB, 512MiB)", optarg);
+        case 'm': {
+            dcp_error perr;
+            if (dcp_parse_size_ex(optarg, "convert: --max-shard-size", &o.max_shard_size, &perr) < 0) {
+                cli_error("%s", perr.msg);
+                return 2;
+            }
+            if (!o.max_shard_size) {
+                cli_error("convert: --max-shard-size: '%s' is 0 (e.g. 5GB, 512MiB)", optarg);
                 return 2;
             }
             break;
+        }
         case 'n': o.flags |= DCP_WRITE_NESTED; break;
         case 'q': quiet = 1; break;
         case 'C': o.flags |= DCP_WRITE_NO_CRC; break;

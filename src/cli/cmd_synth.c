@@ -58,8 +58,14 @@ int cmd_synth(int argc, char **argv)
         {"chunks-per-key", required_argument, 0, 'c'}, {"bytes-items", required_argument, 0, 'b'},
         {"total", required_argument, 0, 't'},  {"crc", no_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    dcp_synth_options o = {.nkeys = 4, .ndim = 2, .shape = {1024, 1024}, .dtype = DCP_FLOAT32, .ranks = 1,
-                           .shard = DCP_SHARD_ROWS, .seed = 0, .chunks_per_key = 1};
+    dcp_synth_options o = DCP_SYNTH_OPTIONS_INIT;
+    o.nkeys = 4;
+    o.ndim = 2;
+    o.shape[0] = o.shape[1] = 1024;
+    o.dtype = DCP_FLOAT32;
+    o.ranks = 1;
+    o.shard = DCP_SHARD_ROWS;
+    o.chunks_per_key = 1;
     uint64_t v, total = 0;
     int keys_given = 0, c, li = 0;
     while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -109,10 +115,14 @@ int cmd_synth(int argc, char **argv)
             if (parse_u64(optarg, &o.bytes_items) < 0)
                 goto bad;
             break;
-        case 't':
-            if (dcp_parse_size(optarg, &total) < 0)
-                goto bad;
+        case 't': {
+            dcp_error perr;
+            if (dcp_parse_size_ex(optarg, "synth: --total", &total, &perr) < 0) {
+                cli_error("%s", perr.msg);
+                return 2;
+            }
             break;
+        }
         case 'C':
             o.crc = 1;
             break;

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "dcp_write.h"
+#include "dcp_file.h"   /* dcp_open_file */
 
 void cli_error(const char *fmt, ...)
 {
@@ -32,7 +32,9 @@ dcp_checkpoint *cli_open(const char *path)
 {
     dcp_checkpoint *ck;
     dcp_error err;
-    dcp_open_options o = {.flags = cli_catalog_enabled ? DCP_OPEN_CATALOG : 0, .catalog = cli_catalog_path};
+    dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+    o.flags = cli_catalog_enabled ? DCP_OPEN_CATALOG : 0;
+    o.catalog = cli_catalog_path;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
         /* A single torch.save or safetensors file (dcp_write.h). */

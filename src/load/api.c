@@ -8,8 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dcp_write.h"
+#include "dcp_file.h"   /* dcp_open_file, dcp_format_guess */
 #include "load.h"
+#include "sized_opts.h"
 
 /* The format of a single file: by its suffix, else by its first bytes (a
  * zip archive is torch.save; an 8-byte header length then '{' is safetensors). */
@@ -94,11 +95,16 @@ int dcp_load_cuda_device(MPI_Comm comm, int *device, dcp_error *err)
     return rc < 0 ? ldi_err(err, ENODEV, "dcp_load: %s", msg) : 0;
 }
 
-static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
+/* The caller's options (NULL: the defaults) with the defaults filled in.
+ * 0, or -1 with err for a size outside the rules of dcp.h (options). */
+static int set_defaults(const dcp_load_options *opts, dcp_load_options *o, dcp_error *err)
 {
     memset(o, 0, sizeof *o);
-    if (opts)
-        *o = *opts;
+    o->size = sizeof *o;
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (opts && dcpi_sized_opts(o, sizeof *o, DCPI_OPTS_MIN(dcp_load_options, nstaging), opts, "dcp_load",
+                                "DCP_LOAD_OPTIONS_INIT", err) < 0)
+        return -1;
     if (!o->staging_bytes)
         o->staging_bytes = LDI_STAGING_DEFAULT;
     if (o->staging_bytes < 4096)
@@ -109,6 +115,7 @@ static void set_defaults(const dcp_load_options *opts, dcp_load_options *o)
         o->nstaging = LDI_NSTAGING_DEFAULT;
     if (o->nstaging > 64)
         o->nstaging = 64;
+    return 0;
 }
 
 /* Does the MPI library take device buffers (CUDA-aware)? MPICH 4 answers
@@ -165,7 +172,7 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         err = &scratch;
     memset(err, 0, sizeof *err);
     dcp_load_options o;
-    set_defaults(opts, &o);
+    int bad_opts = set_defaults(opts, &o, err);   /* agreed below */
 
     MPI_Comm c = private_comm(comm);
     int me, n;
@@ -193,6 +200,10 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
     /* bit 1: this rank needs the node communicator; bit 2: all its
      * destinations are CUDA memory (the device path needs it of every rank) */
     mine = (cuda || (o.flags & DCP_LOAD_SHM) ? 1 : 0) | (all_cuda ? 2 : 0);
+    /* options outside the rules on some rank: every rank fails, before the
+     * collectives whose arguments depend on them */
+    if ((rc = ldi_agree(c, bad_opts, err)) < 0)
+        goto out;
     int lrc = ldi_nodes_by_name(c, mine, &any, &all, &nd, err);
     if (lrc == 0 && (any & 1)) {
         ldi_nodes_free(&nd);
@@ -230,7 +241,8 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
         goto out;
     }
 
-    dcp_gplan_opts po = {.unit_max = o.staging_bytes,
+    dcp_gplan_opts po = {.size = sizeof po,
+                         .unit_max = o.staging_bytes,
                          .no_bcast = (o.flags & DCP_LOAD_NO_BCAST) != 0,
                          .node = nd.node,
                          .shm = (o.flags & DCP_LOAD_SHM) != 0,
@@ -269,13 +281,28 @@ out:
     return rc < 0 ? -1 : 0;
 }
 
+/* 0.1's dcp_load_options, before the size field. */
+typedef struct load_options_0_1 {
+    unsigned flags;
+    size_t staging_bytes;
+    unsigned nstaging;
+} load_options_0_1;
+
 /* dcp_load (DCP_LOAD_0.1): programs built against the first header pass
- * the stats without the device fields (the layout's prefix). */
+ * the stats without the device fields (the layout's prefix) and options
+ * without a size. */
 int ldi_load_0_1(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
-                 const dcp_load_options *opts, void *stats, dcp_error *err)
+                 const void *opts_0_1, void *stats, dcp_error *err)
 {
+    const load_options_0_1 *opts = opts_0_1;
     dcp_load_stats st;
-    int rc = ldi_load_0_2(comm, ck, regions, nregions, opts, stats ? &st : NULL, err);
+    dcp_load_options o = DCP_LOAD_OPTIONS_INIT;
+    if (opts) {
+        o.flags = opts->flags;
+        o.staging_bytes = opts->staging_bytes;
+        o.nstaging = opts->nstaging;
+    }
+    int rc = ldi_load_0_2(comm, ck, regions, nregions, opts ? &o : NULL, stats ? &st : NULL, err);
     if (stats)
         memcpy(stats, &st, offsetof(dcp_load_stats, bytes_ipc));
     return rc;

@@ -254,7 +254,12 @@ static int parse(int argc, char **argv, struct opts *o)
             break;
         case 'S': {
             uint64_t v = 0;
-            if (dcp_parse_size(optarg, &v) < 0 || v == 0 || v > SIZE_MAX) {
+            dcp_error err;
+            if (dcp_parse_size_ex(optarg, NULL, &v, &err) < 0) {
+                fprintf(stderr, "dcpload: bad --staging '%s': %s\n", optarg, err.msg);
+                return 2;
+            }
+            if (v == 0 || v > SIZE_MAX) {
                 fprintf(stderr, "dcpload: bad --staging '%s' (a size: 65536, 64K, 16MiB, 1G)\n", optarg);
                 return 2;
             }
@@ -487,7 +492,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
-    dcp_load_options lo = {0};
+    dcp_load_options lo = DCP_LOAD_OPTIONS_INIT;
     lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
                (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0) |
                (o.host_delivery ? DCP_LOAD_HOST_DELIVERY : 0) |

@@ -189,7 +189,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
 int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
                  const dcp_load_options *opts, dcp_load_stats *stats, dcp_error *err);
 int ldi_load_0_1(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regions, size_t nregions,
-                 const dcp_load_options *opts, void *stats, dcp_error *err);
+                 const void *opts, void *stats, dcp_error *err);
 
 /* Every rank reads its own needs, whole records (DCP_LOAD_INDEPENDENT). */
 int ldi_independent(dcp_checkpoint *ck, const dcp_greqs *reqs, int me, dcp_load_stats *st,

@@ -1,14 +1,15 @@
 /* dcp_convert_files: DCP <-> torch.save <-> safetensors, streaming.
  *
  * Every source becomes a dcp_checkpoint: a DCP (or Hugging Face safetensors)
- * folder through dcp_open, a single .pt or .safetensors file through
- * dcp_open_file below, which builds the same model over the one file (a
- * torch.save storage record or a safetensors range per tensor, strides and
- * all). Every destination is fed by one fill callback that plans and reads
- * a few MiB of an entry at a time, so memory is bounded by the key count.
+ * folder through dcp_open, a single .pt or .safetensors file through the
+ * core's single-file reader (single_file.c), which builds the same model
+ * over the one file (a torch.save storage record or a safetensors range per
+ * tensor, strides and all); its hooks let convert keep a torch.save file's
+ * plain values as bytes items, re-pickled here, and the keys' nesting.
+ * Every destination is fed by one fill callback that plans and reads a few
+ * MiB of an entry at a time, so memory is bounded by the key count.
  * The destination is written under a temporary name beside it and renamed
  * into place at the end; on failure the temporary is removed. */
-#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,33 +24,15 @@
 #include "dcp_write.h"
 #include "atomic.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "pickle.h"
+#include "keypaths.h"
 #include "pickle_write.h"
-#include "safetensors.h"
+#include "single_file.h"
 #include "zip.h"
 #include "zip_write.h"
 
-#define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save source */
-#define MAX_DEPTH 64
-
-int dcp_parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    if (!s || !isdigit((unsigned char)s[0]))
-        return -1;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno)
-        return -1;
-    static const struct { const char *suf; uint64_t mul; } units[] = {
-        {"", 1}, {"B", 1}, {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000}, {"M", 1ull << 20},
-        {"MiB", 1ull << 20}, {"MB", 1000000}, {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000},
-        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull}};
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (!strcmp(end, units[i].suf))
-            return __builtin_mul_overflow((uint64_t)v, units[i].mul, out) ? -1 : 0;
-    return -1;
-}
+#define MAX_DEPTH 64                  /* the reader's own limit on nested dicts */
 
 /* ---------------------------------------------------------------- formats */
 
@@ -59,336 +42,29 @@ static int has_suffix(const char *s, const char *suf)
     return n > m && !strcmp(s + n - m, suf);
 }
 
-dcp_format dcp_format_guess(const char *path)
+/* ------------------------------------- torch.save sources: the reader's hooks */
+
+/* torch.save(obj) of a plain value, in memory: a DCP bytes item's blob
+ * (the single-file reader's blob hook, single_file.h). 0, 1 when v is not
+ * plain data, -1 with err. */
+static int blob_of_value(void *ctx, const char *key, const pk_node *v, unsigned char **out, size_t *len,
+                         dcp_error *err)
 {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        char p[4096];
-        snprintf(p, sizeof p, "%s/model.safetensors.index.json", path);
-        if (stat(p, &st) == 0)
-            return DCP_FORMAT_SAFETENSORS;
-        snprintf(p, sizeof p, "%s/.metadata", path);
-        if (stat(p, &st) == 0)
-            return DCP_FORMAT_DCP;
-        /* No index and no .metadata: a folder of *.safetensors files only. */
-        DIR *d = opendir(path);
-        struct dirent *de;
-        int st_files = 0, others = 0;
-        while (d && (de = readdir(d))) {
-            if (de->d_name[0] == '.')
-                continue;
-            if (has_suffix(de->d_name, ".safetensors"))
-                st_files++;
-            else
-                others++;
-        }
-        if (d)
-            closedir(d);
-        return st_files && !others ? DCP_FORMAT_SAFETENSORS : DCP_FORMAT_DCP;
-    }
-    if (has_suffix(path, ".pt") || has_suffix(path, ".pth") || has_suffix(path, ".bin"))
-        return DCP_FORMAT_TORCH_SAVE;
-    if (has_suffix(path, ".safetensors"))
-        return DCP_FORMAT_SAFETENSORS;
-    return DCP_FORMAT_DCP;
-}
-
-const char *dcp_format_name(dcp_format f)
-{
-    switch (f) {
-    case DCP_FORMAT_DCP: return "dcp";
-    case DCP_FORMAT_TORCH_SAVE: return "torch.save";
-    case DCP_FORMAT_SAFETENSORS: return "safetensors";
-    default: return "auto";
-    }
-}
-
-/* ------------------------------------------------- single-file sources */
-
-/* A checkpoint over one file: the folder is the file's, the file table holds
- * the file alone: model.c's empty model, without its folder detection. */
-static dcp_checkpoint *ck_for_file(const char *path, const char **base, dcp_error *err)
-{
-    const char *slash = strrchr(path, '/');
-    *base = slash ? slash + 1 : path;
-    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    if (!folder) {
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
-        return NULL;
-    }
-    dcp_checkpoint *ck = dcpi_ck_new(folder, err);
-    free(folder);
-    if (!ck) {
-        dcpi_err_prefix(err, "%s", path);
-        return NULL;
-    }
-    uint32_t f;
-    if (dcpi_model_file(ck, *base, strlen(*base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
-        dcp_close(ck);
-        return NULL;
-    }
-    return ck;
-}
-
-/* Bytes values of a torch.save source: kept here, not in any file range. */
-typedef struct side_bytes {
-    size_t entry;
-    unsigned char *data;
-    size_t len;
-} side_bytes;
-
-/* Each key's path in the nesting it was flattened from, for the DCP
- * writer's planner_data: from a torch.save source's dicts, or from a DCP
- * source's own planner_data. */
-typedef struct keypaths {
-    dcpi_arena arena;
-    dcpi_strmap map;          /* key -> index in parts[], n[] */
-    dcp_path_part **parts;
-    size_t *n;
-    size_t count, cap;
-} keypaths;
-
-static void kp_init(keypaths *kp)
-{
-    memset(kp, 0, sizeof *kp);
-    dcpi_arena_init(&kp->arena);
-    dcpi_strmap_init(&kp->map);
-}
-
-static void kp_free(keypaths *kp)
-{
-    dcpi_strmap_free(&kp->map);
-    dcpi_arena_free(&kp->arena);
-    free(kp->parts);
-    free(kp->n);
-}
-
-/* Copies key and parts. 0, or -1 on out of memory. */
-static int kp_add(keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n)
-{
-    if (kp->count == kp->cap) {
-        size_t nc = kp->cap ? kp->cap * 2 : 64;
-        dcp_path_part **np = realloc(kp->parts, nc * sizeof *np);
-        if (np)
-            kp->parts = np;
-        size_t *nn = realloc(kp->n, nc * sizeof *nn);
-        if (nn)
-            kp->n = nn;
-        if (!np || !nn)
-            return -1;
-        kp->cap = nc;
-    }
-    char *k = dcpi_arena_strndup(&kp->arena, key, kl);
-    dcp_path_part *c = dcpi_arena_alloc(&kp->arena, (n ? n : 1) * sizeof *c);
-    if (!k || !c)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        c[i] = parts[i];
-        if (parts[i].str && !(c[i].str = dcpi_arena_strndup(&kp->arena, parts[i].str, parts[i].len)))
-            return -1;
-    }
-    if (dcpi_strmap_put(&kp->map, k, kl, kp->count) < 0)
-        return -1;
-    kp->parts[kp->count] = c;
-    kp->n[kp->count++] = n;
-    return 0;
-}
-
-static const dcp_path_part *kp_get(const keypaths *kp, const char *key, size_t *n)
-{
-    uint64_t i;
-    if (!kp || !dcpi_strmap_get(&kp->map, key, strlen(key), &i))
-        return NULL;
-    *n = kp->n[i];
-    return kp->parts[i];
-}
-
-typedef struct pt_load {
-    dcp_checkpoint *ck;
-    const char *path;
-    dcpi_zip z;
-    dcp_blob whole;
-    uint64_t flen;
-    uint32_t rec_flags;
-    side_bytes *side;
-    size_t nside, side_cap;
-    size_t nskipped;
-    int keep_bytes;          /* make bytes items (convert), or leave them out (dcp_open_file) */
-    keypaths *paths;         /* convert: each key's path; NULL for dcp_open_file */
-    dcp_path_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
-    dcp_skip_fn skipped;     /* called per value left out (convert) */
-    void *skipped_ctx;
-    dcp_error *err;
-} pt_load;
-
-/* A tensor of the torch.save file: one chunk over its storage record, whose
- * record (offset, strides, conj/neg flags) is filled in now so the planner
- * never parses. The rebuild call is parsed as the record locator parses it. */
-static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
-{
-    dcp_checkpoint *ck = L->ck;
-    dcpi_rebuild rb;
-    char why[512];
-    if (dcpi_torch_rebuild_parse(n, &rb, why, sizeof why) < 0)
-        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
-    char rname[128];
-    snprintf(rname, sizeof rname, "data/%.*s", (int)rb.storage_key_len, rb.storage_key);
-    const dcpi_zip_entry *de = dcpi_zip_find(&L->z, rname);
-    if (!de || de->size != rb.storage_bytes)
-        return dcpi_err(L->err, EIO, "%s: %s: storage record %s is missing or of the wrong size", L->path, key, rname);
-    if (dcpi_torch_rebuild_check_view(&rb, why, sizeof why) < 0)
-        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
-    uint64_t dstart;
-    if (dcpi_zip_data(ck, &L->whole, key, de, L->flen, &dstart, L->err) < 0)
-        return -1;
-    int nd = rb.ndim;
-    size_t idx, ci;
-    int64_t zero[DCPI_MAX_NDIM] = {0};
-    if (dcpi_model_entry(ck, key, strlen(key), DCP_KIND_TENSOR, &idx, L->err) < 0)
-        return -1;
-    if (ck->entries[idx].nchunks)
-        return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
-    if (dcpi_model_set_tensor(ck, idx, rb.dtype, nd, rb.size, L->err) < 0 ||
-        dcpi_model_add_chunk(ck, idx, zero, rb.size, &ci, L->err) < 0)
-        return -1;
-    struct dcpi_entry_priv *p = &ck->priv[idx];
-    p->chunks[ci].blob = (dcp_blob){.file = 0, .offset = dstart, .length = de->size};
-    p->chunks[ci].has_blob = 1;
-    p->records = calloc(1, sizeof *p->records);
-    int64_t *st = dcpi_arena_memdup(&ck->arena, rb.stride, (size_t)(nd ? nd : 1) * sizeof *rb.stride);
-    if (!p->records || !st)
-        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    p->records[0].rec = (dcp_record){.data_offset = dstart, .data_length = de->size,
-                                     .storage_offset = rb.storage_offset, .stride = st, .dtype = rb.dtype,
-                                     .flags = L->rec_flags | rb.flags};
-    p->records[0].state = 1;
-    return 0;
-}
-
-static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
-{
-    if (L->nside == L->side_cap) {
-        size_t nc = L->side_cap ? L->side_cap * 2 : 16;
-        side_bytes *ns = realloc(L->side, nc * sizeof *ns);
-        if (!ns)
-            return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-        L->side = ns;
-        L->side_cap = nc;
-    }
-    L->side[L->nside++] = (side_bytes){entry, data, len};
-    return 0;
-}
-
-static int latin1_bytes(const pk_node *n, unsigned char **out, size_t *len);
-
-/* Re-pickle a plain value as torch.save would (for a non-tensor value of a
- * torch.save source that becomes a DCP bytes item). 0, or -1 if the value
- * holds something other than plain data. */
-static int repickle(pw *p, const pk_node *n, int depth)
-{
-    if (!n || depth > MAX_DEPTH)
-        return -1;
-    switch (n->type) {
-    case PK_NONE: pw_none(p); return 0;
-    case PK_BOOL: pw_bool(p, n->u.b); return 0;
-    case PK_INT: pw_int(p, n->u.i); return 0;
-    case PK_BIGINT: pw_long_bytes(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_FLOAT: pw_float(p, n->u.f); return 0;
-    case PK_STR: pw_str(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_BYTES: pw_bytes(p, n->u.s.p, n->u.s.len); return 0;
-    case PK_TUPLE:
-        pw_tuple_begin(p, n->u.seq.n);
-        for (size_t i = 0; i < n->u.seq.n; i++)
-            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
-        pw_tuple_end(p, n->u.seq.n);
-        return 0;
-    case PK_LIST:
-        pw_list_begin(p);
-        for (size_t i = 0; i < n->u.seq.n; i++) {
-            pw_list_elem(p);
-            if (repickle(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
-        }
-        pw_list_end(p);
-        return 0;
-    case PK_DICT:
-        pw_dict_begin(p);
-        for (size_t i = 0; i < n->u.dict.n; i++) {
-            pw_dict_key(p);
-            if (repickle(p, n->u.dict.keys[i], depth + 1) < 0 || repickle(p, n->u.dict.vals[i], depth + 1) < 0)
-                return -1;
-        }
-        pw_dict_end(p);
-        return 0;
-    default: {
-        /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
-        unsigned char *b;
-        size_t bl;
-        if (latin1_bytes(n, &b, &bl) != 0)
-            return -1;
-        pw_bytes(p, b, bl);
-        free(b);
-        return 0;
-    }
-    }
-}
-
-/* A bytes object as torch.save pickles it in protocol 2:
- * _codecs.encode('<latin-1 text>', 'latin1'). Returns the decoded bytes. */
-static int latin1_bytes(const pk_node *n, unsigned char **out, size_t *len)
-{
-    const pk_node *g = pk_call_global(n);
-    const char *s, *enc;
-    size_t sl;
-    if (n && n->type == PK_BYTES) {
-        *out = malloc(n->u.s.len ? n->u.s.len : 1);
-        if (!*out)
-            return -1;
-        memcpy(*out, n->u.s.p, n->u.s.len);
-        *len = n->u.s.len;
-        return 0;
-    }
-    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
-        pk_len(n->u.call.args) != 2 || !pk_str(pk_item(n->u.call.args, 0), &s, &sl) ||
-        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
-        return 1;
-    unsigned char *b = malloc(sl ? sl : 1), *q = b;
-    if (!b)
-        return -1;
-    for (size_t i = 0; i < sl; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80) {
-            *q++ = c;
-        } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < sl) {
-            *q++ = (unsigned char)(((c & 0x03) << 6) | ((unsigned char)s[++i] & 0x3f));
-        } else {
-            free(b);
-            return 1;   /* not latin-1 text */
-        }
-    }
-    *out = b;
-    *len = (size_t)(q - b);
-    return 0;
-}
-
-/* torch.save(obj) of a plain value, in memory: a DCP bytes item's blob. */
-static int blob_of_value(pt_load *L, const char *key, const pk_node *v, unsigned char **out, size_t *len)
-{
+    (void)ctx;
     pw p;
     pw_init(&p, 2, -1, key);
-    if (repickle(&p, v, 0) < 0) {
+    if (pw_value(&p, v) < 0) {
         pw_free(&p);
         return 1;
     }
     zw_out o;
     zw z;
-    int rc = pw_finish(&p, L->err);
-    if (rc == 0 && (rc = zw_out_init(&o, -1, 0, key, L->err)) == 0) {
-        zw_begin(&z, &o, "archive", L->err);
-        rc = zw_torch_prologue(&z, p.buf, p.len, L->err);
+    int rc = pw_finish(&p, err);
+    if (rc == 0 && (rc = zw_out_init(&o, -1, 0, key, err)) == 0) {
+        zw_begin(&z, &o, "archive", err);
+        rc = zw_torch_prologue(&z, p.buf, p.len, err);
         if (rc == 0)
-            rc = zw_finish(&z, NULL, L->err);
+            rc = zw_finish(&z, NULL, err);
         zw_free(&z);
         if (rc == 0) {
             *out = o.buf;
@@ -401,253 +77,30 @@ static int blob_of_value(pt_load *L, const char *key, const pk_node *v, unsigned
     return rc;
 }
 
-static void pt_skip(pt_load *L, const char *key, const char *why)
-{
-    L->nskipped++;
-    if (L->skipped)
-        L->skipped(L->skipped_ctx, key, why);
-}
+/* What the single-file reader's hooks write to. */
+typedef struct pt_hooks_ctx {
+    dcpw_keypaths *paths;
+    dcp_skip_fn skipped;
+    void *skipped_ctx;
+} pt_hooks_ctx;
 
-static int pt_leaf_path(pt_load *L, const char *key, size_t klen, int depth)
+/* The path hook: each kept value's dict keys, for planner_data. */
+static int path_of_value(void *ctx, const char *key, size_t klen, const dcpi_key_part *parts, size_t n)
 {
-    if (L->paths && depth > 0 && kp_add(L->paths, key, klen, L->stack, (size_t)depth) < 0)
-        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    return 0;
-}
-
-static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
-{
-    if (depth > MAX_DEPTH)
-        return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
-    const pk_node *d = pk_as_dict(n);   /* a dict, or an OrderedDict (state_dict()) */
-    if (d && (depth == 0 || d->u.dict.n)) {
-        for (size_t i = 0; i < d->u.dict.n; i++) {
-            const pk_node *k = d->u.dict.keys[i];
-            char part[64];
-            const char *ks = NULL;
-            size_t kl = 0;
-            int64_t iv;
-            /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
-             * str()-converted (ints only for list indexes, which stay values
-             * here). */
-            if (pk_str(k, &ks, &kl)) {
-            } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
-                kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
-                ks = part;
-            } else {
-                pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
-                continue;
-            }
-            L->stack[depth] = (dcp_path_part){.str = ks, .len = kl};
-            size_t nl = klen + (klen ? 1 : 0) + kl;
-            char *sub = malloc(nl + 1);
-            if (!sub)
-                return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-            memcpy(sub, key, klen);
-            if (klen)
-                sub[klen] = '.';
-            memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
-            sub[nl] = 0;
-            int rc = pt_walk(L, d->u.dict.vals[i], sub, nl, depth + 1);
-            free(sub);
-            if (rc < 0)
-                return -1;
-        }
-        return 0;
-    }
-    if (depth == 0)
-        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n) : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
-    if (dcpi_torch_is_tensor(n))
-        return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
-    /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
-     * bytes item as is; other plain values are pickled into one. */
-    if (!L->keep_bytes) {
-        pt_skip(L, key, "not a tensor");
-        return 0;
-    }
-    unsigned char *data = NULL;
-    size_t len = 0;
-    int r = latin1_bytes(n, &data, &len);
-    if (r < 0)
-        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    if (r == 0 && !(len >= 4 && !memcmp(data, "PK\3\4", 4))) {
-        free(data);
-        r = 1;   /* ordinary bytes: pickled like any plain value */
-    }
-    if (r == 1) {
-        r = blob_of_value(L, key, n, &data, &len);
-        if (r < 0)
-            return -1;
-        if (r == 1) {
-            pt_skip(L, key, "a non-tensor value that is not plain data (an object torch.load would rebuild)");
-            return 0;
-        }
-    }
-    size_t idx;
-    if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0 || side_add(L, idx, data, len) < 0) {
-        free(data);
+    pt_hooks_ctx *h = ctx;
+    dcp_path_part pp[MAX_DEPTH + 1];
+    if (n > MAX_DEPTH + 1)
         return -1;
-    }
-    return pt_leaf_path(L, key, klen, depth);
-}
-
-static void side_free(side_bytes *s, size_t n)
-{
     for (size_t i = 0; i < n; i++)
-        free(s[i].data);
-    free(s);
+        pp[i] = (dcp_path_part){.str = parts[i].str, .len = parts[i].len};
+    return dcpw_kp_add(h->paths, key, klen, pp, n);
 }
 
-static int open_torch_save(const char *path, dcp_checkpoint **out, side_bytes **side, size_t *nside,
-                           size_t *nskipped, keypaths *paths, const dcp_convert_options *opt, dcp_error *err)
+static void skipped_value(void *ctx, const char *key, const char *why)
 {
-    const char *base;
-    dcp_checkpoint *ck = ck_for_file(path, &base, err);
-    if (!ck)
-        return -1;
-    pt_load L = {.ck = ck, .path = path, .err = err, .keep_bytes = side != NULL, .paths = paths,
-                 .skipped = opt ? opt->skipped : NULL, .skipped_ctx = opt ? opt->skipped_ctx : NULL};
-    pk_doc *doc = NULL;
-    char *pkl = NULL;
-    int rc = -1, zopen = 0;
-    if (dcpi_ck_file_size(ck, 0, &L.flen, err) < 0)
-        goto out;
-    L.whole = (dcp_blob){.file = 0, .offset = 0, .length = L.flen};
-    if (dcpi_zip_open(ck, &L.whole, "", &L.z, err) < 0)
-        goto out;
-    zopen = 1;
-    const dcpi_zip_entry *pe = dcpi_zip_find(&L.z, "data.pkl"), *bo = dcpi_zip_find(&L.z, "byteorder");
-    uint64_t pstart;
-    if (!pe) {
-        dcpi_err(err, EIO, "%s: no data.pkl: not a torch.save file", path);
-        goto out;
-    }
-    if (pe->size > PKL_MAX) {
-        dcpi_err(err, EFBIG, "%s: data.pkl of %" PRIu64 " bytes is too large", path, pe->size);
-        goto out;
-    }
-    if (bo && bo->size > 16) {
-        dcpi_err(err, EIO, "%s: byteorder record of %" PRIu64 " bytes: unknown byteorder", path, bo->size);
-        goto out;
-    }
-    if (bo) {
-        char order[17] = {0};
-        uint64_t ostart;
-        if (dcpi_zip_data(ck, &L.whole, "byteorder", bo, L.flen, &ostart, err) < 0 ||
-            dcpi_blob_read(ck, &L.whole, order, bo->size, ostart, "byteorder", err) < 0)
-            goto out;
-        if (!strcmp(order, "big")) {
-            L.rec_flags |= DCP_RECORD_BIG_ENDIAN;
-        } else if (strcmp(order, "little")) {
-            dcpi_err(err, EIO, "%s: unknown byteorder '%s'", path, order);
-            goto out;
-        }
-    }
-    if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
-        goto out;
-    if (!(pkl = malloc(pe->size ? pe->size : 1))) {
-        dcpi_err(err, ENOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    const pk_node *root;
-    char what[4200];
-    snprintf(what, sizeof what, "%s: data.pkl", path);
-    if (dcpi_blob_read(ck, &L.whole, pkl, pe->size, pstart, "data.pkl", err) < 0 ||
-        pk_parse(pkl, pe->size, what, &doc, &root, err) < 0)
-        goto out;
-    char empty[1] = "";
-    rc = pt_walk(&L, root, empty, 0, 0);
-    if (rc == 0) {
-        ck->info.generation = "torch.save file";
-        ck->info.serialization = "torch_save";
-        ck->info.layout = "single file";
-    }
-out:
-    pk_free(doc);
-    free(pkl);
-    if (zopen)
-        dcpi_zip_close(&L.z);
-    if (rc < 0) {
-        side_free(L.side, L.nside);
-        dcp_close(ck);
-        return -1;
-    }
-    if (side) {
-        *side = L.side;
-        *nside = L.nside;
-    }
-    if (nskipped)
-        *nskipped = L.nskipped;
-    *out = ck;
-    return 0;
-}
-
-static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_error *err)
-{
-    const char *base;
-    dcp_checkpoint *ck = ck_for_file(path, &base, err);
-    if (!ck)
-        return -1;
-    int fd;
-    uint64_t fsize, data;
-    json_t *root = NULL;
-    int rc = -1;
-    if (dcpi_ck_file_size(ck, 0, &fsize, err) < 0 || dcpi_ck_fd(ck, 0, &fd, err) < 0 ||
-        dcpi_st_header(fd, 0, fsize, path, &root, &data, err) < 0)
-        goto out;
-    rc = 0;
-    const char *name;
-    json_t *t;
-    json_object_foreach(root, name, t) {
-        if (!strcmp(name, "__metadata__"))
-            continue;
-        dcp_dtype dt;
-        int nd;
-        int64_t size[DCPI_MAX_NDIM], zero[DCPI_MAX_NDIM] = {0};
-        uint64_t b0, nbytes;
-        const char *why;
-        if (dcpi_st_entry(t, fsize - data, &dt, &nd, size, &b0, &nbytes, &why) < 0) {
-            rc = dcpi_err(err, EIO, "%s: %s: %s", path, name, why);
-            break;
-        }
-        size_t idx, ci;
-        if (dcpi_model_entry(ck, name, strlen(name), DCP_KIND_TENSOR, &idx, err) < 0 ||
-            dcpi_model_set_tensor(ck, idx, dt, (int)nd, size, err) < 0 ||
-            dcpi_model_add_chunk(ck, idx, zero, size, &ci, err) < 0) {
-            rc = -1;
-            break;
-        }
-        ck->priv[idx].chunks[ci].blob = (dcp_blob){.file = 0, .transforms = DCPI_BLOB_RAW,
-                                                   .offset = data + b0, .length = nbytes};
-        ck->priv[idx].chunks[ci].has_blob = 1;
-    }
-    if (rc == 0) {
-        ck->info.generation = "safetensors file";
-        ck->info.serialization = "safetensors";
-        ck->info.layout = "single file";
-    }
-out:
-    json_decref(root);
-    if (rc < 0) {
-        dcp_close(ck);
-        return -1;
-    }
-    *out = ck;
-    return 0;
-}
-
-int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err)
-{
-    *out = NULL;
-    if (nskipped)
-        *nskipped = 0;
-    if (fmt == DCP_FORMAT_AUTO)
-        fmt = dcp_format_guess(path);
-    if (fmt == DCP_FORMAT_TORCH_SAVE)
-        return open_torch_save(path, out, NULL, NULL, nskipped, NULL, NULL, err);
-    if (fmt == DCP_FORMAT_SAFETENSORS)
-        return open_safetensors_file(path, out, err);
-    return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
+    pt_hooks_ctx *h = ctx;
+    if (h->skipped)
+        h->skipped(h->skipped_ctx, key, why);
 }
 
 /* ---------------------------------------------------------------- convert */
@@ -656,80 +109,15 @@ typedef struct src {
     dcp_source source;       /* first: the writers' view of this */
     dcp_checkpoint *ck;
     dcp_plan plan;
-    side_bytes *side;
+    dcpi_side_bytes *side;
     size_t nside;
     uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
-    keypaths paths;          /* keys' paths for planner_data, when the source knows them */
+    dcpw_keypaths paths;          /* keys' paths for planner_data, when the source knows them */
     size_t no_run_tag;       /* an entry of one chunk found not stored as is: */
     int no_run_valid;        /* its strides or transforms hold for all of it, so ask no more */
 } src;
-
-/* A DCP source's planner_data (flattened key -> path tuple), kept for the
- * output. Best effort: a source without one, or with one that is not
- * str/int tuples, leaves keys without paths (flat keys in the output). */
-static int read_planner_data(const char *dir, keypaths *kp, dcp_error *err)
-{
-    char p[4200];
-    if ((size_t)snprintf(p, sizeof p, "%s/.metadata", dir) >= sizeof p)
-        return 0;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    struct stat st;
-    if (fd < 0)
-        return 0;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > PKL_MAX) {
-        close(fd);
-        return 0;
-    }
-    size_t size = (size_t)st.st_size, got = 0;
-    char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        close(fd);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", p);
-    }
-    while (got < size) {
-        ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-        if (r <= 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    pk_doc *doc = NULL;
-    const pk_node *root;
-    dcp_error ignored;
-    int rc = 0;
-    if (got == size && pk_parse(buf, size, p, &doc, &root, &ignored) == 0 && root->type == PK_CALL &&
-        root->u.call.state) {
-        const pk_node *state = pk_as_dict(root->u.call.state);
-        if (!state && root->u.call.state->type == PK_TUPLE)   /* slots dataclass: (None, {slot: value}) */
-            state = pk_as_dict(pk_item(root->u.call.state, 1));
-        const pk_node *pd = pk_as_dict(pk_dict_get(state, "planner_data"));
-        size_t np = 0;
-        for (size_t i = 0; pd && i < pd->u.dict.n && rc == 0; i++) {
-            const pk_node *path = pd->u.dict.vals[i];
-            const char *key;
-            size_t kl, n = pk_len(path);
-            if (!pk_str(pd->u.dict.keys[i], &key, &kl) || !path || (path->type != PK_TUPLE && path->type != PK_LIST) ||
-                n == 0 || n > MAX_DEPTH)
-                continue;
-            dcp_path_part parts[MAX_DEPTH];
-            for (np = 0; np < n; np++) {
-                const pk_node *e = pk_item(path, np);
-                if (pk_str(e, &parts[np].str, &parts[np].len))
-                    continue;
-                if (!e || e->type != PK_INT)
-                    break;
-                parts[np] = (dcp_path_part){.index = e->u.i};
-            }
-            if (np == n && kp_add(kp, key, kl, parts, n) < 0)
-                rc = dcpi_err(err, ENOMEM, "%s: out of memory", p);
-        }
-    }
-    pk_free(doc);
-    free(buf);
-    return rc;
-}
 
 /* Progress by position (entry's base + end of the bytes just produced), so
  * bytes produced twice (a kernel copy that fell back to reading) count once. */
@@ -973,9 +361,9 @@ static int write_shards(src *s, const char *dir, dcp_item *items, size_t n, uint
 static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel, size_t nsel, dcp_error *err)
 {
     dcp_ckpt_writer *w;
-    dcp_ckpt_options o = {.checkpoint_id = dst,
-                          .flags = ((s->opt->flags & DCP_WRITE_NO_SYNC) ? DCP_CKPT_NO_SYNC : 0) |
-                                   ((s->opt->flags & DCP_WRITE_NO_CRC) ? DCP_CKPT_NO_CRC : 0)};
+    dcp_ckpt_options o = DCP_CKPT_OPTIONS_INIT;
+    o.checkpoint_id = dst;
+    o.flags = s->opt->flags & (DCP_WRITE_NO_SYNC | DCP_WRITE_NO_CRC);   /* one flag family */
     if (dcp_ckpt_create(tmp, &o, &w, err) < 0)
         return -1;
     int rc = 0;
@@ -1001,7 +389,7 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
     for (size_t k = 0; k < nsel && rc == 0; k++) {
         const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
         size_t np;
-        const dcp_path_part *path = kp_get(&s->paths, e->key, &np);
+        const dcp_path_part *path = dcpw_kp_get(&s->paths, e->key, &np);
         dcp_error ignored;
         if (path && dcp_ckpt_set_path(w, e->key, path, np, &ignored) < 0 && ignored.code == ENOMEM)
             rc = dcpi_err(err, ENOMEM, "%s: out of memory", dst);
@@ -1028,11 +416,14 @@ int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_optio
     return rc;
 }
 
-static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
+static int convert(const char *srcp, const char *dst, const dcp_convert_options *caller, dcp_error *err)
 {
-    dcp_convert_options none = {0};
-    if (!opt)
-        opt = &none;
+    dcp_convert_options o = DCP_CONVERT_OPTIONS_INIT;
+    const dcp_convert_options *opt = &o;
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (caller && dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_convert_options, skipped_ctx), caller,
+                                  "dcp_convert_files", "DCP_CONVERT_OPTIONS_INIT", err) < 0)
+        return -1;
     dcp_format from = opt->from ? opt->from : dcp_format_guess(srcp);
     dcp_format to = opt->to ? opt->to : dcp_format_guess(dst);
     struct stat st;
@@ -1047,7 +438,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
 
     src s = {.opt = opt};
     s.source = (dcp_source){.fill = src_fill, .range = src_range, .ctx = &s};
-    kp_init(&s.paths);
+    dcpw_kp_init(&s.paths);
     dcp_plan_init(&s.plan);
     size_t nskipped = 0;
     int rc;
@@ -1055,17 +446,19 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         dcp_checkpoint *ck;
         rc = dcp_open(srcp, 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
-        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = read_planner_data(srcp, &s.paths, err)) < 0)
+        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)
             dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
-        rc = open_torch_save(srcp, &s.ck, &s.side, &s.nside, &nskipped, &s.paths, opt, err);
+        pt_hooks_ctx hc = {.paths = &s.paths, .skipped = opt->skipped, .skipped_ctx = opt->skipped_ctx};
+        dcpi_torch_hooks h = {.blob = blob_of_value, .path = path_of_value, .skipped = skipped_value, .ctx = &hc};
+        rc = dcpi_open_torch_file(srcp, &h, &s.ck, &s.side, &s.nside, &nskipped, err);
     } else if (from == DCP_FORMAT_SAFETENSORS) {
-        rc = open_safetensors_file(srcp, &s.ck, err);
+        rc = dcp_open_file(srcp, DCP_FORMAT_SAFETENSORS, &s.ck, NULL, err);
     } else {
         rc = dcpi_err(err, ENOTDIR, "%s: a DCP checkpoint is a folder", srcp);
     }
     if (rc < 0) {
-        kp_free(&s.paths);
+        dcpw_kp_free(&s.paths);
         return -1;
     }
 
@@ -1150,9 +543,9 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     free(sel);
     free(items);
     free(s.base);
-    side_free(s.side, s.nside);
+    dcpi_side_bytes_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);
-    kp_free(&s.paths);
+    dcpw_kp_free(&s.paths);
     return rc;
 }

@@ -17,6 +17,7 @@
 
 #include "dcp_write.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "pickle_write.h"
 #include "zip_write.h"
 
@@ -96,9 +97,16 @@ static int folder_not_empty(int dirfd, const char *dir, dcp_error *err)
     return found != NULL;
 }
 
-int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writer **out, dcp_error *err)
+int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *caller, dcp_ckpt_writer **out, dcp_error *err)
 {
     *out = NULL;
+    dcp_ckpt_options o = DCP_CKPT_OPTIONS_INIT;
+    const dcp_ckpt_options *opts = &o;
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (caller && dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_ckpt_options, checkpoint_id), caller,
+                                  "dcp_ckpt_create", "DCP_CKPT_OPTIONS_INIT",
+                                  err) < 0)
+        return -1;
     int existed = 0;
     if (mkdir(dir, 0777) < 0) {
         if (errno != EEXIST)
@@ -112,9 +120,9 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *opts, dcp_ckpt_writ
     dcpi_arena_init(&w->arena);
     dcpi_strmap_init(&w->index);
     dcpi_strmap_init(&w->seen);
-    w->flags = opts ? opts->flags : 0;
+    w->flags = opts->flags;
     w->dir = strdup(dir);
-    w->checkpoint_id = strdup(opts && opts->checkpoint_id ? opts->checkpoint_id : dir);
+    w->checkpoint_id = strdup(opts->checkpoint_id ? opts->checkpoint_id : dir);
     w->piece = aligned_alloc(4096, PIECE);
     w->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (!w->dir || !w->checkpoint_id || !w->piece || w->dirfd < 0) {
@@ -288,7 +296,7 @@ int dcp_ckpt_add_chunk(dcp_ckpt_writer *w, const char *key, int rank, const int6
     int rc = pw_finish(&p, err);
     if (rc == 0) {
         zw_begin(&z, &r->out, "archive", err);
-        z.no_crc = !!(w->flags & DCP_CKPT_NO_CRC);
+        z.no_crc = !!(w->flags & DCP_WRITE_NO_CRC);
         uint64_t nbytes = numel * dcp_dtype_size(k->dt);
         rc = zw_torch_prologue(&z, p.buf, p.len, err);
         if (rc == 0)
@@ -578,7 +586,7 @@ int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err)
         return dcpi_err(err, EINVAL, "%s: finished twice", w->dir);
     if (check_coverage(w, err) < 0)
         return -1;
-    int sync = !(w->flags & DCP_CKPT_NO_SYNC);
+    int sync = !(w->flags & DCP_WRITE_NO_SYNC);
     for (size_t r = 0; r < w->nranks; r++) {
         rankfile *f = &w->ranks[r];
         if (f->fd < 0)

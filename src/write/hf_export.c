@@ -18,6 +18,7 @@
 
 #include "atomic.h"
 #include "hf.h"
+#include "sized_opts.h"
 
 #define PIECE (1u << 20)             /* bytes rendered and written at a time */
 #define STAGE_BYTES (4u << 20)       /* source bytes staged for a cast */
@@ -100,10 +101,16 @@ static int open_source(const char *srcp, dcp_checkpoint **ck, dcp_error *err)
     return dcp_open_file(srcp, DCP_FORMAT_AUTO, ck, NULL, err);
 }
 
-int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options *opt, dcp_error *err)
+int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options *caller, dcp_error *err)
 {
-    if (!srcp || !dst_in || !opt)
+    if (!srcp || !dst_in || !caller)
         return dcpi_err(err, EINVAL, "dcp_export_hf: a source, a destination and options are needed");
+    dcp_export_options o;
+    const dcp_export_options *opt = &o;
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_export_options, skipped_ctx), caller, "dcp_export_hf",
+                        "DCP_EXPORT_OPTIONS_INIT", err) < 0)
+        return -1;
     if (opt->dtype != DCP_DTYPE_INVALID && !hf_is_float(opt->dtype))
         return dcpi_err(err, EINVAL, "%s: --dtype %s: float32, float16, bfloat16 or float64", dst_in,
                         dcp_dtype_name(opt->dtype) ? dcp_dtype_name(opt->dtype) : "?");

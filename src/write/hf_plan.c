@@ -24,6 +24,7 @@
 
 #include "hf.h"
 #include "pickle.h"
+#include "sized_opts.h"
 #include "st_header.h"
 #include "zip.h"
 
@@ -559,9 +560,22 @@ static int lay_out(hf *h, dcp_hf_view *v, char *cfg, size_t cfg_len, uint64_t ma
 
 /* ------------------------------------------------------------ the view */
 
-int dcp_export_check(const dcp_export_options *opt, dcp_error *err)
+/* The caller's options (dcp.h, options) copied into o: 0, or -1 naming call. */
+static int take_opts(dcp_export_options *o, const dcp_export_options *caller, const char *call, dcp_error *err)
 {
-    if (!opt || !opt->recipe)
+    return dcpi_sized_opts(o, sizeof *o, DCPI_OPTS_MIN(dcp_export_options, skipped_ctx), caller, call,
+                           "DCP_EXPORT_OPTIONS_INIT", err);
+}
+
+int dcp_export_check(const dcp_export_options *caller, dcp_error *err)
+{
+    dcp_export_options o;
+    const dcp_export_options *opt = &o;
+    if (!caller)
+        return dcpi_err(err, EINVAL, "an export needs a recipe");
+    if (take_opts(&o, caller, "dcp_export_check", err) < 0)
+        return -1;
+    if (!opt->recipe)
         return dcpi_err(err, EINVAL, "an export needs a recipe");
     if (opt->dtype != DCP_DTYPE_INVALID && !hf_is_float(opt->dtype))
         return dcpi_err(err, EINVAL, "--dtype %s: float32, float16, bfloat16 or float64",
@@ -682,14 +696,19 @@ int hf_view_build(dcp_checkpoint *ck, const char *srcp, const dcp_export_options
     return rc_;
 }
 
-int dcp_hf_view_build(dcp_checkpoint *ck, const dcp_export_options *opt, dcp_hf_view **out, dcp_error *err)
+int dcp_hf_view_build(dcp_checkpoint *ck, const dcp_export_options *caller, dcp_hf_view **out, dcp_error *err)
 {
     if (!out)
         return dcpi_err(err, EINVAL, "dcp_hf_view_build: no place for the view");
     *out = NULL;
-    if (!ck || !opt || !opt->recipe)
+    dcp_export_options o;
+    if (!ck || !caller)
         return dcpi_err(err, EINVAL, "dcp_hf_view_build: a checkpoint and options with a recipe are needed");
-    return hf_view_build(ck, dcp_path(ck), opt, out, err);
+    if (take_opts(&o, caller, "dcp_hf_view_build", err) < 0)
+        return -1;
+    if (!o.recipe)
+        return dcpi_err(err, EINVAL, "dcp_hf_view_build: a checkpoint and options with a recipe are needed");
+    return hf_view_build(ck, dcp_path(ck), &o, out, err);
 }
 
 const dcp_hf_file *dcp_hf_view_files(const dcp_hf_view *v, size_t *n)

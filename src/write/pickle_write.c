@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "pickle_write.h"
+#include "pickle.h"
+#include "single_file.h"   /* dcpi_pickled_bytes */
 
 #define FRAME_TARGET (64u * 1024)     /* CPython's _FRAME_SIZE_TARGET */
 #define FRAME_MIN 4                   /* smaller frames are left unframed */
@@ -571,4 +573,63 @@ void pw_torch_size(pw *w, const int64_t *v, int n)
     int_tuple(w, v, n);
     pw_tuple_end(w, 1);
     pw_reduce(w);
+}
+
+/* ---------------------------------------------------------------- parsed values */
+
+#define PW_VALUE_DEPTH 64
+
+static int value_at(pw *p, const pk_node *n, int depth)
+{
+    if (!n || depth > PW_VALUE_DEPTH)
+        return -1;
+    switch (n->type) {
+    case PK_NONE: pw_none(p); return 0;
+    case PK_BOOL: pw_bool(p, n->u.b); return 0;
+    case PK_INT: pw_int(p, n->u.i); return 0;
+    case PK_BIGINT: pw_long_bytes(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_FLOAT: pw_float(p, n->u.f); return 0;
+    case PK_STR: pw_str(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_BYTES: pw_bytes(p, n->u.s.p, n->u.s.len); return 0;
+    case PK_TUPLE:
+        pw_tuple_begin(p, n->u.seq.n);
+        for (size_t i = 0; i < n->u.seq.n; i++)
+            if (value_at(p, n->u.seq.items[i], depth + 1) < 0)
+                return -1;
+        pw_tuple_end(p, n->u.seq.n);
+        return 0;
+    case PK_LIST:
+        pw_list_begin(p);
+        for (size_t i = 0; i < n->u.seq.n; i++) {
+            pw_list_elem(p);
+            if (value_at(p, n->u.seq.items[i], depth + 1) < 0)
+                return -1;
+        }
+        pw_list_end(p);
+        return 0;
+    case PK_DICT:
+        pw_dict_begin(p);
+        for (size_t i = 0; i < n->u.dict.n; i++) {
+            pw_dict_key(p);
+            if (value_at(p, n->u.dict.keys[i], depth + 1) < 0 || value_at(p, n->u.dict.vals[i], depth + 1) < 0)
+                return -1;
+        }
+        pw_dict_end(p);
+        return 0;
+    default: {
+        /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
+        unsigned char *b;
+        size_t bl;
+        if (dcpi_pickled_bytes(n, &b, &bl) != 0)
+            return -1;
+        pw_bytes(p, b, bl);
+        free(b);
+        return 0;
+    }
+    }
+}
+
+int pw_value(pw *p, const pk_node *n)
+{
+    return value_at(p, n, 0);
 }

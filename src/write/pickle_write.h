@@ -96,4 +96,11 @@ void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const 
 /* torch.Size(v) as the .metadata writer pickles it: REDUCE(torch.Size, (v,)). */
 void pw_torch_size(pw *w, const int64_t *v, int n);
 
+/* A value the pickle reader parsed (pickle.h), pickled again as torch.save
+ * would: None, bool, int, float, str, bytes, tuples, lists and dicts of
+ * them (a torch.save source's plain values becoming DCP bytes items). 0, or
+ * -1 when it holds anything else (an object torch.load would rebuild). */
+struct pk_node;
+int pw_value(pw *w, const struct pk_node *n);
+
 #endif

@@ -18,6 +18,7 @@
 
 #include "dcp_write.h"
 #include "internal.h"
+#include "sized_opts.h"
 #include "zip_write.h"
 #include "pickle_write.h"
 
@@ -216,8 +217,16 @@ static int mem_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
-int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *o, dcp_error *err)
+int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_error *err)
 {
+    dcp_synth_options so;
+    const dcp_synth_options *o = &so;
+    /* At least the first sized layout (0.2), which ends at the field named. */
+    if (!caller)
+        return dcpi_err(err, EINVAL, "%s: dcp_synth_checkpoint: no options", dir);
+    if (dcpi_sized_opts(&so, sizeof so, DCPI_OPTS_MIN(dcp_synth_options, progress_ctx), caller,
+                        "dcp_synth_checkpoint", "DCP_SYNTH_OPTIONS_INIT", err) < 0)
+        return -1;
     if (o->ranks < 1 || o->ranks > 65536 || o->ndim < 0 || o->ndim > 8 || !dcp_dtype_name(o->dtype) ||
         o->chunks_per_key < 1 || o->chunks_per_key > 1 << 20)
         return dcpi_err(err, EINVAL, "%s: bad synth options (ranks 1..65536, up to 8 dimensions, chunks per key >= 1)",
@@ -233,7 +242,8 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *o, dcp_error 
         return dcpi_err(err, EINVAL, "%s: checkpoint too large", dir);
 
     dcp_ckpt_writer *w;
-    dcp_ckpt_options wo = {.flags = DCP_CKPT_NO_SYNC | (o->crc ? 0 : DCP_CKPT_NO_CRC)};
+    dcp_ckpt_options wo = DCP_CKPT_OPTIONS_INIT;
+    wo.flags = DCP_WRITE_NO_SYNC | (o->crc ? 0 : DCP_WRITE_NO_CRC);
     if (dcp_ckpt_create(dir, &wo, &w, err) < 0)
         return -1;
     part *parts = malloc((size_t)o->ranks * sizeof *parts);

@@ -90,7 +90,9 @@ static void write_file(const char *p, const void *data, size_t n)
 
 static void open_served(void)
 {
-    dcp_open_options o = {.flags = DCP_OPEN_CATALOG, .catalog = catpath};
+    dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+    o.flags = DCP_OPEN_CATALOG;
+    o.catalog = catpath;
     dcp_checkpoint *ck;
     dcp_error err;
     if (dcp_open_ex(dir, &o, &ck, &err) == 0) {

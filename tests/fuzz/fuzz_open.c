@@ -148,7 +148,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         char ckpt[4200], out[400], cmd[500];
         snprintf(ckpt, sizeof ckpt, "%s/tests/fixtures/09_megatron_torch_dist/ckpt", srcdir);
         snprintf(out, sizeof out, "%s/out", dir);
-        dcp_export_options o = {.recipe = path, .flags = DCP_EXPORT_NO_SYNC | DCP_EXPORT_ALLOW_UNMAPPED,
+        dcp_export_options o = {.size = sizeof o, .recipe = path,
+                                .flags = DCP_EXPORT_NO_SYNC | DCP_EXPORT_ALLOW_UNMAPPED,
                                 .max_shard_size = 256};
         int rc = dcp_export_hf(ckpt, out, &o, &err);
         if (verbose)

@@ -551,7 +551,9 @@ START_TEST(model_cache_round_trip)
     make_tmpdir();
     char catpath[4200];
     snprintf(catpath, sizeof catpath, "%s/catalog.sqlite", tmpdir);
-    dcp_open_options cat = {DCP_OPEN_CATALOG, catpath};
+    dcp_open_options cat = DCP_OPEN_OPTIONS_INIT;
+    cat.flags = DCP_OPEN_CATALOG;
+    cat.catalog = catpath;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/tests/fixtures/%s/ckpt", top ? top : "..", cases[i]);

@@ -59,7 +59,9 @@ static dcp_checkpoint *open_catalog(const char *path)
 {
     dcp_checkpoint *ck;
     dcp_error err;
-    dcp_open_options o = {DCP_OPEN_CATALOG, catpath};
+    dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+    o.flags = DCP_OPEN_CATALOG;
+    o.catalog = catpath;
     ck_assert_msg(dcp_open_ex(path, &o, &ck, &err) == 0, "%s", err.msg);
     return ck;
 }

@@ -622,7 +622,7 @@ static void plans_for(const char *fixture, void (*regions)(dcp_checkpoint *, int
         int node[4] = {0, 0, 2, 2};   /* two "nodes" of two ranks */
         for (unsigned variant = 0; variant < 16; variant++)
             for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
-                dcp_gplan_opts po = {.unit_max = sizes[s], .no_bcast = variant & 1, .node = node,
+                dcp_gplan_opts po = {.size = sizeof po, .unit_max = sizes[s], .no_bcast = variant & 1, .node = node,
                                      .shm = (variant >> 1) & 1, .bcast_local = (variant >> 2) & 1};
                 if (variant & 8) {
                     static const int one_node[4] = {0, 0, 0, 0};
@@ -673,7 +673,7 @@ START_TEST(bad_arguments)
     make_reqs(ck, rr, 1, &r);
     dcp_gplan g;
     dcp_error err;
-    dcp_gplan_opts po = {.unit_max = 0};
+    dcp_gplan_opts po = DCP_GPLAN_OPTS_INIT;
     ck_assert_int_eq(dcp_gplan_build(ck, &r, 1, 0, &po, &g, &err), -1);
     ck_assert_str_eq(err.msg, "dcp_load: zero staging size");
     po.unit_max = 4096;

@@ -1,0 +1,380 @@
+/* One torch.save (.pt) or safetensors file read as a checkpoint:
+ * dcp_open_file (dcp_file.h), and the single-file sources of dcp convert.
+ *
+ * The model is the same as a folder's, over a file table of one file. A
+ * torch.save file's tensors are found the way the record locator finds a
+ * DCP chunk's (torchsave.c parses the rebuild calls): each tensor is one
+ * chunk over its storage record, its record (offset, strides, conj/neg)
+ * set now so the planner never parses again. A safetensors file is read by
+ * safetensors.c, as one file of a Hugging Face folder is. Its non-tensor
+ * values are left out here; convert keeps them through hooks
+ * (single_file.h), which is where they are re-pickled. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dcp_file.h"
+#include "internal.h"
+#include "pickle.h"
+#include "single_file.h"
+#include "zip.h"
+
+#define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save file */
+#define MAX_DEPTH 64                  /* dicts within dicts */
+
+/* An empty model over path's folder (model.c's, without its folder
+ * detection); *base is the file's name in it. */
+static dcp_checkpoint *ck_over_folder(const char *path, const char **base, dcp_error *err)
+{
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    char *folder = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    if (!folder) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        return NULL;
+    }
+    dcp_checkpoint *ck = dcpi_ck_new(folder, err);
+    free(folder);
+    if (!ck)
+        dcpi_err_prefix(err, "%s", path);
+    return ck;
+}
+
+/* The model of a torch.save file before its tensors: the file table holds
+ * the file alone, ready to read (its zip and data.pkl are read through it). */
+static dcp_checkpoint *ck_for_file(const char *path, dcp_error *err)
+{
+    const char *base;
+    dcp_checkpoint *ck = ck_over_folder(path, &base, err);
+    uint32_t f;
+    if (ck && (dcpi_model_file(ck, base, strlen(base), &f, err) < 0 || dcpi_ck_files_ready(ck, err) < 0)) {
+        dcp_close(ck);
+        return NULL;
+    }
+    return ck;
+}
+
+typedef struct pt_load {
+    dcp_checkpoint *ck;
+    const char *path;
+    dcpi_zip z;
+    dcp_blob whole;
+    uint64_t flen;
+    uint32_t rec_flags;
+    dcpi_side_bytes *side;
+    size_t nside, side_cap;
+    size_t nskipped;
+    dcpi_torch_hooks hooks;
+    dcpi_key_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
+    dcp_error *err;
+} pt_load;
+
+/* A tensor of the torch.save file: one chunk over its storage record, whose
+ * record (offset, strides, conj/neg flags) is filled in now so the planner
+ * never parses. The rebuild call is parsed as the record locator parses it. */
+static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
+{
+    dcp_checkpoint *ck = L->ck;
+    dcpi_rebuild rb;
+    char why[512];
+    if (dcpi_torch_rebuild_parse(n, &rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
+    char rname[128];
+    snprintf(rname, sizeof rname, "data/%.*s", (int)rb.storage_key_len, rb.storage_key);
+    const dcpi_zip_entry *de = dcpi_zip_find(&L->z, rname);
+    if (!de || de->size != rb.storage_bytes)
+        return dcpi_err(L->err, EIO, "%s: %s: storage record %s is missing or of the wrong size", L->path, key, rname);
+    if (dcpi_torch_rebuild_check_view(&rb, why, sizeof why) < 0)
+        return dcpi_err(L->err, EIO, "%s: %s: %s", L->path, key, why);
+    uint64_t dstart;
+    if (dcpi_zip_data(ck, &L->whole, key, de, L->flen, &dstart, L->err) < 0)
+        return -1;
+    int nd = rb.ndim;
+    size_t idx, ci;
+    int64_t zero[DCPI_MAX_NDIM] = {0};
+    if (dcpi_model_entry(ck, key, strlen(key), DCP_KIND_TENSOR, &idx, L->err) < 0)
+        return -1;
+    if (dcp_entry_at(ck, idx)->nchunks)
+        return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
+    if (dcpi_model_set_tensor(ck, idx, rb.dtype, nd, rb.size, L->err) < 0 ||
+        dcpi_model_add_chunk(ck, idx, zero, rb.size, &ci, L->err) < 0)
+        return -1;
+    dcp_blob b = {.file = 0, .offset = dstart, .length = de->size};
+    dcp_record rec = {.data_offset = dstart, .data_length = de->size, .storage_offset = rb.storage_offset,
+                      .stride = rb.stride, .dtype = rb.dtype, .flags = L->rec_flags | rb.flags};
+    dcpi_model_chunk_blob(ck, idx, ci, &b);
+    if (dcpi_model_chunk_record(ck, idx, ci, &rec, L->err) < 0)
+        return -1;
+    return 0;
+}
+
+static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
+{
+    if (L->nside == L->side_cap) {
+        size_t nc = L->side_cap ? L->side_cap * 2 : 16;
+        dcpi_side_bytes *ns = realloc(L->side, nc * sizeof *ns);
+        if (!ns)
+            return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+        L->side = ns;
+        L->side_cap = nc;
+    }
+    L->side[L->nside++] = (dcpi_side_bytes){entry, data, len};
+    return 0;
+}
+
+/* Protocol 2 has no bytes opcode: torch.save pickles bytes as
+ * _codecs.encode('<latin-1 text>', 'latin1'), decoded back here. */
+int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
+{
+    const pk_node *g = pk_call_global(n);
+    const char *s, *enc;
+    size_t sl;
+    if (n && n->type == PK_BYTES) {
+        *out = malloc(n->u.s.len ? n->u.s.len : 1);
+        if (!*out)
+            return -1;
+        memcpy(*out, n->u.s.p, n->u.s.len);
+        *len = n->u.s.len;
+        return 0;
+    }
+    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
+        pk_len(n->u.call.args) != 2 || !pk_str(pk_item(n->u.call.args, 0), &s, &sl) ||
+        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
+        return 1;
+    unsigned char *b = malloc(sl ? sl : 1), *q = b;
+    if (!b)
+        return -1;
+    for (size_t i = 0; i < sl; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            *q++ = c;
+        } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < sl) {
+            *q++ = (unsigned char)(((c & 0x03) << 6) | ((unsigned char)s[++i] & 0x3f));
+        } else {
+            free(b);
+            return 1;   /* not latin-1 text */
+        }
+    }
+    *out = b;
+    *len = (size_t)(q - b);
+    return 0;
+}
+
+static void pt_skip(pt_load *L, const char *key, const char *why)
+{
+    L->nskipped++;
+    if (L->hooks.skipped)
+        L->hooks.skipped(L->hooks.ctx, key, why);
+}
+
+static int pt_leaf_path(pt_load *L, const char *key, size_t klen, int depth)
+{
+    if (L->hooks.path && depth > 0 && L->hooks.path(L->hooks.ctx, key, klen, L->stack, (size_t)depth) < 0)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    return 0;
+}
+
+static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
+    const pk_node *d = pk_as_dict(n);   /* a dict, or an OrderedDict (state_dict()) */
+    if (d && (depth == 0 || d->u.dict.n)) {
+        for (size_t i = 0; i < d->u.dict.n; i++) {
+            const pk_node *k = d->u.dict.keys[i];
+            char part[64];
+            const char *ks = NULL;
+            size_t kl = 0;
+            int64_t iv;
+            /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
+             * str()-converted (ints only for list indexes, which stay values
+             * here). */
+            if (pk_str(k, &ks, &kl)) {
+            } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
+                kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
+                ks = part;
+            } else {
+                pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
+                continue;
+            }
+            L->stack[depth] = (dcpi_key_part){.str = ks, .len = kl};
+            size_t nl = klen + (klen ? 1 : 0) + kl;
+            char *sub = malloc(nl + 1);
+            if (!sub)
+                return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+            memcpy(sub, key, klen);
+            if (klen)
+                sub[klen] = '.';
+            memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
+            sub[nl] = 0;
+            int rc = pt_walk(L, d->u.dict.vals[i], sub, nl, depth + 1);
+            free(sub);
+            if (rc < 0)
+                return -1;
+        }
+        return 0;
+    }
+    if (depth == 0)
+        return dcpi_torch_is_tensor(n) ? pt_tensor(L, "", n)
+                                       : dcpi_err(L->err, EIO, "%s: holds no dict of tensors", L->path);
+    if (dcpi_torch_is_tensor(n))
+        return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
+    /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
+     * bytes item as is; other plain values are pickled into one. */
+    if (!L->hooks.blob) {
+        pt_skip(L, key, "not a tensor");
+        return 0;
+    }
+    unsigned char *data = NULL;
+    size_t len = 0;
+    int r = dcpi_pickled_bytes(n, &data, &len);
+    if (r < 0)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    if (r == 0 && !(len >= 4 && !memcmp(data, "PK\3\4", 4))) {
+        free(data);
+        r = 1;   /* ordinary bytes: pickled like any plain value */
+    }
+    if (r == 1) {
+        r = L->hooks.blob(L->hooks.ctx, key, n, &data, &len, L->err);
+        if (r < 0)
+            return -1;
+        if (r == 1) {
+            pt_skip(L, key, "a non-tensor value that is not plain data (an object torch.load would rebuild)");
+            return 0;
+        }
+    }
+    size_t idx;
+    if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0 || side_add(L, idx, data, len) < 0) {
+        free(data);
+        return -1;
+    }
+    return pt_leaf_path(L, key, klen, depth);
+}
+
+void dcpi_side_bytes_free(dcpi_side_bytes *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(s[i].data);
+    free(s);
+}
+
+int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_checkpoint **out,
+                         dcpi_side_bytes **side, size_t *nside, size_t *nskipped, dcp_error *err)
+{
+    *out = NULL;
+    dcp_checkpoint *ck = ck_for_file(path, err);
+    if (!ck)
+        return -1;
+    pt_load L = {.ck = ck, .path = path, .err = err};
+    if (hooks)
+        L.hooks = *hooks;
+    if (!side)
+        L.hooks.blob = NULL;   /* nowhere to hand the bytes over */
+    pk_doc *doc = NULL;
+    char *pkl = NULL;
+    int rc = -1, zopen = 0;
+    if (dcpi_ck_file_size(ck, 0, &L.flen, err) < 0)
+        goto out;
+    L.whole = (dcp_blob){.file = 0, .offset = 0, .length = L.flen};
+    if (dcpi_zip_open(ck, &L.whole, "", &L.z, err) < 0)
+        goto out;
+    zopen = 1;
+    const dcpi_zip_entry *pe = dcpi_zip_find(&L.z, "data.pkl"), *bo = dcpi_zip_find(&L.z, "byteorder");
+    uint64_t pstart;
+    if (!pe) {
+        dcpi_err(err, EIO, "%s: no data.pkl: not a torch.save file", path);
+        goto out;
+    }
+    if (pe->size > PKL_MAX) {
+        dcpi_err(err, EFBIG, "%s: data.pkl of %" PRIu64 " bytes is too large", path, pe->size);
+        goto out;
+    }
+    if (bo && bo->size > 16) {
+        dcpi_err(err, EIO, "%s: byteorder record of %" PRIu64 " bytes: unknown byteorder", path, bo->size);
+        goto out;
+    }
+    if (bo) {
+        char order[17] = {0};
+        uint64_t ostart;
+        if (dcpi_zip_data(ck, &L.whole, "byteorder", bo, L.flen, &ostart, err) < 0 ||
+            dcpi_blob_read(ck, &L.whole, order, bo->size, ostart, "byteorder", err) < 0)
+            goto out;
+        if (!strcmp(order, "big")) {
+            L.rec_flags |= DCP_RECORD_BIG_ENDIAN;
+        } else if (strcmp(order, "little")) {
+            dcpi_err(err, EIO, "%s: unknown byteorder '%s'", path, order);
+            goto out;
+        }
+    }
+    if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
+        goto out;
+    if (!(pkl = malloc(pe->size ? pe->size : 1))) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    const pk_node *root;
+    char what[4200];
+    snprintf(what, sizeof what, "%s: data.pkl", path);
+    if (dcpi_blob_read(ck, &L.whole, pkl, pe->size, pstart, "data.pkl", err) < 0 ||
+        pk_parse(pkl, pe->size, what, &doc, &root, err) < 0)
+        goto out;
+    char empty[1] = "";
+    rc = pt_walk(&L, root, empty, 0, 0);
+    if (rc == 0) {
+        ck->info.generation = "torch.save file";
+        ck->info.serialization = "torch_save";
+        ck->info.layout = "single file";   /* dcpi_ck_name then names the file */
+    }
+out:
+    pk_free(doc);
+    free(pkl);
+    if (zopen)
+        dcpi_zip_close(&L.z);
+    if (rc < 0) {
+        dcpi_side_bytes_free(L.side, L.nside);
+        dcp_close(ck);
+        return -1;
+    }
+    if (side) {
+        *side = L.side;
+        *nside = L.nside;
+    } else {
+        dcpi_side_bytes_free(L.side, L.nside);
+    }
+    if (nskipped)
+        *nskipped = L.nskipped;
+    *out = ck;
+    return 0;
+}
+
+/* A safetensors file: its folder's model over the one file, read as one
+ * file of a Hugging Face folder is (safetensors.c). */
+static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_error *err)
+{
+    const char *base;
+    dcp_checkpoint *ck = ck_over_folder(path, &base, err);
+    if (!ck)
+        return -1;
+    if (dcpi_load_safetensors_file(ck, base, path, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+        dcp_close(ck);
+        return -1;
+    }
+    *out = ck;
+    return 0;
+}
+
+int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err)
+{
+    *out = NULL;
+    if (nskipped)
+        *nskipped = 0;
+    if (fmt == DCP_FORMAT_AUTO)
+        fmt = dcp_format_guess(path);
+    if (fmt == DCP_FORMAT_TORCH_SAVE)
+        return dcpi_open_torch_file(path, NULL, out, NULL, NULL, nskipped, err);
+    if (fmt == DCP_FORMAT_SAFETENSORS)
+        return open_safetensors_file(path, out, err);
+    return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
+}

@@ -1,0 +1,30 @@
+/* Each key's path in the nesting it was flattened from, for the DCP
+ * writer's planner_data (dcp_ckpt_set_path): convert keeps them from its
+ * source (keypaths.c). Not installed. */
+#ifndef DCPW_KEYPATHS_H
+#define DCPW_KEYPATHS_H
+
+#include "dcp_write.h"
+#include "internal.h"
+
+typedef struct dcpw_keypaths {
+    dcpi_arena arena;
+    dcpi_strmap map;          /* key -> index in parts[], n[] */
+    dcp_path_part **parts;
+    size_t *n;
+    size_t count, cap;
+} dcpw_keypaths;
+
+void dcpw_kp_init(dcpw_keypaths *kp);
+void dcpw_kp_free(dcpw_keypaths *kp);
+/* Copies key and parts. 0, or -1 on out of memory. */
+int dcpw_kp_add(dcpw_keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n);
+/* key's path (*n parts), or NULL when it has none (kp may be NULL). */
+const dcp_path_part *dcpw_kp_get(const dcpw_keypaths *kp, const char *key, size_t *n);
+/* A DCP folder's planner_data (flattened key -> path tuple) into kp. Best
+ * effort: a folder without one, or with one that is not str/int tuples,
+ * leaves keys without paths (flat keys in the output). -1 only on out of
+ * memory. */
+int dcpw_kp_from_metadata(const char *dir, dcpw_keypaths *kp, dcp_error *err);
+
+#endif
