@@ -63,6 +63,10 @@ print(torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False))')" = 
         mkdir -p "$S/runs"
         for n in 2 3; do
             for layout in rows cols; do
+                # Under --enable-sanitizers MPI_Init leaks hwloc plugin state (not ours): the
+                # suppressions load_lib.sh sets, for dcpload alone (a full unwind would slow python).
+                LSAN_OPTIONS="${LSAN_OPTIONS:+$LSAN_OPTIONS:}suppressions=$top_srcdir/tests/load.supp" \
+                ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0" \
                 timeout -k 10 120 "$MPIEXEC" -launcher fork -n "$n" "$top_builddir/dcpload" "$S/tc" --layout "$layout" \
                     --json >"$S/runs/$layout-$n.json" 2>"$S/runs/err" || fail "dcpload -n $n --layout $layout: $(cat "$S/runs/err")"
             done
