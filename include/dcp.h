@@ -41,6 +41,9 @@ extern "C" {
  * than the headers it was compiled with: a program that needs a call added
  * in 0.2.0 checks dcp_version_number() >= 200. Never fails. */
 unsigned dcp_version_number(void);
+/* The same as a string, "0.1.0": DCP_VERSION_STRING of the running libdcp (for
+ * messages and bug reports). Never fails. Since DCP_0.2. */
+const char *dcp_version(void);
 
 /* ---------------------------------------------------------------- errors */
 

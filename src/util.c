@@ -11,6 +11,11 @@ unsigned dcp_version_number(void)
     return DCP_VERSION_NUMBER;
 }
 
+const char *dcp_version(void)
+{
+    return DCP_VERSION_STRING;
+}
+
 int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
 {
     if (err) {

@@ -55,7 +55,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version")) {
-        printf("dcp (dcpfs) %s\n", DCP_VERSION_STRING);
+        printf("dcp (dcpfs) %s\n", dcp_version());   /* the libdcp it runs with */
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -510,6 +510,7 @@ START_TEST(version_numbers)
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", DCP_VERSION_MAJOR, DCP_VERSION_MINOR, DCP_VERSION_PATCH);
     ck_assert_str_eq(DCP_VERSION_STRING, want);
+    ck_assert_str_eq(dcp_version(), want);
     ck_assert_int_eq(DCP_VERSION_NUMBER,
                      DCP_VERSION_MAJOR * 10000 + DCP_VERSION_MINOR * 100 + DCP_VERSION_PATCH);
 }
