@@ -90,9 +90,9 @@ const dcp_hf_file *dcp_hf_view_files(const dcp_hf_view *v, size_t *n);
 /* Bytes [off, off + len) of file `file` into buf, clamped at its end (*got:
  * the bytes given; 0 at or past the end). Any offset and length: only the
  * rows of the outputs the range touches are read. plan (dcp_plan_init'ed)
- * and stage (stage_len bytes, used by casts: at least one source element,
- * 8 bytes; the more, the fewer reads) are the caller's, so threads reading
- * one view each bring their own. */
+ * and stage (stage_len bytes, used by casts and transposes: at least one
+ * source element, 8 bytes; the more, the fewer reads) are the caller's, so
+ * threads reading one view each bring their own. */
 int dcp_hf_view_read(const dcp_hf_view *v, size_t file, uint64_t off, void *buf, size_t len, size_t *got,
                      dcp_plan *plan, void *stage, size_t stage_len, dcp_error *err);
 void dcp_hf_view_free(dcp_hf_view *v);

@@ -1,5 +1,6 @@
 # dcp convert --to hf without Python: a recipe's ops checked byte for byte with dcp cat
-# (rename, split_gate_up, split_qkv with grouped query heads, rope_permute both ways, casts),
+# (rename, split_gate_up, split_qkv with grouped query heads, rope_permute both ways, casts,
+# transpose alone and after merge_qkv and split, with a cast; transpose of 1-D or 3-D fails),
 # the config.json template, every error the brief lists (unknown keys, a bad recipe, a
 # missing or broken config, an existing DST, a hostile recipe file), DST never half-written,
 # and the peak RSS of an export that splits, permutes and casts 192 MiB staying under 64 MiB.
@@ -52,6 +53,66 @@ rows 3 16 1 | same p.3.weight 16 1 "rope_permute from_hf: head 1 starts at its o
 # The unstack placeholder L also captures per-layer keys.
 $D ls "$O" | grep -q "^p.3.weight " || fail "p.3.weight is missing"
 $D ls "$O" | grep -q "^p.0.weight " && fail "model.layers.0.weight matched two rules"
+
+# transpose (GPT-2's Conv1D): key 0 transposed, key 2's fused QKV (4 query, 2 key/value heads
+# of 16 rows) regrouped into q | k | v (merge_qkv) and transposed, key 3 split in two halves
+# each transposed. Output row j is source column j (through the row map).
+cat >"$SCRATCH/rt.json" <<'J'
+{"recipe": "transposes",
+ "rules": [
+  {"from": "model.layers.0.weight", "to": "t.weight", "transpose": true},
+  {"from": "model.layers.1.weight", "to": "r.weight"},
+  {"from": "model.layers.2.weight", "op": "merge_qkv", "heads": 4, "kv_heads": 2, "to": "qkv.weight",
+   "transpose": true},
+  {"from": "model.layers.3.weight", "op": "split", "to": ["lo.weight", "hi.weight"], "transpose": true}],
+ "config": {"model_type": "test"}}
+J
+$D convert -q --to hf --recipe "$SCRATCH/rt.json" "$SCRATCH/s" "$SCRATCH/tr" || fail "export by a transposing recipe"
+T="$SCRATCH/tr/model.safetensors"
+$D ls "$T" | grep -q "^t.weight  *float32  *\[16,128\]" || fail "transpose: t.weight is not [16, 128]: $($D ls "$T")"
+$D ls "$T" | grep -q "^qkv.weight  *float32  *\[16,128\]" || fail "merge_qkv + transpose: qkv.weight's shape"
+$D ls "$T" | grep -q "^hi.weight  *float32  *\[16,64\]" || fail "split + transpose: hi.weight's shape"
+col() {   # col KEY ROWSTART ROWS COL: a column of a source key, C order
+    $D cat "$SCRATCH/s" "model.layers.$1.weight" --box "$2:$3,$4:1"
+}
+for j in 0 1 7 8 15; do
+    $D cat "$T" t.weight --box "$j:1,0:128" | cmp -s - <(col 0 0 128 $j) ||
+        fail "transpose: t.weight row $j is not source column $j"
+    $D cat "$T" hi.weight --box "$j:1,0:64" | cmp -s - <(col 3 64 64 $j) ||
+        fail "split + transpose: hi.weight row $j is not rows 64-127 of source column $j"
+done
+# Every element of t.weight: the whole tensor equals the source's columns one after another.
+for j in $(seq 0 15); do col 0 0 128 $j; done | cmp -s - <($D cat "$T" t.weight) ||
+    fail "transpose: t.weight is not the source transposed"
+# merge_qkv: column k of qkv.weight is fused row map(k): q (k < 64) of group k/32 at 64g + k%32,
+# k (64..95) at 64g + 32 + w, v (96..127) at 64g + 48 + w.
+for kv in 0:0 40:72 63:95 64:32 70:38 85:101 96:48 100:52 127:127; do
+    k=${kv%%:*} s=${kv##*:}
+    $D cat "$T" qkv.weight --box "0:16,$k:1" |
+        cmp -s - <($D cat "$SCRATCH/s" model.layers.2.weight --box "$s:1,0:16") ||
+        fail "merge_qkv + transpose: qkv.weight column $k is not fused row $s"
+done
+# With a cast: the transposed bfloat16 rows are the bfloat16 export's columns.
+$D convert -q --to hf --recipe "$SCRATCH/rt.json" --dtype bfloat16 "$SCRATCH/s" "$SCRATCH/trb" ||
+    fail "a transposing export to bfloat16"
+$D convert -q --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/c.json" --dtype bfloat16 \
+    --keys model.layers.0.weight "$SCRATCH/s" "$SCRATCH/rb" || fail "a bfloat16 rename"
+for j in 0 5 15; do
+    $D cat "$SCRATCH/trb/model.safetensors" t.weight --box "$j:1,0:128" |
+        cmp -s - <($D cat "$SCRATCH/rb/model.safetensors" a.weight --box "0:128,$j:1") ||
+        fail "transpose + bfloat16: row $j is not the cast source's column $j"
+done
+# transpose takes 2-D tensors only (after unstacking): 1-D and 3-D sources fail with their shapes.
+$D synth "$SCRATCH/s1" --keys 1 --shape 32 --dtype float32 --seed 1 >/dev/null
+$D synth "$SCRATCH/s3" --keys 1 --shape 2,8,4 --dtype float32 --seed 1 >/dev/null
+echo '{"recipe": "x", "rules": [{"from": "model.layers.{L}.weight", "to": "b.{L}", "transpose": true}]}' \
+    >"$SCRATCH/t1.json"
+t1="model.layers.0.weight: rule 'model.layers.{L}.weight' of recipe x transposes it, but it has"
+expect_fail "$t1 1 dimension, not 2" \
+    $D convert --to hf --recipe "$SCRATCH/t1.json" "$SCRATCH/s1" "$SCRATCH/y"
+expect_fail "$t1 3 dimensions, not 2" \
+    $D convert --to hf --recipe "$SCRATCH/t1.json" "$SCRATCH/s3" "$SCRATCH/y"
+[ ! -e "$SCRATCH/y" ] || fail "a failed transpose left DST"
 
 # Casts: bfloat16 is float32's upper half, rounded to nearest even; float16 back through float32.
 $D convert -q --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/c.json" --dtype bfloat16 "$SCRATCH/s" "$SCRATCH/b"
@@ -113,6 +174,10 @@ bad_recipe "h.json: rule 0 (a): unknown op 'explode'" '{"recipe": "x", "rules": 
 bad_recipe "split_qkv takes 3 output names, not 2" \
     '{"recipe": "x", "rules": [{"from": "a", "to": ["b", "c"], "op": "split_qkv", "heads": 2}]}'
 bad_recipe "split_qkv needs \"heads\"" '{"recipe": "x", "rules": [{"from": "a", "to": ["b", "c", "d"], "op": "split_qkv"}]}'
+bad_recipe "h.json: rule 0 (a): transpose is true or false" '{"recipe": "x", "rules": [{"from": "a", "to": "b", "transpose": 1}]}'
+bad_recipe "merge_qkv takes 1 output names, not 3" \
+    '{"recipe": "x", "rules": [{"from": "a", "to": ["b", "c", "d"], "op": "merge_qkv", "heads": 2}]}'
+bad_recipe "merge_qkv needs \"heads\"" '{"recipe": "x", "rules": [{"from": "a", "to": "b", "op": "merge_qkv"}]}'
 bad_recipe "heads: -1 is not in 1..16777216" \
     '{"recipe": "x", "rules": [{"from": "a", "to": "b", "op": "rope_permute", "heads": -1}]}'
 bad_recipe "a placeholder is {NAME}" '{"recipe": "x", "rules": [{"from": "a.{}", "to": "b"}]}'

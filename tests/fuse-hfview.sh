@@ -1,8 +1,8 @@
 # dcpfs -o view=hf:RECIPE: a mount holds the folder `dcp convert --to hf --recipe RECIPE` writes,
 # file for file and byte for byte (cmp), for a rename, a split, a fused QKV split with its q/k rows
-# permuted, a permutation back, with and without casts, in one shard and in many, with
-# --config's copy and with the recipe's template; random (offset, length) reads equal the
-# export's bytes, elements cut by a read's ends included; folder mode shows every checkpoint as
+# permuted, a permutation back, transposes (after merge_qkv and split too), with and without
+# casts, in one shard and in many, with --config's copy and with the recipe's template; random
+# (offset, length) reads equal the export's bytes, elements cut by a read's ends included; folder mode shows every checkpoint as
 # its export; recipe errors fail the mount with the export's message; the daemon's peak RSS
 # stays bounded while 64 MiB are cast through it. With torch and transformers installed,
 # AutoModelForCausalLM.from_pretrained of a mount gives exactly the logits of the exported
@@ -90,6 +90,24 @@ unmount_dcpfs "$S/m-odd"
 same_as_export oddraw "$S/odd" "--recipe $S/r.json --config $S/c.json --max-shard-size 1000 --keys model.layers.[23].weight" \
     "no_catalog,view=hf:$S/r.json,hf_config=$S/c.json,hf_max_shard_size=1000,hf_keys=model.layers.[23].weight"
 unmount_dcpfs "$S/m-oddraw"
+# transpose (and merge_qkv before it) with and without casts, in shards that cut elements:
+# random reads start and end mid-row and mid-element of a transposed output, and a small
+# read's staging buffer holds less than one source column.
+cat >"$S/rt.json" <<'J'
+{"recipe": "transposes",
+ "rules": [
+  {"from": "model.layers.0.weight", "to": "t.weight", "transpose": true},
+  {"from": "model.layers.1.weight", "op": "merge_qkv", "heads": 4, "kv_heads": 2, "to": "qkv.weight",
+   "transpose": true},
+  {"from": "model.layers.{L}.weight", "op": "split", "to": ["lo.{L}", "hi.{L}"], "transpose": true}],
+ "config": {"model_type": "test"}}
+J
+same_as_export tr "$S/s" "--recipe $S/rt.json --max-shard-size 5000" \
+    "no_catalog,view=hf:$S/rt.json,hf_max_shard_size=5000"
+unmount_dcpfs "$S/m-tr"
+same_as_export trodd "$S/odd" "--recipe $S/rt.json --dtype float32 --max-shard-size 3000" \
+    "no_catalog,view=hf:$S/rt.json,hf_dtype=float32,hf_max_shard_size=3000"
+unmount_dcpfs "$S/m-trodd"
 
 # Folder mode: each checkpoint of a run is its export.
 mkdir -p "$S/run"

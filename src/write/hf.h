@@ -22,10 +22,11 @@ typedef struct hf_out {
     const char *from;                /* the source key (errors) */
     const dcp_entry *entry;
     uint64_t base;                   /* element of the source image where the unstacked view starts */
-    int64_t rows;                    /* output dim 0 (1 for a 0-d output) */
+    int64_t rows;                    /* mapped source rows: output dim 0 (1 for a 0-d output) unless transposed */
     uint64_t row_elems;              /* elements per row */
     rcp_rowmap maps[2];
     int nmaps;
+    int transpose;                   /* the output is [row_elems, rows]: the row-mapped source transposed */
     dcp_dtype in, out;
     int ndim;
     int64_t shape[DCPI_MAX_NDIM];

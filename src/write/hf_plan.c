@@ -4,8 +4,9 @@
  * Every output tensor is a view of one source tensor: some leading
  * dimensions fixed (a layer-stacked key unstacked), then its rows (dim 0)
  * taken through a row map (a part of a split, a fused QKV's q/k/v rows, a
- * rotary permutation within each head), each row whole (hf_view.c renders
- * them). Outputs are sorted by name and go into safetensors shards greedily
+ * rotary permutation within each head), each row whole, and for a rule with
+ * "transpose" the 2-D result transposed (hf_view.c renders them). Outputs
+ * are sorted by name and go into safetensors shards greedily
  * (a shard takes outputs until the next would pass the maximum; one shard is
  * model.safetensors, without an index, as save_pretrained writes it); the
  * folder is config.json (--config's bytes as they are, or the recipe's
@@ -119,6 +120,11 @@ static int plan_entry(hf *h, const rcp_recipe *rc, const dcp_entry *e, const rcp
     if (!dcpi_mul_u64(row_elems, (uint64_t)rows_in, &sub))
         return dcpi_err(err, EFBIG, "%s: %s: the shape overflows", h->srcp, e->key);
 
+    if (ru->transpose && e->ndim - ns != 2)
+        return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s transposes it, but it has %d dimension%s%s, "
+                        "not 2", h->srcp, e->key, ru->from, rc->name, e->ndim - ns, e->ndim - ns == 1 ? "" : "s",
+                        ns ? " once unstacked" : "");
+
     /* Row maps and output rows, per output name. */
     int64_t rows[RCP_MAX_OUT];
     rcp_rowmap maps[RCP_MAX_OUT][2];
@@ -139,7 +145,7 @@ static int plan_entry(hf *h, const rcp_recipe *rc, const dcp_entry *e, const rcp
         int64_t heads, kv = 0, hd = 0;
         if (need_param(h, rc, ru, &ru->heads, "the number of attention heads", e->key, &heads, err) < 0)
             return -1;
-        if (ru->op == RCP_SPLIT_QKV) {
+        if (ru->op == RCP_SPLIT_QKV || ru->op == RCP_MERGE_QKV) {
             if (!param(h, &ru->kv_heads, &kv))
                 kv = heads;
             if (!param(h, &ru->head_dim, &hd))
@@ -148,7 +154,12 @@ static int plan_entry(hf *h, const rcp_recipe *rc, const dcp_entry *e, const rcp
                 return dcpi_err(err, EINVAL, "%s: %s: %" PRId64 " rows are not a fused QKV of %" PRId64
                                 " query heads, %" PRId64 " key/value heads of %" PRId64 " rows (rule '%s')",
                                 h->srcp, e->key, rows_in, heads, kv, hd, ru->from);
-            for (int t = 0; t < 3; t++) {
+            if (ru->op == RCP_MERGE_QKV) {
+                rows[0] = rows_in;
+                maps[0][0] = (rcp_rowmap){.kind = 4, .groups = kv, .per_group = heads / kv, .head_dim = hd};
+                nmaps[0] = 1;
+            }
+            for (int t = 0; t < 3 && ru->op == RCP_SPLIT_QKV; t++) {
                 rows[t] = (t == 0 ? heads : kv) * hd;
                 maps[t][0] = (rcp_rowmap){.kind = 1, .part = t, .groups = kv, .per_group = heads / kv,
                                           .head_dim = hd};
@@ -187,12 +198,17 @@ static int plan_entry(hf *h, const rcp_recipe *rc, const dcp_entry *e, const rcp
                 return dcpi_err(err, EINVAL, "%s: %s: output name '%s' of recipe %s is too long", h->srcp, e->key,
                                 ru->to[t], rc->name);
             hf_out o = {.from = e->key, .entry = e, .base = k * sub, .rows = rows[t], .row_elems = row_elems,
-                        .nmaps = nmaps[t], .in = e->dtype, .out = out, .ndim = e->ndim - ns};
+                        .nmaps = nmaps[t], .in = e->dtype, .out = out, .ndim = e->ndim - ns,
+                        .transpose = ru->transpose};
             memcpy(o.maps, maps[t], sizeof o.maps);
             for (int d = 0; d < o.ndim; d++)
                 o.shape[d] = e->shape[ns + d];
             if (o.ndim)
                 o.shape[0] = rows[t];
+            if (o.transpose) {
+                o.shape[0] = (int64_t)row_elems;
+                o.shape[1] = rows[t];
+            }
             uint64_t numel;
             if (!dcpi_mul_u64((uint64_t)rows[t], row_elems, &numel) ||
                 !dcpi_mul_u64(numel, dcp_dtype_size(out), &o.nbytes) || !dcpi_add_u64(h->total, o.nbytes, &h->total))

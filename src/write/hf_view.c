@@ -12,7 +12,10 @@
  * its plan and its staging buffer; never a whole tensor). Casts read source
  * elements into the caller's staging buffer, as many at a time as it holds,
  * and round to nearest even. Bytes of an element cut by the range's ends are
- * rendered whole into a small buffer and trimmed. */
+ * rendered whole into a small buffer and trimmed. A transposed output's rows
+ * are source columns: blocks of them are read (every mapped row, as many
+ * columns as the staging buffer holds) and transposed in memory
+ * (render_transposed). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -139,6 +142,83 @@ void hf_cast(dcp_dtype in, const void *src_, dcp_dtype out, void *dst_, size_t n
 
 /* ------------------------------------------------------------ rendering */
 
+/* Source rows [ra, rb) (mapped) by columns [c, c + bc) of output o into
+ * stage, row after row (bc elements each): a plan per run of source rows
+ * that stay adjacent when the box spans whole rows, else one per row. */
+static int read_box(const dcp_hf_view *v, const hf_out *o, int64_t ra, int64_t rb, uint64_t c, uint64_t bc,
+                    unsigned char *stage, dcp_plan *plan, dcp_error *err)
+{
+    size_t isz = dcp_dtype_size(o->in);
+    int whole = c == 0 && bc == o->row_elems;
+    for (int64_t r = ra; r < rb;) {
+        int64_t s = rcp_map_row(o->maps, o->nmaps, r), k = 1;
+        while (whole && r + k < rb && rcp_map_row(o->maps, o->nmaps, r + k) == s + k)
+            k++;
+        uint64_t soff = (o->base + (uint64_t)s * o->row_elems + c) * isz, len = (uint64_t)k * bc * isz;
+        if (dcp_plan_bytes(v->ck, o->entry, soff, len, plan, err) < 0)
+            return dcpi_err_prefix(err, "%s", o->key);
+        if (plan->nbytes != len)
+            return dcpi_err(err, EIO, "%s: %s: short read for %s", v->srcp, o->entry->key, o->key);
+        if (dcp_plan_execute(v->ck, plan, stage + (uint64_t)(r - ra) * bc * isz, err) < 0)
+            return -1;
+        r += k;
+    }
+    return 0;
+}
+
+/* Elements [el, el + n) of a transposed output: output row c is source
+ * column c, so a range of output rows is a box of source columns (every
+ * mapped row) read into the staging buffer, as many columns as it holds,
+ * then transposed (and cast) into dst. A range within one output row, or a
+ * column longer than the staging buffer, reads only the rows it needs. */
+static int render_transposed(const dcp_hf_view *v, const hf_out *o, uint64_t el, uint64_t n, unsigned char *dst,
+                             dcp_plan *plan, unsigned char *stage, size_t stage_len, dcp_error *err)
+{
+    size_t isz = dcp_dtype_size(o->in), osz = dcp_dtype_size(o->out);
+    uint64_t R = (uint64_t)o->rows, cap = stage_len / isz;
+    if (!cap)
+        return dcpi_err(err, EINVAL, "%s: %s: a transpose needs a staging buffer of at least %zu bytes", v->srcp,
+                        o->key, isz);
+    while (n) {
+        uint64_t c = el / R, r = el % R, ra, rb, bc, cnt;
+        if (r + n <= R || R > cap) {
+            /* Within output row c: source rows [r, rb) of column c. */
+            ra = r;
+            rb = R - r < n ? R : r + n;
+            if (rb - ra > cap)
+                rb = ra + cap;
+            bc = 1;
+        } else {
+            /* Whole columns: every row, columns [c, c + bc). */
+            ra = 0;
+            rb = R;
+            bc = (r + n + R - 1) / R;
+            if (bc > cap / R)
+                bc = cap / R;
+            if (bc > o->row_elems - c)
+                bc = o->row_elems - c;
+        }
+        if (read_box(v, o, (int64_t)ra, (int64_t)rb, c, bc, stage, plan, err) < 0)
+            return -1;
+        /* Box element (row i, column j) is output element (c + j) * R + ra + i. */
+        uint64_t h = rb - ra, first = r - ra, end = bc * h;
+        if (end - first > n)
+            end = first + n;
+        cnt = end - first;
+        for (uint64_t q = first; q < end; q++) {
+            const unsigned char *src = stage + ((q % h) * bc + q / h) * isz;
+            if (o->in == o->out)
+                memcpy(dst, src, isz);
+            else
+                hf_cast(o->in, src, o->out, dst, 1);
+            dst += osz;
+        }
+        el += cnt;
+        n -= cnt;
+    }
+    return 0;
+}
+
 /* Elements [el, el + n) of output o into dst. */
 static int render_elems(const dcp_hf_view *v, const hf_out *o, uint64_t el, uint64_t n, unsigned char *dst,
                         dcp_plan *plan, unsigned char *stage, size_t stage_len, dcp_error *err)
@@ -146,6 +226,8 @@ static int render_elems(const dcp_hf_view *v, const hf_out *o, uint64_t el, uint
     size_t isz = dcp_dtype_size(o->in), osz = dcp_dtype_size(o->out);
     int same = o->in == o->out;
     uint64_t stage_elems = stage_len / isz;
+    if (o->transpose)
+        return render_transposed(v, o, el, n, dst, plan, stage, stage_len, err);
     if (!same && !stage_elems)
         return dcpi_err(err, EINVAL, "%s: %s: a cast needs a staging buffer of at least %zu bytes", v->srcp, o->key,
                         isz);

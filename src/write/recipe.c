@@ -138,7 +138,8 @@ static int parse_rule(rcp_recipe *r, json_t *o, size_t i, rcp_rule *ru, dcp_erro
     const char *k;
     json_t *v;
     json_object_foreach(o, k, v) {
-        static const char *known[] = {"from", "to", "op", "rope", "heads", "kv_heads", "head_dim", "stacked", "comment"};
+        static const char *known[] = {"from", "to", "op", "rope", "heads", "kv_heads", "head_dim", "stacked",
+                                      "transpose", "comment"};
         size_t j = 0;
         while (j < sizeof known / sizeof known[0] && strcmp(known[j], k))
             j++;
@@ -168,9 +169,15 @@ static int parse_rule(rcp_recipe *r, json_t *o, size_t i, rcp_rule *ru, dcp_erro
         ru->op = RCP_SPLIT_QKV;
     else if (!strcmp(op, "rope_permute"))
         ru->op = RCP_ROPE_PERMUTE;
+    else if (!strcmp(op, "merge_qkv"))
+        ru->op = RCP_MERGE_QKV;
     else
         return dcpi_err(err, EINVAL, "%s: rule %zu (%s): unknown op '%s' (rename, split, split_gate_up, split_qkv, "
-                        "rope_permute)", file, i, ru->from, op);
+                        "rope_permute, merge_qkv)", file, i, ru->from, op);
+    json_t *tr = json_object_get(o, "transpose");
+    if (tr && !json_is_boolean(tr))
+        return dcpi_err(err, EINVAL, "%s: rule %zu (%s): transpose is true or false", file, i, ru->from);
+    ru->transpose = json_is_true(tr);
     if (json_object_get(o, "op") && !op)
         return dcpi_err(err, EINVAL, "%s: rule %zu (%s): op is not a string", file, i, ru->from);
     int want = ru->op == RCP_SPLIT_QKV ? 3 : ru->op == RCP_SPLIT ? -1 : 1;
@@ -184,7 +191,8 @@ static int parse_rule(rcp_recipe *r, json_t *o, size_t i, rcp_rule *ru, dcp_erro
         return -1;
     if (ru->op == RCP_ROPE_PERMUTE && ru->rope == RCP_ROPE_NONE)
         ru->rope = RCP_ROPE_TO_HF;
-    if ((ru->op == RCP_ROPE_PERMUTE || ru->op == RCP_SPLIT_QKV) && !ru->heads.value && !ru->heads.nnames)
+    if ((ru->op == RCP_ROPE_PERMUTE || ru->op == RCP_SPLIT_QKV || ru->op == RCP_MERGE_QKV) && !ru->heads.value &&
+        !ru->heads.nnames)
         return dcpi_err(err, EINVAL, "%s: rule %zu (%s): %s needs \"heads\"", file, i, ru->from, op);
     if (ru->rope && ru->op != RCP_ROPE_PERMUTE && ru->op != RCP_SPLIT_QKV)
         return dcpi_err(err, EINVAL, "%s: rule %zu (%s): rope applies to rope_permute and split_qkv only", file, i,
@@ -478,6 +486,22 @@ int64_t rcp_map_row(const rcp_rowmap *maps, int n, int64_t r)
             int64_t g = r / span, w = r % span;
             int64_t at = m->part == 0 ? 0 : m->part == 1 ? m->per_group : m->per_group + 1;
             r = g * (m->per_group + 2) * m->head_dim + at * m->head_dim + w;
+            break;
+        }
+        case 4: {
+            /* q | k | v (all query heads, then the groups' k, then their v) from Megatron's fused rows. */
+            int64_t nq = m->groups * m->per_group * m->head_dim, nk = m->groups * m->head_dim, part, g, w;
+            if (r < nq) {
+                part = 0;
+                g = r / (m->per_group * m->head_dim);
+                w = r % (m->per_group * m->head_dim);
+            } else {
+                part = r < nq + nk ? m->per_group : m->per_group + 1;
+                r -= r < nq + nk ? nq : nq + nk;
+                g = r / m->head_dim;
+                w = r % m->head_dim;
+            }
+            r = g * (m->per_group + 2) * m->head_dim + part * m->head_dim + w;
             break;
         }
         case 2: {

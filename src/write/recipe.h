@@ -21,7 +21,8 @@ typedef enum rcp_op {
     RCP_RENAME = 0,
     RCP_SPLIT,                  /* n equal parts of dim 0 (SwiGLU linear_fc1 = cat(gate, up)) */
     RCP_SPLIT_QKV,              /* Megatron's fused QKV: [groups, heads/groups + 2, head_dim, ...] */
-    RCP_ROPE_PERMUTE            /* rows of each head reordered between rotary layouts */
+    RCP_ROPE_PERMUTE,           /* rows of each head reordered between rotary layouts */
+    RCP_MERGE_QKV               /* Megatron's fused QKV regrouped into one q | k | v tensor (GPT-2's c_attn) */
 } rcp_op;
 
 /* Which way a rotary permutation goes: interleaved pairs (Meta, torchtitan)
@@ -44,6 +45,7 @@ typedef struct rcp_rule {
     rcp_param heads, kv_heads, head_dim;
     const char *stacked[RCP_MAX_STACK];   /* placeholders the source's leading dims enumerate */
     int nstacked;
+    int transpose;              /* outputs are the transposes of the (row-mapped) 2-D source */
 } rcp_rule;
 
 typedef struct rcp_recipe {
@@ -93,9 +95,9 @@ int rcp_expand(const char *t, const rcp_match *m, const int64_t *stack_values, c
 /* Dim-0 row maps: output row r of a derived tensor comes from source row
  * rcp_map_row(...). */
 typedef struct rcp_rowmap {
-    int kind;                   /* 0: r + offset; 1: qkv part; 2: rope to_hf; 3: rope from_hf */
+    int kind;                   /* 0: r + offset; 1: qkv part; 2: rope to_hf; 3: rope from_hf; 4: qkv merged */
     int64_t offset;             /* kind 0 */
-    int64_t part, groups, per_group, head_dim;   /* kind 1: part 0 q, 1 k, 2 v */
+    int64_t part, groups, per_group, head_dim;   /* kind 1: part 0 q, 1 k, 2 v; kind 4: all three */
     int64_t hd;                 /* kinds 2, 3: rows per head */
 } rcp_rowmap;
 
