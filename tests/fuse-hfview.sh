@@ -2,12 +2,12 @@
 # file for file and byte for byte (cmp), for a rename, a split, a fused QKV split with its q/k rows
 # permuted, a permutation back, transposes (after merge_qkv and split too), with and without
 # casts, in one shard and in many, with --config's copy and with the recipe's template; random
-# (offset, length) reads equal the export's bytes, elements cut by a read's ends included; folder mode shows every checkpoint as
-# its export; recipe errors fail the mount with the export's message; the daemon's peak RSS
-# stays bounded while 64 MiB are cast through it. With torch and transformers installed,
-# AutoModelForCausalLM.from_pretrained of a mount gives exactly the logits of the exported
-# folder (torchtitan's Llama with --config, Megatron-Core's with the config from common.pt and
-# sharded with an index).
+# (offset, length) reads equal the export's bytes, elements cut by a read's ends included;
+# folder mode shows every checkpoint as its export; recipe errors fail the mount with the
+# export's message; the daemon's peak RSS stays bounded while 64 MiB are cast through it. With
+# torch and transformers installed, AutoModelForCausalLM.from_pretrained of a mount gives
+# exactly the logits of the exported folder (torchtitan's Llama with --config, Megatron-Core's
+# with the config from common.pt and sharded with an index).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
