@@ -1,6 +1,5 @@
-# dcp convert --to hf end to end with transformers: tiny Llama, Qwen2, Qwen3-MoE, GPT-NeoX and Mixtral
-# models saved in
-# torchtitan and Megatron-Core layouts with torch.distributed.checkpoint (2 gloo ranks,
+# dcp convert --to hf end to end with transformers: tiny Llama, Qwen2, Qwen3-MoE, GPT-NeoX, GPT-2
+# and Mixtral models saved in torchtitan and Megatron-Core layouts with torch.distributed.checkpoint (2 gloo ranks,
 # sharded; layer-stacked and per-layer Megatron keys) are exported by the shipped recipes, and
 # AutoModelForCausalLM.from_pretrained of each export gives the source model's logits
 # (float32: relative error <= 1e-5; bfloat16 / float16: weights bit for bit torch's cast).
@@ -40,6 +39,19 @@ ex qwen2-megatron qwen-config.json qwen o-qwen
 check ref-qwen o-qwen float32
 ex gpt-neox-megatron neox-config.json neox o-neox
 check ref-neox o-neox float32
+# GPT-2: Conv1D weights transposed, the fused QKV regrouped; config.json from common.pt (stacked)
+# or --config (per-layer keys, cast to bfloat16 too).
+$D convert -q --to hf --recipe gpt2-megatron "$SCRATCH/gpt2" "$SCRATCH/o-gpt2" || fail "export of gpt2 by gpt2-megatron"
+check ref-gpt2 o-gpt2 float32
+cfg=$(tr -d ' \n' <"$SCRATCH/o-gpt2/config.json")
+case "$cfg" in *'"n_embd":64'*'"n_head":4'*'"n_inner":256'*'"n_layer":2'*'"n_positions":32'*) ;;
+    *) fail "gpt2: config.json from common.pt: $cfg" ;; esac
+ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-layers
+check ref-gpt2 o-gpt2-layers float32
+ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-bf16 --dtype bfloat16
+check ref-gpt2 o-gpt2-bf16 bfloat16
+expect_fail 'common.pt: args.position_embedding_type is "rope", recipe gpt2-megatron expects "learned_absolute"' \
+    $D convert --to hf --recipe gpt2-megatron --allow-unmapped "$SCRATCH/mc" "$SCRATCH/o-gpt2-mc"
 ex qwen3-torchtitan qwen3moe-config.json qwen3moe o-qwen3moe
 check ref-qwen3moe o-qwen3moe float32
 ex mixtral-megatron mixtral-config.json mixtral o-mixtral

@@ -12,5 +12,6 @@ dist_recipes_DATA = \
 	recipes/qwen2-megatron.json \
 	recipes/mixtral-megatron.json \
 	recipes/gpt-neox-megatron.json \
+	recipes/gpt2-megatron.json \
 	recipes/qwen3-torchtitan.json
 dist_man_MANS += man/dcp_export_hf.3 man/dcp-recipe.5

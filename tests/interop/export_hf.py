@@ -15,6 +15,8 @@ torch.distributed.checkpoint:
              common.pt says LayerNorm (so only --config can say what it is)
   OUT/neox   Megatron-Core GPT with LayerNorm, GeLU, biases, partial rotary (GPT-NeoX / Pythia),
              layer-stacked, on 2 gloo ranks
+  OUT/gpt2   Megatron-Core GPT with learned absolute positions, LayerNorm, GeLU, biases (GPT-2),
+             layer-stacked on 2 gloo ranks with common.pt; OUT/gpt2-layers: per-layer keys, one process
   OUT/qwen3moe torchtitan 0.3 Qwen3 MoE: grouped experts [experts, ffn, dim], 2 gloo ranks
   OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
@@ -43,11 +45,12 @@ import torch
 
 H, NH, NKV, L, V, FF = 64, 4, 2, 2, 128, 96
 HD = H // NH
+GPT2_POSITIONS = 32
 
 
 def build(kind):
     import transformers
-    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777, "neox": 99, "qwen3moe": 5}[kind])
+    torch.manual_seed({"llama": 1234, "qwen2": 4321, "mixtral": 777, "neox": 99, "qwen3moe": 5, "gpt2": 2}[kind])
     common = dict(hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV, num_hidden_layers=L,
                   vocab_size=V, intermediate_size=FF, tie_word_embeddings=False, rms_norm_eps=1e-5)
     if kind == "llama":
@@ -58,6 +61,10 @@ def build(kind):
                                          intermediate_size=4 * H, use_parallel_residual=False, rotary_pct=0.5,
                                          tie_word_embeddings=False, layer_norm_eps=1e-5)
         m = transformers.GPTNeoXForCausalLM(cfg)
+    elif kind == "gpt2":   # Megatron GPT with learned absolute positions, LayerNorm, GeLU (erf), biases
+        cfg = transformers.GPT2Config(n_embd=H, n_head=NH, n_layer=L, vocab_size=V, n_positions=GPT2_POSITIONS,
+                                      activation_function="gelu", layer_norm_epsilon=1e-5, tie_word_embeddings=False)
+        m = transformers.GPT2LMHeadModel(cfg)
     elif kind == "qwen3moe":
         cfg = transformers.Qwen3MoeConfig(**common, head_dim=HD, moe_intermediate_size=32, num_experts=4,
                                           num_experts_per_tok=2)
@@ -70,7 +77,8 @@ def build(kind):
         m = transformers.Qwen2ForCausalLM(cfg)
     with torch.no_grad():
         for n, p in m.named_parameters():
-            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in n else 0.05 * torch.randn_like(p))
+            norm = "norm" in n or ".ln_" in n
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if norm else 0.05 * torch.randn_like(p))
     return m.eval()
 
 
@@ -177,6 +185,43 @@ def neox_megatron_sd(hf):
         out["decoder.final_layernorm." + w] = hf[g + "final_layer_norm." + w]
         for m, n in names.items():
             out["decoder.layers." + m.format(w)] = torch.stack([hf[f"{g}layers.{i}.{n.format(w)}"] for i in range(L)])
+    return out
+
+
+def gpt2_megatron_sd(hf, stacked):
+    """Megatron-Core GPT with learned absolute positions from GPT2LMHeadModel: GPT-2's Conv1D weights
+    are [in, out], Megatron's linears [out, in]; c_attn's columns are q | k | v, linear_qkv's rows
+    [heads, (q, k, v), head_dim]. Layer-stacked keys fuse the layer norms into the linears
+    (linear_qkv.layer_norm_weight), per-layer keys keep them apart (input_layernorm)."""
+    t = "transformer."
+    out = {"embedding.word_embeddings.weight": hf[t + "wte.weight"],
+           "embedding.position_embeddings.weight": hf[t + "wpe.weight"],
+           "decoder.final_layernorm.weight": hf[t + "ln_f.weight"], "decoder.final_layernorm.bias": hf[t + "ln_f.bias"],
+           "output_layer.weight": hf["lm_head.weight"]}
+    ln1 = "self_attention.linear_qkv.layer_norm_" if stacked else "input_layernorm."
+    ln2 = "mlp.linear_fc1.layer_norm_" if stacked else "pre_mlp_layernorm."
+    layers = []
+    for i in range(L):
+        p = f"{t}h.{i}."
+        qkv_w = hf[p + "attn.c_attn.weight"].t().reshape(3, NH, HD, H).transpose(0, 1).reshape(3 * H, H)
+        qkv_b = hf[p + "attn.c_attn.bias"].reshape(3, NH, HD).transpose(0, 1).reshape(3 * H)
+        ly = {"self_attention.linear_qkv.weight": qkv_w.contiguous(), "self_attention.linear_qkv.bias": qkv_b.contiguous(),
+              "self_attention.linear_proj.weight": hf[p + "attn.c_proj.weight"].t().contiguous(),
+              "self_attention.linear_proj.bias": hf[p + "attn.c_proj.bias"],
+              "mlp.linear_fc1.weight": hf[p + "mlp.c_fc.weight"].t().contiguous(),
+              "mlp.linear_fc1.bias": hf[p + "mlp.c_fc.bias"],
+              "mlp.linear_fc2.weight": hf[p + "mlp.c_proj.weight"].t().contiguous(),
+              "mlp.linear_fc2.bias": hf[p + "mlp.c_proj.bias"]}
+        for w in ("weight", "bias"):
+            ly[ln1 + w] = hf[p + "ln_1." + w]
+            ly[ln2 + w] = hf[p + "ln_2." + w]
+        layers.append(ly)
+    for k in layers[0]:
+        if stacked:
+            out["decoder.layers." + k] = torch.stack([ly[k] for ly in layers])
+        else:
+            for i in range(L):
+                out[f"decoder.layers.{i}.{k}"] = layers[i][k]
     return out
 
 
@@ -291,6 +336,16 @@ def make(out):
     neox.config.to_json_file(f"{out}/neox-config.json")
     hn = {k: v.detach().clone() for k, v in neox.state_dict().items()}
     save(neox_megatron_sd(hn), f"{out}/neox", 2, "stacked")
+    gpt2 = build("gpt2")
+    gpt2.save_pretrained(f"{out}/ref-gpt2")
+    gpt2.config.to_json_file(f"{out}/gpt2-config.json")
+    hg = {k: v.detach().clone() for k, v in gpt2.state_dict().items()}
+    save(gpt2_megatron_sd(hg, stacked=True), f"{out}/gpt2", 2, "stacked")
+    write_common(f"{out}/gpt2", **dict(MEGATRON_ARGS, ffn_hidden_size=4 * H, group_query_attention=False,
+                                       num_query_groups=NH, normalization="LayerNorm", swiglu=False,
+                                       position_embedding_type="learned_absolute", add_bias_linear=True,
+                                       max_position_embeddings=GPT2_POSITIONS, seq_length=GPT2_POSITIONS))
+    save(gpt2_megatron_sd(hg, stacked=False), f"{out}/gpt2-layers", 1)
     q3 = build("qwen3moe")
     q3.save_pretrained(f"{out}/ref-qwen3moe")
     q3.config.to_json_file(f"{out}/qwen3moe-config.json")
