@@ -44,13 +44,13 @@ check ref-neox o-neox float32
 $D convert -q --to hf --recipe gpt2-megatron "$SCRATCH/gpt2" "$SCRATCH/o-gpt2" || fail "export of gpt2 by gpt2-megatron"
 check ref-gpt2 o-gpt2 float32
 cfg=$(tr -d ' \n' <"$SCRATCH/o-gpt2/config.json")
-case "$cfg" in *'"n_embd":64'*'"n_head":4'*'"n_inner":256'*'"n_layer":2'*'"n_positions":32'*) ;;
+case "$cfg" in *'"n_embd":64,"vocab_size":128,"n_positions":32,"n_inner":256,"n_layer":2,"n_head":4'*) ;;
     *) fail "gpt2: config.json from common.pt: $cfg" ;; esac
 ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-layers
 check ref-gpt2 o-gpt2-layers float32
 ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-bf16 --dtype bfloat16
 check ref-gpt2 o-gpt2-bf16 bfloat16
-expect_fail 'common.pt: args.position_embedding_type is "rope", recipe gpt2-megatron expects "learned_absolute"' \
+expect_fail 'common.pt: args.normalization is "RMSNorm", recipe gpt2-megatron expects "LayerNorm"' \
     $D convert --to hf --recipe gpt2-megatron --allow-unmapped "$SCRATCH/mc" "$SCRATCH/o-gpt2-mc"
 ex qwen3-torchtitan qwen3moe-config.json qwen3moe o-qwen3moe
 check ref-qwen3moe o-qwen3moe float32

@@ -1,9 +1,9 @@
 # dcp convert --to hf against Megatron-Core's own code (issue 15): tiny GPTModels built by
 # megatron-core's classes (a Llama-shaped one: RMSNorm, SwiGLU, GQA; a GPT-NeoX-shaped one:
-# LayerNorm, GeLU, biases, partial rotary), their sharded_state_dict() saved by
+# LayerNorm, GeLU, biases, partial rotary; a GPT-2-shaped one: learned absolute positions), their sharded_state_dict() saved by
 # megatron.core.dist_checkpointing.save on the CPU (one rank; the Llama-shaped one also from 2
 # tensor-parallel gloo ranks), exported by the shipped recipes
-# (llama-megatron, gpt-neox-megatron); AutoModelForCausalLM.from_pretrained of each export gives
+# (llama-megatron, gpt-neox-megatron, gpt2-megatron); AutoModelForCausalLM.from_pretrained of each export gives
 # Megatron's forward's float32 logits (relative error <= 1e-5). See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"
@@ -18,7 +18,7 @@ scratch
 export DCP_RECIPE_PATH="$top_srcdir/recipes"
 D="$DCP --no-catalog"
 $PY make "$SCRATCH" >"$SCRATCH/make.log" 2>&1 || { cat "$SCRATCH/make.log"; fail "building the Megatron-Core models and checkpoints"; }
-for x in llama:llama-megatron neox:gpt-neox-megatron; do
+for x in llama:llama-megatron neox:gpt-neox-megatron gpt2:gpt2-megatron; do
     k=${x%%:*} r=${x#*:}
     out=$($D convert --to hf --recipe "$r" --config "$SCRATCH/$k-config.json" "$SCRATCH/$k" "$SCRATCH/o-$k" 2>&1) ||
         fail "export of $k by $r: $out"
@@ -32,7 +32,21 @@ $D convert -q --to hf --recipe llama-megatron --config "$SCRATCH/llama-config.js
     "$SCRATCH/o-llama-tp2" || fail "export of llama-tp2"
 [ "$($D digest "$SCRATCH/o-llama/model.safetensors")" = "$($D digest "$SCRATCH/o-llama-tp2/model.safetensors")" ] ||
     fail "the tensor-parallel 2 checkpoint's export differs from the tensor-parallel 1 one's"
-$PY check "$SCRATCH" o-llama llama o-neox neox o-llama-tp2 llama-tp2 >"$SCRATCH/check.log" 2>&1 ||
+# GPT-2 without --config: config.json from the shapes and common.pt's arguments, which
+# dist_checkpointing does not write: Megatron-LM's would say these.
+cat >"$SCRATCH/gpt2-args.py" <<'PY'
+import argparse, sys, torch
+torch.save({"args": argparse.Namespace(num_attention_heads=4, norm_epsilon=1e-5, normalization="LayerNorm",
+                                       swiglu=False, position_embedding_type="learned_absolute",
+                                       add_bias_linear=True, group_query_attention=False)},
+           sys.argv[1] + "/common.pt")
+PY
+cp -r "$SCRATCH/gpt2" "$SCRATCH/gpt2-args"
+python3 "$SCRATCH/gpt2-args.py" "$SCRATCH/gpt2-args" || fail "writing gpt2-args/common.pt"
+$D convert -q --to hf --recipe gpt2-megatron "$SCRATCH/gpt2-args" "$SCRATCH/o-gpt2-args" ||
+    fail "export of gpt2 without --config"
+$PY check "$SCRATCH" o-llama llama o-neox neox o-llama-tp2 llama-tp2 o-gpt2 gpt2 o-gpt2-args gpt2 \
+    >"$SCRATCH/check.log" 2>&1 ||
     { cat "$SCRATCH/check.log"; fail "logits differ from Megatron-Core's forward"; }
 grep '^ok' "$SCRATCH/check.log"
 echo ok

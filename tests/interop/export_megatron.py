@@ -6,6 +6,7 @@ initialised by Megatron (use_cpu_initialization; norms then perturbed so a swapp
 
   llama  RMSNorm, SwiGLU (gated_linear_unit), GQA (4 heads, 2 query groups), rope, no biases
   neox   LayerNorm, GeLU, biases, multi-head attention, rope on half of each head (rotary_percent 0.5)
+  gpt2   LayerNorm, GeLU, biases, multi-head attention, learned absolute position embeddings (GPT-2)
   llama-tp2  the llama one again (same weights), tensor parallel 2 on 2 gloo ranks
 
 and for each writes OUT/KIND, its sharded_state_dict() saved by
@@ -29,7 +30,8 @@ import torch
 
 H, NH, L, V, FF, S = 64, 4, 2, 128, 96, 16
 PROMPT = [[1, 7, 42, 99, 3, 127, 64, 5, 18, 77, 2, 0, 33, 101, 8, 55]]
-KINDS = ("llama", "neox")
+KINDS = ("llama", "neox", "gpt2")
+GPT2_POSITIONS = 32
 
 
 def free_port():
@@ -66,14 +68,22 @@ def build(kind):
                                 gated_linear_unit=True, activation_func=torch.nn.functional.silu,
                                 add_bias_linear=False)
         rotary_percent = 1.0
+    elif kind == "gpt2":
+        cfg = TransformerConfig(**common, ffn_hidden_size=4 * H, normalization="LayerNorm",
+                                activation_func=torch.nn.functional.gelu, add_bias_linear=True, add_qkv_bias=True)
     else:
         cfg = TransformerConfig(**common, ffn_hidden_size=4 * H, normalization="LayerNorm",
                                 activation_func=torch.nn.functional.gelu, add_bias_linear=True, add_qkv_bias=True)
         rotary_percent = 0.5
-    torch.manual_seed({"llama": 11, "neox": 12}[kind])
-    m = GPTModel(config=cfg, transformer_layer_spec=get_gpt_layer_local_spec(normalization=cfg.normalization),
-                 vocab_size=V, max_sequence_length=256, position_embedding_type="rope",
-                 rotary_percent=rotary_percent, rotary_base=10000, share_embeddings_and_output_weights=False)
+    torch.manual_seed({"llama": 11, "neox": 12, "gpt2": 13}[kind])
+    spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+    if kind == "gpt2":
+        m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=V, max_sequence_length=GPT2_POSITIONS,
+                     position_embedding_type="learned_absolute", share_embeddings_and_output_weights=False)
+    else:
+        m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=V, max_sequence_length=256,
+                     position_embedding_type="rope", rotary_percent=rotary_percent, rotary_base=10000,
+                     share_embeddings_and_output_weights=False)
     with torch.no_grad():
         for n, p in m.named_parameters():
             if "norm" in n and n.endswith("weight"):
@@ -90,6 +100,10 @@ def hf_config(kind):
                                         num_hidden_layers=L, vocab_size=V, intermediate_size=FF, rms_norm_eps=1e-5,
                                         tie_word_embeddings=False,
                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if kind == "gpt2":
+        return transformers.GPT2Config(n_embd=H, n_head=NH, n_layer=L, vocab_size=V, n_positions=GPT2_POSITIONS,
+                                       n_inner=4 * H, activation_function="gelu", layer_norm_epsilon=1e-5,
+                                       bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
     return transformers.GPTNeoXConfig(hidden_size=H, num_attention_heads=NH, num_hidden_layers=L, vocab_size=V,
                                       intermediate_size=4 * H, use_parallel_residual=False, rotary_pct=0.5,
                                       hidden_act="gelu", tie_word_embeddings=False, layer_norm_eps=1e-5)
