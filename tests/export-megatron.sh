@@ -1,9 +1,10 @@
 # dcp convert --to hf against Megatron-Core's own code (issue 15): tiny GPTModels built by
 # megatron-core's classes (a Llama-shaped one: RMSNorm, SwiGLU, GQA; a GPT-NeoX-shaped one:
-# LayerNorm, GeLU, biases, partial rotary; a GPT-2-shaped one: learned absolute positions), their sharded_state_dict() saved by
-# megatron.core.dist_checkpointing.save on the CPU (one rank; the Llama-shaped one also from 2
-# tensor-parallel gloo ranks), exported by the shipped recipes
-# (llama-megatron, gpt-neox-megatron, gpt2-megatron); AutoModelForCausalLM.from_pretrained of each export gives
+# LayerNorm, GeLU, biases, partial rotary; a GPT-2-shaped one: learned absolute positions),
+# their sharded_state_dict() saved by megatron.core.dist_checkpointing.save on the CPU (one
+# rank; the Llama-shaped one also from 2 tensor-parallel gloo ranks), exported by the shipped
+# recipes (llama-megatron, gpt-neox-megatron, gpt2-megatron, the last also without --config
+# from common.pt's arguments); AutoModelForCausalLM.from_pretrained of each export gives
 # Megatron's forward's float32 logits (relative error <= 1e-5). See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"

@@ -218,5 +218,25 @@ J
     $D cat "$SCRATCH/big" model.layers.15.weight --box 2816:256,0:1024 | sha256sum >"$SCRATCH/want"
     $D cat "$SCRATCH/b32/model.safetensors" l.15.v --box 256:256,0:1024 | sha256sum | cmp -s - "$SCRATCH/want" ||
         fail "big: l.15.v head 1 differs"
+    # The same 192 MiB merged into q | k | v and transposed (GPT-2's c_attn, [1024, 3072]), cast:
+    # blocks of source columns through the 4 MiB staging buffer, the peak RSS under 64 MiB too.
+    cat >"$SCRATCH/bigt.json" <<'J'
+{"recipe": "bigt", "rules": [{"from": "model.layers.{L}.weight", "op": "merge_qkv", "heads": 8, "kv_heads": 2,
+  "transpose": true, "to": "l.{L}.c_attn"}], "config": {"model_type": "test"}}
+J
+    /usr/bin/time -f '%M' -o "$SCRATCH/rss" $D convert -q --no-sync --to hf --recipe "$SCRATCH/bigt.json" \
+        --dtype bfloat16 --max-shard-size 40M "$SCRATCH/big" "$SCRATCH/bigtout" || fail "the 192 MiB transpose failed"
+    kb=$(tail -1 "$SCRATCH/rss")
+    echo "export of 192 MiB (merge_qkv + transpose + bfloat16): peak RSS $kb KiB"
+    [ "$kb" -le 65536 ] || fail "transpose: peak RSS $kb KiB > 64 MiB"
+    # Columns of key 15's c_attn are fused rows (head_dim 256, 4 query heads a group): q head 4
+    # (column 1024) is row 1536, group 0's k (2048) row 1024, its v (2560) row 1280.
+    $D convert -q --to hf --recipe "$SCRATCH/bigt.json" --keys model.layers.15.weight "$SCRATCH/big" "$SCRATCH/bt32"
+    for kv in 0:0 1024:1536 2048:1024 2303:1279 2560:1280 3071:3071; do
+        k=${kv%%:*} s=${kv##*:}
+        $D cat "$SCRATCH/bt32/model.safetensors" l.15.c_attn --box "0:1024,$k:1" |
+            cmp -s - <($D cat "$SCRATCH/big" model.layers.15.weight --box "$s:1,0:1024") ||
+            fail "big: column $k of l.15.c_attn is not fused row $s"
+    done
 fi
 echo ok
