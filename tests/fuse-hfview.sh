@@ -7,7 +7,7 @@
 # export's message; the daemon's peak RSS stays bounded while 64 MiB are cast through it. With
 # torch and transformers installed, AutoModelForCausalLM.from_pretrained of a mount gives
 # exactly the logits of the exported folder (torchtitan's Llama with --config, Megatron-Core's
-# with the config from common.pt and sharded with an index).
+# with the config from common.pt and sharded with an index; GPT-2 from Megatron-Core, transposed).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -179,13 +179,19 @@ mount_dcpfs "$S/py/tt" "$S/m-tt" -o "view=hf:llama-torchtitan,hf_config=$S/py/ll
 tt_pid=$DCPFS_PID
 $D convert -q --no-sync --to hf --recipe llama-megatron --max-shard-size 60K "$S/py/mc" "$S/py/o-mc"
 mount_dcpfs "$S/py/mc" "$S/m-mc" -o "view=hf:llama-megatron,hf_max_shard_size=60K"
+mc_pid=$DCPFS_PID
 [ -f "$S/m-mc/model.safetensors.index.json" ] || fail "mc: no index on the mount: $(ls "$S/m-mc")"
 for m in tt mc; do
     for f in "$S/py/o-$m"/*; do cmp "$f" "$S/m-$m/${f##*/}" || fail "$m: ${f##*/} differs from dcp convert's"; done
 done
+# GPT-2 from Megatron-Core (its Conv1D weights transposed on read), config.json from common.pt.
+$D convert -q --no-sync --to hf --recipe gpt2-megatron --max-shard-size 20K "$S/py/gpt2" "$S/py/o-gpt2"
+mount_dcpfs "$S/py/gpt2" "$S/m-gpt2" -o "view=hf:gpt2-megatron,hf_max_shard_size=20K"
+for f in "$S/py/o-gpt2"/*; do cmp "$f" "$S/m-gpt2/${f##*/}" || fail "gpt2: ${f##*/} differs from dcp convert's"; done
 $PY same "$S/m-tt" "$S/py/o-tt" float32 && $PY same "$S/m-mc" "$S/py/o-mc" float32 &&
-    $PY same "$S/m-tt" "$S/py/o-tt" bfloat16 && $PY check "$S/py/ref-llama" "$S/m-mc" float32 ||
-    fail "from_pretrained on the mount"
-unmount_dcpfs "$S/m-mc"
+    $PY same "$S/m-tt" "$S/py/o-tt" bfloat16 && $PY check "$S/py/ref-llama" "$S/m-mc" float32 \
+    "$S/py/ref-gpt2" "$S/m-gpt2" float32 || fail "from_pretrained on the mount"
+unmount_dcpfs "$S/m-gpt2"
+unmount_dcpfs "$S/m-mc" "$mc_pid"
 unmount_dcpfs "$S/m-tt" "$tt_pid"
 echo ok

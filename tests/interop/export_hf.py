@@ -297,9 +297,25 @@ def save(sd, path, world, mode=None):
     mp.spawn(save_worker, args=(world, free_port(), sd, path, mode), nprocs=world, join=True)
 
 
+def make_gpt2(out, world):
+    """The GPT-2 model (ref-gpt2, gpt2-config.json) as a layer-stacked Megatron-Core checkpoint with
+    common.pt (gpt2) on world gloo ranks; its state dict is returned."""
+    gpt2 = build("gpt2")
+    gpt2.save_pretrained(f"{out}/ref-gpt2")
+    gpt2.config.to_json_file(f"{out}/gpt2-config.json")
+    hg = {k: v.detach().clone() for k, v in gpt2.state_dict().items()}
+    save(gpt2_megatron_sd(hg, stacked=True), f"{out}/gpt2", world, "stacked")
+    write_common(f"{out}/gpt2", **dict(MEGATRON_ARGS, ffn_hidden_size=4 * H, group_query_attention=False,
+                                       num_query_groups=NH, normalization="LayerNorm", swiglu=False,
+                                       position_embedding_type="learned_absolute", add_bias_linear=True,
+                                       max_position_embeddings=GPT2_POSITIONS, seq_length=GPT2_POSITIONS))
+    return hg
+
+
 def make_llama(out):
     """The Llama model only (ref-llama, llama-config.json), as torchtitan (tt) and stacked Megatron-Core
-    (mc, with common.pt) checkpoints: for tests that need one model (tests/fuse-hfview.sh)."""
+    (mc, with common.pt) checkpoints, and the GPT-2 model as a stacked Megatron-Core one in one process
+    (gpt2, with common.pt): for tests that need few models (tests/fuse-hfview.sh)."""
     os.makedirs(out, exist_ok=True)
     llama = build("llama")
     llama.save_pretrained(f"{out}/ref-llama")
@@ -308,6 +324,7 @@ def make_llama(out):
     save(torchtitan_sd(hf), f"{out}/tt", 2, "rows")
     save(megatron_sd(hf, stacked=True), f"{out}/mc", 2, "stacked")
     write_common(f"{out}/mc", **MEGATRON_ARGS)
+    make_gpt2(out, 1)
 
 
 def make(out):
@@ -336,15 +353,7 @@ def make(out):
     neox.config.to_json_file(f"{out}/neox-config.json")
     hn = {k: v.detach().clone() for k, v in neox.state_dict().items()}
     save(neox_megatron_sd(hn), f"{out}/neox", 2, "stacked")
-    gpt2 = build("gpt2")
-    gpt2.save_pretrained(f"{out}/ref-gpt2")
-    gpt2.config.to_json_file(f"{out}/gpt2-config.json")
-    hg = {k: v.detach().clone() for k, v in gpt2.state_dict().items()}
-    save(gpt2_megatron_sd(hg, stacked=True), f"{out}/gpt2", 2, "stacked")
-    write_common(f"{out}/gpt2", **dict(MEGATRON_ARGS, ffn_hidden_size=4 * H, group_query_attention=False,
-                                       num_query_groups=NH, normalization="LayerNorm", swiglu=False,
-                                       position_embedding_type="learned_absolute", add_bias_linear=True,
-                                       max_position_embeddings=GPT2_POSITIONS, seq_length=GPT2_POSITIONS))
+    hg = make_gpt2(out, 2)
     save(gpt2_megatron_sd(hg, stacked=False), f"{out}/gpt2-layers", 1)
     q3 = build("qwen3moe")
     q3.save_pretrained(f"{out}/ref-qwen3moe")
