@@ -46,6 +46,10 @@ check ref-gpt2 o-gpt2 float32
 cfg=$(tr -d ' \n' <"$SCRATCH/o-gpt2/config.json")
 case "$cfg" in *'"n_embd":64,"vocab_size":128,"n_positions":32,"n_inner":256,"n_layer":2,"n_head":4'*) ;;
     *) fail "gpt2: config.json from common.pt: $cfg" ;; esac
+$D convert -q --to hf --recipe gpt2-megatron "$SCRATCH/gpt2-tied" "$SCRATCH/o-gpt2-tied" || fail "export of gpt2-tied"
+grep -q '"tie_word_embeddings": true' "$SCRATCH/o-gpt2-tied/config.json" || fail "gpt2-tied: not tied"
+$D ls "$SCRATCH/o-gpt2-tied/model.safetensors" | grep -q "^lm_head" && fail "gpt2-tied: an lm_head.weight"
+check ref-gpt2-tied o-gpt2-tied float32
 ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-layers
 check ref-gpt2 o-gpt2-layers float32
 ex gpt2-megatron gpt2-config.json gpt2-layers o-gpt2-bf16 --dtype bfloat16

@@ -16,7 +16,8 @@ torch.distributed.checkpoint:
   OUT/neox   Megatron-Core GPT with LayerNorm, GeLU, biases, partial rotary (GPT-NeoX / Pythia),
              layer-stacked, on 2 gloo ranks
   OUT/gpt2   Megatron-Core GPT with learned absolute positions, LayerNorm, GeLU, biases (GPT-2),
-             layer-stacked on 2 gloo ranks with common.pt; OUT/gpt2-layers: per-layer keys, one process
+             layer-stacked on 2 gloo ranks with common.pt; OUT/gpt2-layers: per-layer keys, one process;
+             OUT/gpt2-tied: tied embeddings (no output_layer; reference ref-gpt2-tied)
   OUT/qwen3moe torchtitan 0.3 Qwen3 MoE: grouped experts [experts, ffn, dim], 2 gloo ranks
   OUT/mixtral Megatron-Core MoE (SequentialMLP: local_experts.E), per-layer keys, Mixtral
   OUT/unk    a torchtitan checkpoint with one key no rule maps
@@ -262,6 +263,11 @@ MEGATRON_ARGS = dict(num_layers=L, hidden_size=H, ffn_hidden_size=FF, num_attent
                      untie_embeddings_and_output_weights=True, padded_vocab_size=V)
 
 
+GPT2_ARGS = dict(MEGATRON_ARGS, ffn_hidden_size=4 * H, group_query_attention=False, num_query_groups=NH,
+                 normalization="LayerNorm", swiglu=False, position_embedding_type="learned_absolute",
+                 add_bias_linear=True, max_position_embeddings=GPT2_POSITIONS, seq_length=GPT2_POSITIONS)
+
+
 def save_worker(rank, world, port, sd, path, mode):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -305,10 +311,7 @@ def make_gpt2(out, world):
     gpt2.config.to_json_file(f"{out}/gpt2-config.json")
     hg = {k: v.detach().clone() for k, v in gpt2.state_dict().items()}
     save(gpt2_megatron_sd(hg, stacked=True), f"{out}/gpt2", world, "stacked")
-    write_common(f"{out}/gpt2", **dict(MEGATRON_ARGS, ffn_hidden_size=4 * H, group_query_attention=False,
-                                       num_query_groups=NH, normalization="LayerNorm", swiglu=False,
-                                       position_embedding_type="learned_absolute", add_bias_linear=True,
-                                       max_position_embeddings=GPT2_POSITIONS, seq_length=GPT2_POSITIONS))
+    write_common(f"{out}/gpt2", **GPT2_ARGS)
     return hg
 
 
@@ -355,6 +358,18 @@ def make(out):
     save(neox_megatron_sd(hn), f"{out}/neox", 2, "stacked")
     hg = make_gpt2(out, 2)
     save(gpt2_megatron_sd(hg, stacked=False), f"{out}/gpt2-layers", 1)
+    # Tied embeddings (Megatron's default): no output_layer, lm_head is wte.
+    import transformers
+    tied = transformers.GPT2LMHeadModel(transformers.GPT2Config(**dict(build("gpt2").config.to_dict(),
+                                                                       tie_word_embeddings=True)))
+    tied.load_state_dict({k: v for k, v in hg.items() if k != "lm_head.weight"}, strict=False)
+    tied.tie_weights()
+    assert torch.equal(tied.lm_head.weight, hg["transformer.wte.weight"])
+    tied.eval().save_pretrained(f"{out}/ref-gpt2-tied")
+    sd = gpt2_megatron_sd(hg, stacked=True)
+    del sd["output_layer.weight"]
+    save(sd, f"{out}/gpt2-tied", 1)
+    write_common(f"{out}/gpt2-tied", **dict(GPT2_ARGS, untie_embeddings_and_output_weights=False))
     q3 = build("qwen3moe")
     q3.save_pretrained(f"{out}/ref-qwen3moe")
     q3.config.to_json_file(f"{out}/qwen3moe-config.json")
