@@ -6,7 +6,7 @@ libdcp_la_SOURCES = \
 	src/util.c \
 	src/keys.c \
 	src/dtype.c \
-	src/model.c src/store.h src/store_mem.c src/chunk_record.c \
+	src/model.c src/store.h src/store_mem.c src/store_spill.c src/chunk_record.c \
 	src/open.c src/probe.c src/probe.h \
 	src/identity.c \
 	src/pickle.c \

@@ -161,6 +161,7 @@ struct dcp_checkpoint {
     struct dcpi_st_index *st_index; /* torchsave.c: parsed safetensors headers, arena-owned */
     struct dcpi_digest_state *digest; /* integrity/digest.c: the digest identity, arena-owned */
     struct dcpi_lazy *lazy;        /* integrity/modelcache.c: a served model's (its store's close frees it) */
+    struct dcpi_spill *spill;      /* store_spill.c: a spilled model's scratch files (its store's close frees them) */
     struct {
         void (*fn)(void *state);
         void *state;
@@ -219,6 +220,24 @@ int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
 /* The index of e in ck's entries, or SIZE_MAX when it is not one of them. */
 size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e);
+/* An empty chunk set of entry idx for n chunks of nd dimensions, in one
+ * allocation (model.c): the chunks, their record slots, then offsets and
+ * sizes (2*nd a chunk, offsets first) and strides (nd a chunk). NULL on
+ * ENOMEM. */
+dcpi_chunkset *dcpi_chunkset_new(size_t idx, size_t n, size_t nd);
+
+/* The spill store (store_spill.c): chunks kept in scratch files in folder
+ * dir while .metadata is parsed, for a model too large to hold. begin makes
+ * ck's store the spill store; a loader (metadata.c) hands each tensor entry
+ * over once complete (spill_entry: its chunks are then freed, the boxes'
+ * arena memory is the caller's to rewind) and each storage item's blob
+ * (spill_blob: found by offsets; 0 when no chunk has them); finish after
+ * the parse. Errors name the checkpoint and key. */
+int dcpi_spill_begin(dcp_checkpoint *ck, const char *dir, dcp_error *err);
+int dcpi_spill_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err);
+int dcpi_spill_blob(dcp_checkpoint *ck, size_t idx, const int64_t *off, int nd, const dcp_blob *b, dcp_error *err);
+int dcpi_spill_finish(dcp_checkpoint *ck, dcp_error *err);
+
 /* Forget every entry and file a loader added (to load again). */
 int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err);
 /* The checkpoint's name in messages: its folder, or its file when it is a
@@ -233,6 +252,10 @@ const char *dcpi_ck_name(const dcp_checkpoint *ck);
 typedef int (*dcpi_parse_fn)(const char *path, dcp_checkpoint **out, dcp_error *err);
 int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn parse);
 int dcpi_catalog_store(dcp_checkpoint *ck, const char *catalog);
+/* The folder of the catalog file (NULL: the default), made if missing, for
+ * the spill store's scratch files: 0, or -1 for an in-memory catalog, one
+ * inside ck's folder or one that cannot be made (integrity/catalog.c). */
+int dcpi_catalog_folder(const char *catalog, dcp_checkpoint *ck, char out[4096]);
 
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */

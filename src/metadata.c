@@ -312,6 +312,8 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
     if (dcpi_model_entry(in->ck, key, klen, DCP_KIND_TENSOR, &idx, in->err) < 0)
         return -1;
     dcp_entry *e = &in->ck->entries[idx];
+    if (in->ck->spill && e->nchunks)   /* a key listed twice: only the in-memory parse merges */
+        return dcpi_err(in->err, ENOTSUP, "%s: %s: listed twice (parsing it in memory)", in->what, key);
     if (e->shape && e->nchunks) {   /* merging rank-local files: must agree */
         if (e->dtype != dt || e->ndim != nd || memcmp(e->shape, shape, (size_t)nd * sizeof *shape))
             return dcpi_err(in->err, EINVAL, "%s: %s: dtype or shape differs between metadata files",
@@ -320,6 +322,7 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
         return -1;
     }
     size_t first = e->nchunks;
+    dcpi_arena_mark boxes = dcpi_arena_here(&in->ck->arena);   /* (spilled, they go) */
     const pk_node *chunks = pk_dict_get(st, "chunks");
     if (chunks && chunks->type == PK_CALL)
         chunks = pk_call_items(chunks);   /* a list subclass */
@@ -352,11 +355,20 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
         if (ci >= UINT32_MAX)
             return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
     }
-    if (slots_for(in, idx) < 0)
+    if (!in->ck->spill) {   /* (a spilled model finds chunks by their hash) */
+        if (slots_for(in, idx) < 0)
+            return -1;
+        free(in->order[idx]);   /* (made for the chunks before these) */
+        in->order[idx] = NULL;
+    }
+    if (drop_replicas(in, idx, first, key) < 0)
         return -1;
-    free(in->order[idx]);   /* (made for the chunks before these) */
-    in->order[idx] = NULL;
-    return drop_replicas(in, idx, first, key);
+    if (in->ck->spill) {   /* a model too large to hold: the chunks wait on disk */
+        if (dcpi_spill_entry(in->ck, idx, in->err) < 0)
+            return -1;
+        dcpi_arena_rewind(&in->ck->arena, &boxes);
+    }
+    return 0;
 }
 
 static int add_bytes(interp *in, const char *key, size_t klen)
@@ -409,7 +421,7 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
     if (e->kind == DCP_KIND_BYTES) {
         if (nd)
             return 0;   /* a box of a bytes item: unused */
-    } else {
+    } else if (!in->ck->spill) {
         int failed = 0;
         if ((ci = chunk_at(in, idx, off, nd, in->err, &failed)) == SIZE_MAX)
             return failed ? -1 : 0;   /* a box no chunk has: unused */
@@ -435,6 +447,8 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
             be->blob = b;
             be->has_blob = 1;
         }
+    } else if (in->ck->spill) {
+        return dcpi_spill_blob(in->ck, idx, off, nd, &b, in->err);
     } else if (!in->ck->priv[idx].chunks[ci].has_blob) {
         in->ck->priv[idx].chunks[ci].blob = b;
         in->ck->priv[idx].chunks[ci].has_blob = 1;
@@ -709,8 +723,8 @@ static int whole_parse(void)
  * parse whole. */
 static int again_whole(interp *in, int rc)
 {
-    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED)
-        return 0;
+    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED || in->ck->spill)
+        return 0;   /* (a spilled parse fails: dcp_open parses again in memory) */
     if (getenv("DCP_DEBUG_STREAM"))
         fprintf(stderr, "parsing whole: %s\n", in->err->msg);
     if (dcpi_model_reset(in->ck, in->err) < 0)
@@ -731,6 +745,8 @@ int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err)
     if (again_whole(&in, rc))
         rc = load_file(&in, relname);
     interp_free(&in);
+    if (rc == 0 && ck->spill)
+        rc = dcpi_spill_finish(ck, err);
     if (rc == 0)
         ck->info.layout = "global .metadata";
     return rc;

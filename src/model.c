@@ -438,6 +438,20 @@ size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e)
     return e >= ck->entries && e < ck->entries + ck->nentries ? (size_t)(e - ck->entries) : SIZE_MAX;
 }
 
+dcpi_chunkset *dcpi_chunkset_new(size_t idx, size_t n, size_t nd)
+{
+    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
+    dcpi_chunkset *s = calloc(1, bytes);
+    if (!s)
+        return NULL;
+    s->idx = idx;
+    s->bytes = bytes;
+    s->chunks = (dcp_chunk *)(s + 1);
+    s->records = (dcpi_record_slot *)(s->chunks + n);
+    s->strides = (int64_t *)(s->records + n) + 2 * n * nd;
+    return s;
+}
+
 static void lru_unlink(dcp_checkpoint *ck, dcpi_chunkset *s)
 {
     if (s->prev)

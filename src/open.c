@@ -23,6 +23,11 @@
 
 static int parse_folder(const char *path, dcp_checkpoint **out, dcp_error *err);
 
+/* A .metadata from this size on is parsed with its chunks spilled
+ * (store_spill.c): ~1 MB of pickle a 8,000 chunks, ~1 KiB of memory a chunk
+ * as a model; 64 MiB (about 500,000 chunks) keeps a first parse near 100 MiB. */
+#define SPILL_AT (64ULL << 20)
+
 static int has_file(int dirfd, const char *name)
 {
     struct stat st;
@@ -100,6 +105,32 @@ static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_ch
     return ck;
 }
 
+/* Parse the folder into an empty ck (its files made ready). */
+static int load(dcp_checkpoint *ck, dcp_error *err)
+{
+    /* Megatron-Core writes metadata.json next to its data: which backend */
+    return dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0
+               ? -1
+               : 0;
+}
+
+/* Whether ck's .metadata is large enough to spill its chunks while parsing:
+ * DCP_SPILL_BYTES (bytes; 0 spills every one), else SPILL_AT. */
+static int spill_wanted(dcp_checkpoint *ck)
+{
+    struct stat sb;
+    const char *v = getenv("DCP_SPILL_BYTES");
+    char *end;
+    unsigned long long at = SPILL_AT;
+    if (v && *v) {
+        errno = 0;
+        at = strtoull(v, &end, 10);
+        if (errno || *end)
+            at = SPILL_AT;
+    }
+    return fstatat(ck->dirfd, ".metadata", &sb, 0) == 0 && (unsigned long long)sb.st_size >= at;
+}
+
 int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint **out, dcp_error *err)
 {
     *out = NULL;
@@ -124,20 +155,50 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
             return 0;
         }
     }
-    /* Megatron-Core writes metadata.json next to its data: which backend */
-    if (dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0) {
+    /* A .metadata too large to hold as a model (spill_at): its chunks go to
+     * scratch files beside the catalog as it is parsed, and the catalog
+     * reads them back to store the model. Any failure so parses again in
+     * memory, which reports what is wrong with the checkpoint. */
+    char dir[4096];
+    if (use_catalog && spill_wanted(ck) && dcpi_catalog_folder(opts->catalog, ck, dir) == 0 &&
+        dcpi_spill_begin(ck, dir, err) == 0) {
+        if (load(ck, err) == 0)
+            goto loaded;
+        if (getenv("DCP_DEBUG_STREAM"))
+            fprintf(stderr, "%s: parsing in memory: %s\n", path, err->msg);
+        dcp_close(ck);
+        if (!(ck = dcpi_ck_new(path, err)))
+            return -1;
+    }
+    if (load(ck, err) < 0) {
         dcp_close(ck);
         return -1;
     }
+loaded:
     dcpi_files_note_identity(ck);
     /* Store what was parsed, then serve it from the catalog like any later
      * open: the model's memory (a million chunks: ~350 MiB) goes
      * now rather than at dcp_close. A failure only costs a later parse. */
+    int emptied = 0;
     if (use_catalog && dcpi_catalog_store(ck, opts->catalog) == 0) {
+        if (ck->spill) {   /* one large model at a time: the spilled one goes first */
+            dcp_checkpoint *empty = dcpi_ck_new(path, err);
+            if (!empty) {
+                dcp_close(ck);
+                return -1;
+            }
+            empty->meta = ck->meta;
+            dcp_close(ck);
+            ck = empty;
+            emptied = 1;
+        }
         dcp_checkpoint *served = open_served(path, opts->catalog, ck);
         if (served) {
             dcp_close(ck);
             ck = served;
+        } else if (emptied && load(ck, err) < 0) {   /* (rare: the catalog failed since) */
+            dcp_close(ck);
+            return -1;
         }
     }
     *out = ck;

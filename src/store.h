@@ -8,6 +8,9 @@
  *                       is in memory from the open on (the format loaders
  *                       fill them through dcpi_model_*); lookups by a hash of
  *                       the keys, seeks by a sorted index made on first use.
+ *   dcpi_store_spill    (store_spill.c) a parsed model too large to hold:
+ *                       its entries in memory, its chunks in scratch files
+ *                       as the parse went, read back in sets.
  *   dcpi_store_catalog  (integrity/modelcache.c) a model served by the
  *                       SQLite catalog: entries read on demand, chunks in
  *                       sets pinned while used and kept in a bounded cache.
@@ -43,6 +46,12 @@ struct dcpi_store {
 };
 
 extern const dcpi_store dcpi_store_mem;
+/* A parsed model whose chunks wait in scratch files (store_spill.c; made by
+ * dcpi_spill_begin): the in-memory store's entries, chunk sets read back. */
+extern const dcpi_store dcpi_store_spill;
+/* The in-memory store's all and find, which the spill store shares. */
+int dcpi_mem_all(const dcp_checkpoint *ck, dcp_error *err);
+int dcpi_mem_find(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err);
 
 /* A parsed model's key order for seeks (store_mem.c), made with the model
  * (dcpi_ck_new) and sorted at the first seek, under its own lock. */

@@ -31,7 +31,7 @@ void dcpi_keyorder_free(struct dcpi_keyorder *o)
     free(o);
 }
 
-static int mem_all(const dcp_checkpoint *ck, dcp_error *err)
+int dcpi_mem_all(const dcp_checkpoint *ck, dcp_error *err)
 {
     (void)ck;
     (void)err;
@@ -44,7 +44,7 @@ static int by_key(const void *a, const void *b, void *arg)
     return strcmp(e[*(const size_t *)a].key, e[*(const size_t *)b].key);
 }
 
-static int mem_find(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
+int dcpi_mem_find(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     uint64_t v;
     *idx = SIZE_MAX;
@@ -85,8 +85,8 @@ static int mem_find(const dcp_checkpoint *ck, const char *key, int seek, size_t 
 
 const dcpi_store dcpi_store_mem = {
     .name = "memory",
-    .all = mem_all,
-    .find = mem_find,
+    .all = dcpi_mem_all,
+    .find = dcpi_mem_find,
     .chunks = NULL,   /* ck->priv[idx].chunks, for the model's life */
     .drop = NULL,
     .close = NULL,

@@ -203,6 +203,22 @@ int dcp_catalog_check_location(const char *path, dcp_checkpoint *ck, dcp_error *
     return 0;
 }
 
+int dcpi_catalog_folder(const char *path, dcp_checkpoint *ck, char out[PATH_MAX])
+{
+    dcp_error err;
+    if (dcp_catalog_check_location(path, ck, &err) < 0 || resolve(path, out, &err) < 0 || !strcmp(out, ":memory:") ||
+        mkdirs(out) < 0)
+        return -1;
+    char *slash = strrchr(out, '/');
+    if (!slash)
+        snprintf(out, PATH_MAX, ".");
+    else if (slash == out)
+        out[1] = 0;
+    else
+        *slash = 0;
+    return 0;
+}
+
 int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err)
 {
     *out = NULL;

@@ -515,23 +515,6 @@ static int lazy_find(const dcp_checkpoint *ck, const char *key, int seek, size_t
     return rc;
 }
 
-/* An empty set for n chunks of nd dimensions, in one allocation: the
- * chunks, their record slots, then offsets and sizes (2*nd per chunk) and
- * strides (nd per chunk). NULL on ENOMEM. */
-static dcpi_chunkset *chunkset_new(size_t idx, size_t n, size_t nd)
-{
-    size_t bytes = sizeof(dcpi_chunkset) + n * (sizeof(dcp_chunk) + sizeof(dcpi_record_slot) + 3 * nd * sizeof(int64_t));
-    dcpi_chunkset *s = calloc(1, bytes);
-    if (!s)
-        return NULL;
-    s->idx = idx;
-    s->bytes = bytes;
-    s->chunks = (dcp_chunk *)(s + 1);
-    s->records = (dcpi_record_slot *)(s->chunks + n);
-    s->strides = (int64_t *)(s->records + n) + 2 * n * nd;
-    return s;
-}
-
 /* Decode a chunk list into a new set (*out); every box must lie inside the
  * shape. -1: the row is damaged (a checksum or a bound failed); -2: out of
  * memory, which says nothing about the row. */
@@ -546,7 +529,7 @@ static int decode_chunks(dcp_checkpoint *ck, const dcp_entry *e, size_t idx, con
     /* each chunk takes at least 6 bytes: bounds the allocation */
     if (n > len / 6 + 1)
         return -1;
-    dcpi_chunkset *s = chunkset_new(idx, n, nd);
+    dcpi_chunkset *s = dcpi_chunkset_new(idx, n, nd);
     if (!s)
         return -2;
     int64_t *dims = (int64_t *)(s->records + n);
@@ -582,7 +565,7 @@ static dcpi_chunkset *copy_parsed(dcp_checkpoint *ck, size_t idx)
     const dcp_entry *e = &ck->entries[idx];
     const dcp_chunk *src = ck->lazy->parsed->priv[idx].chunks;
     size_t n = e->nchunks, nd = (size_t)e->ndim;
-    dcpi_chunkset *s = chunkset_new(idx, n, nd);
+    dcpi_chunkset *s = dcpi_chunkset_new(idx, n, nd);
     if (!s)
         return NULL;
     int64_t *dims = (int64_t *)(s->records + n);
@@ -779,8 +762,15 @@ static int store_entries(dcp_checkpoint *ck, sqlite3 *db, sqlite3_int64 model)
     dcpi_wbuf h = {0}, c = {0};
     for (size_t i = 0; rc == SQLITE_OK && i < ck->nentries; i++) {
         const dcp_entry *e = &ck->entries[i];
+        const dcp_chunk *chunks;   /* in memory, or a set read back (a spilled model) */
+        dcp_error err;
+        if (dcp_entry_chunks(ck, e, &chunks, &err) < 0) {
+            rc = SQLITE_ERROR;
+            break;
+        }
         put_entry(&h, e, i);
-        put_chunks(&c, e, ck->priv[i].chunks, i);
+        put_chunks(&c, e, chunks, i);
+        dcp_release_chunks(ck, e);
         if (h.oom || c.oom) {
             rc = SQLITE_NOMEM;
             break;

@@ -19,6 +19,7 @@
 
 #include "internal.h"
 #include "integrity/integrity.h"
+#include "store.h"
 
 static const char *fixtures[] = {"01_single_plain", "02_rowwise_4ranks", "03_colwise_4ranks", "04_block_4ranks",
                                  "05_mixed_2ranks", "08_single_file_per_rank", "09_megatron_torch_dist"};
@@ -167,6 +168,55 @@ START_TEST(served_reads_every_fixture_byte_exact)
         dcp_close(s);
         dcp_close(p);
     }
+    rm_tmpdir();
+}
+END_TEST
+
+/* A .metadata parsed with its chunks spilled to scratch files (the first
+ * open of a large checkpoint, forced here by DCP_SPILL_BYTES=0): the spill
+ * store alone (chunks read back from the scratch files, the cache keeping
+ * nothing), the catalog storing from it, and the model served afterwards
+ * all give exactly what the in-memory parse gives. */
+START_TEST(spilled_parse_reads_every_fixture_byte_exact)
+{
+    make_tmpdir();
+    for (size_t f = 0; f < NFIX; f++) {
+        char path[4200];
+        dcp_error err;
+        fixture_path(fixtures[f], path, sizeof path);
+        dcp_checkpoint *p = open_parsed(path);
+        dcp_checkpoint *sp = dcpi_ck_new(path, &err);
+        ck_assert_ptr_nonnull(sp);
+        ck_assert_msg(dcpi_spill_begin(sp, tmpdir, &err) == 0, "%s", err.msg);
+        ck_assert_msg(dcpi_megatron_config(sp, &err) == 0 && dcpi_load_metadata(sp, ".metadata", &err) == 0 &&
+                          dcpi_ck_files_ready(sp, &err) == 0,
+                      "%s: %s", path, err.msg);
+        ck_assert_str_eq(sp->store->name, "spill");
+        sp->chunk_budget = 0;
+        same_reads(p, sp);
+        for (size_t i = 0; i < dcp_num_entries(p); i++)
+            same_entry(p, dcp_entry_at(p, i), sp, dcp_entry_at(sp, i));
+        dcp_close(sp);
+
+        setenv("DCP_SPILL_BYTES", "0", 1);
+        dcp_checkpoint *first = open_catalog(path);
+        unsetenv("DCP_SPILL_BYTES");
+        ck_assert_int_eq(dcp_from_catalog(first), 0);
+        ck_assert_ptr_nonnull(first->lazy);   /* stored, then served */
+        first->chunk_budget = 0;
+        same_reads(p, first);
+        dcp_close(first);
+        dcp_checkpoint *s = open_served(path);
+        same_reads(p, s);
+        for (size_t i = 0; i < dcp_num_entries(p); i++)
+            same_entry(p, dcp_entry_at(p, i), s, dcp_entry_at(s, i));
+        dcp_close(s);
+        dcp_close(p);
+    }
+    /* the scratch files were never linked (or unlinked at once) */
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -q dcp-spill", tmpdir);
+    ck_assert_int_ne(system(cmd), 0);
     rm_tmpdir();
 }
 END_TEST
@@ -759,6 +809,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, served_reads_every_fixture_byte_exact);
     tcase_add_test(tc, seek_walks_keys_in_order);
+    tcase_add_test(tc, spilled_parse_reads_every_fixture_byte_exact);
     tcase_add_test(tc, threads_share_a_served_model);
     tcase_add_test(tc, model_dropped_under_an_open_checkpoint);
     tcase_add_test(tc, changed_checkpoint_catalogued_afresh);
