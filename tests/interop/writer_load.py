@@ -79,40 +79,61 @@ def free_port():
     return p
 
 
-def main():
-    mode = sys.argv[1]
+def check_pt(path, manifest):
+    sd = torch.load(path, weights_only=True)
+    want = {e["key"]: e for e in json.load(open(manifest))["entries"]}
+    assert set(sd) == set(want), (path, sorted(sd), sorted(want))
+    for k, e in want.items():
+        v = sd[k]
+        data = v if isinstance(v, bytes) else tensor_bytes(v)
+        assert hashlib.sha256(data).hexdigest() == e["sha256"], f"{path}: {k}: sha256 differs"
+
+
+def check_ptsynth(path, seed, nkeys):
+    sd = torch.load(path, weights_only=True)
+    assert len(sd) == nkeys, (path, len(sd), nkeys)
+    for k, t in sd.items():
+        i = int(k.split(".")[2])
+        want = synth_bytes(seed, i, t.numel() * t.element_size(), t.dtype == torch.bool)
+        assert tensor_bytes(t) == want, f"{path}: {k}: bytes differ from the formula"
+
+
+def job(argv):
+    """(function, arguments, ranks, label) of one check given as command-line words."""
+    mode = argv[0]
     if mode == "pt":
-        path, manifest = sys.argv[2], sys.argv[3]
-        sd = torch.load(path, weights_only=True)
-        want = {e["key"]: e for e in json.load(open(manifest))["entries"]}
-        assert set(sd) == set(want), (sorted(sd), sorted(want))
-        for k, e in want.items():
-            v = sd[k]
-            data = v if isinstance(v, bytes) else tensor_bytes(v)
-            assert hashlib.sha256(data).hexdigest() == e["sha256"], f"{path}: {k}: sha256 differs"
-        print("ok", path)
-        return
+        return check_pt, (argv[1], argv[2]), 1, argv[1]
     if mode == "ptsynth":
-        path, seed, nkeys = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-        sd = torch.load(path, weights_only=True)
-        assert len(sd) == nkeys, (len(sd), nkeys)
-        for k, t in sd.items():
-            i = int(k.split(".")[2])
-            want = synth_bytes(seed, i, t.numel() * t.element_size(), t.dtype == torch.bool)
-            assert tensor_bytes(t) == want, f"{path}: {k}: bytes differ from the formula"
-        print("ok", path)
-        return
-    ckpt, world = sys.argv[2], int(sys.argv[-1])
+        return check_ptsynth, (argv[1], int(argv[2]), int(argv[3])), 1, argv[1]
+    world = int(argv[-1])
+    label = f"{argv[1]} on {world} rank(s)"
     if mode == "synth":
-        fn, args = check_synth, (ckpt, int(sys.argv[3]), int(sys.argv[4]))
+        return check_synth, (argv[1], int(argv[2]), int(argv[3])), world, label
+    return check_manifest_dcp, (argv[1], argv[2]), world, label
+
+
+def run_jobs(rank, world, port, jobs):
+    """Every job on this rank of one process group, in turn."""
+    run(rank, world, port, lambda: [fn(*args) for fn, args, _, _ in jobs], ())
+    if rank == 0:
+        for *_, label in jobs:
+            print("ok", label)
+
+
+def main():
+    """One check (MODE ARGS...), or `batch FILE`: a check a line, all of a rank count
+    in one process group (torch imported once, not once a check)."""
+    if sys.argv[1] == "batch":
+        jobs = [job(line.split()) for line in open(sys.argv[2]) if line.strip()]
     else:
-        fn, args = check_manifest_dcp, (ckpt, sys.argv[3])
-    if world == 1:
-        fn(*args)
-    else:
-        import torch.multiprocessing as mp
-        mp.spawn(run, args=(world, free_port(), fn, args), nprocs=world, join=True)
-    print("ok", ckpt, "on", world, "rank(s)")
+        jobs = [job(sys.argv[1:])]
+    for world in sorted({j[2] for j in jobs}):
+        mine = [j for j in jobs if j[2] == world]
+        if world == 1:
+            run_jobs(0, 1, 0, mine)
+        else:
+            import torch.multiprocessing as mp
+            mp.spawn(run_jobs, args=(world, free_port(), mine), nprocs=world, join=True)
 
 
 if __name__ == "__main__":
