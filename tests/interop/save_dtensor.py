@@ -122,12 +122,21 @@ def worker(rank, port, out, variant):
 
 
 def main():
-    out, variant = sys.argv[1], sys.argv[2]
-    os.makedirs(out, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, out, variant), nprocs=WORLD, join=True)
+    """save_dtensor.py ROOT VARIANT...: each variant saved into ROOT/VARIANT/ckpt, all by
+    one set of forked ranks (torch imported once, not once a rank and variant)."""
+    root, variants = sys.argv[1], sys.argv[2:]
+    ports = []
+    for v in variants:
+        os.makedirs(os.path.join(root, v), exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+
+    def ranks(rank):
+        for v, port in zip(variants, ports):
+            worker(rank, port, os.path.join(root, v), v)
+
+    mp.start_processes(ranks, nprocs=WORLD, start_method="fork", join=True)
 
 
 if __name__ == "__main__":
