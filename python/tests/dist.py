@@ -1,6 +1,8 @@
 """A tiny multi-rank runner for tests: ``run(nranks, fn, *args)``.
 
-Spawns ``nranks`` processes (torch.multiprocessing, spawn). Each joins a gloo
+Starts ``nranks`` processes (torch.multiprocessing; forked from the test
+process, which has imported torch already: a spawned child imports it again,
+3-4 s of CPU a rank on a small machine; DCPFS_TEST_START=spawn spawns). Each joins a gloo
 process group over a FileStore in a fresh temporary folder (no ports to race
 for), runs ``fn(rank, world, *args)`` and sends back its (picklable) result.
 ``run`` returns the results in rank order, or raises an AssertionError
@@ -50,7 +52,7 @@ def _child(rank: int, world: int, store_path: str, fn: Callable[..., Any], args:
 
 def run(nranks: int, fn: Callable[..., Any], *args: Any, timeout: float = 120) -> List[Any]:
     """Run ``fn(rank, nranks, *args)`` on ``nranks`` gloo ranks; their results in rank order."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(os.environ.get("DCPFS_TEST_START", "fork"))
     q = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dcpfs-dist-") as tmp:
         store = os.path.join(tmp, "store")
