@@ -26,6 +26,15 @@ int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
 static inline bool dcpi_add_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_add_overflow(a, b, r); }
 static inline bool dcpi_mul_u64(uint64_t a, uint64_t b, uint64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 
+/* Order two chunk offsets (nd values) lexicographically: <0, 0, >0. */
+static inline int dcpi_box_cmp(const int64_t *a, const int64_t *b, int nd)
+{
+    for (int d = 0; d < nd; d++)
+        if (a[d] != b[d])
+            return a[d] < b[d] ? -1 : 1;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- arena */
 
 /* Bump allocator for data that lives as long as its owner. Not thread-safe. */

@@ -124,21 +124,13 @@ static const char *vec_text(const int64_t *v, int nd, char *buf, size_t sz)
     return buf;
 }
 
-static int cmp_box(const int64_t *a, const int64_t *b, int nd)
-{
-    for (int d = 0; d < nd; d++)
-        if (a[d] != b[d])
-            return a[d] < b[d] ? -1 : 1;
-    return 0;
-}
-
 /* qsort_r over chunk indexes: by offsets, then by index (first wins). */
 static int by_offsets(const void *a, const void *b, void *arg)
 {
     const dcp_entry *e = ((void **)arg)[0];
     const dcp_chunk *c = ((void **)arg)[1];
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    int r = cmp_box(c[x].offsets, c[y].offsets, e->ndim);
+    int r = dcpi_box_cmp(c[x].offsets, c[y].offsets, e->ndim);
     return r ? r : (x > y) - (x < y);
 }
 
@@ -176,7 +168,7 @@ static int drop_replicas(interp *in, size_t idx, size_t first, const char *key)
         return 0;
     if (first == 0) {   /* one list in increasing order (most): no replica */
         size_t i = 1;
-        while (i < n && cmp_box(c[i - 1].offsets, c[i].offsets, nd) < 0)
+        while (i < n && dcpi_box_cmp(c[i - 1].offsets, c[i].offsets, nd) < 0)
             i++;
         if (i == n)
             return 0;
@@ -197,7 +189,7 @@ static int drop_replicas(interp *in, size_t idx, size_t first, const char *key)
     int rc = 0;
     for (size_t i = 1; i < n && rc == 0; i++) {
         const dcp_chunk *prev = &c[ord[i - 1]], *cur = &c[ord[i]];
-        if (cmp_box(prev->offsets, cur->offsets, nd))
+        if (dcpi_box_cmp(prev->offsets, cur->offsets, nd))
             continue;
         if (nd && memcmp(prev->sizes, cur->sizes, (size_t)nd * sizeof *cur->sizes)) {
             char a[256], b[256], d[256];
@@ -233,13 +225,13 @@ static size_t chunk_at(interp *in, size_t idx, const int64_t *off, int nd, dcp_e
         return SIZE_MAX;
     }
     size_t h = in->next[idx];
-    if (h < n && !cmp_box(c[h].offsets, off, nd)) {
+    if (h < n && !dcpi_box_cmp(c[h].offsets, off, nd)) {
         in->next[idx] = (uint32_t)(h + 1);
         return h;
     }
     if (n <= 8) {
         for (size_t i = 0; i < n; i++)
-            if (!cmp_box(c[i].offsets, off, nd)) {
+            if (!dcpi_box_cmp(c[i].offsets, off, nd)) {
                 in->next[idx] = (uint32_t)(i + 1);
                 return i;
             }
@@ -261,12 +253,12 @@ static size_t chunk_at(interp *in, size_t idx, const int64_t *off, int nd, dcp_e
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (cmp_box(c[ord[mid]].offsets, off, nd) < 0)
+        if (dcpi_box_cmp(c[ord[mid]].offsets, off, nd) < 0)
             lo = mid + 1;
         else
             hi = mid;
     }
-    if (lo < n && !cmp_box(c[ord[lo]].offsets, off, nd)) {
+    if (lo < n && !dcpi_box_cmp(c[ord[lo]].offsets, off, nd)) {
         in->next[idx] = ord[lo] + 1;
         return ord[lo];
     }

@@ -308,19 +308,11 @@ int dcpi_spill_finish(dcp_checkpoint *ck, dcp_error *err)
     return 0;
 }
 
-static int cmp_box(const int64_t *a, const int64_t *b, size_t nd)
-{
-    for (size_t d = 0; d < nd; d++)
-        if (a[d] != b[d])
-            return a[d] < b[d] ? -1 : 1;
-    return 0;
-}
-
 static int by_offsets(const void *a, const void *b, void *arg)
 {
     const dcpi_chunkset *set = ((void **)arg)[0];
-    size_t nd = *(const size_t *)((void **)arg)[1];
-    return cmp_box(set->chunks[*(const uint32_t *)a].offsets, set->chunks[*(const uint32_t *)b].offsets, nd);
+    int nd = *(const int *)((void **)arg)[1];
+    return dcpi_box_cmp(set->chunks[*(const uint32_t *)a].offsets, set->chunks[*(const uint32_t *)b].offsets, nd);
 }
 
 /* The chunk of set (n chunks) at offsets off, or SIZE_MAX; *order is made
@@ -332,18 +324,19 @@ static size_t chunk_at(dcpi_chunkset *set, size_t n, size_t nd, const int64_t *o
             return SIZE_MAX - 1;
         for (size_t i = 0; i < n; i++)
             (*order)[i] = (uint32_t)i;
-        void *arg[2] = {set, &nd};
+        int ndim = (int)nd;
+        void *arg[2] = {set, &ndim};
         qsort_r(*order, n, sizeof **order, by_offsets, arg);
     }
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (cmp_box(set->chunks[(*order)[mid]].offsets, off, nd) < 0)
+        if (dcpi_box_cmp(set->chunks[(*order)[mid]].offsets, off, (int)nd) < 0)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo < n && !cmp_box(set->chunks[(*order)[lo]].offsets, off, nd) ? (*order)[lo] : SIZE_MAX;
+    return lo < n && !dcpi_box_cmp(set->chunks[(*order)[lo]].offsets, off, (int)nd) ? (*order)[lo] : SIZE_MAX;
 }
 
 /* The store's chunks: entry idx's boxes and slots, read back and matched. */
@@ -377,7 +370,7 @@ static int spill_chunks(dcp_checkpoint *ck, size_t idx, dcpi_chunkset **out, dcp
         spill_slot sl;
         const int64_t *off = (const int64_t *)(slots + k * len + sizeof sl);
         memcpy(&sl, slots + k * len, sizeof sl);
-        size_t c = !cmp_box(set->chunks[k].offsets, off, nd) ? k : chunk_at(set, n, nd, off, &order);
+        size_t c = !dcpi_box_cmp(set->chunks[k].offsets, off, (int)nd) ? k : chunk_at(set, n, nd, off, &order);
         if (c == SIZE_MAX - 1)
             rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, e->key);
         else if (c == SIZE_MAX || set->chunks[c].has_blob)
