@@ -383,6 +383,25 @@ static void log_hidden(struct dfs_ckpt *ck, const char *pre, const struct kid *k
             DFS_NAME_MAX);
 }
 
+/* dir's children become kids (sorted here; the old array freed), dir listed. */
+static void install_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids, size_t nkids, size_t kcap,
+                         size_t nsub)
+{
+    struct dfs_node tmp = {0};
+    tmp.kids = kids;
+    tmp.nkids = nkids;
+    dfs_sort_kids(&tmp);
+    pthread_rwlock_wrlock(&fs->lock);
+    struct dfs_node **old = dir->kids;
+    dir->kids = kids;
+    dir->nkids = nkids;
+    dir->kcap = kcap;
+    dir->nsubdirs = nsub;
+    atomic_store(&dir->listed, 1);
+    pthread_rwlock_unlock(&fs->lock);
+    free(old);
+}
+
 /* List dir (a checkpoint root or a key-tree directory) from the model and
  * publish its children; extra (the root's plain files) is called before
  * publication to add more. With max, give up (1) past max children.
@@ -479,19 +498,7 @@ static int list_dir(struct dfs *fs, struct dfs_node *dir, size_t max,
     if (rc == 0 && extra)
         rc = extra(fs, dir, &kids, &nkids, &kcap);
     if (rc == 0) {
-        struct dfs_node tmp = {0};
-        tmp.kids = kids;
-        tmp.nkids = nkids;
-        dfs_sort_kids(&tmp);
-        pthread_rwlock_wrlock(&fs->lock);
-        struct dfs_node **old = dir->kids;
-        dir->kids = kids;
-        dir->nkids = nkids;
-        dir->kcap = kcap;
-        dir->nsubdirs = nsub;
-        atomic_store(&dir->listed, 1);
-        pthread_rwlock_unlock(&fs->lock);
-        free(old);
+        install_kids(fs, dir, kids, nkids, kcap, nsub);
         kids = NULL;
     }
     for (size_t i = 0; spec && i < ns; i++)
@@ -691,19 +698,7 @@ static int list_files(struct dfs *fs, struct dfs_node *dir,
     size_t nkids = 0, kcap = 0;
     int rc = files(fs, dir, &kids, &nkids, &kcap);
     if (rc == 0) {
-        struct dfs_node tmp = {0};
-        tmp.kids = kids;
-        tmp.nkids = nkids;
-        dfs_sort_kids(&tmp);
-        pthread_rwlock_wrlock(&fs->lock);
-        struct dfs_node **old = dir->kids;
-        dir->kids = kids;
-        dir->nkids = nkids;
-        dir->kcap = kcap;
-        dir->nsubdirs = 0;
-        atomic_store(&dir->listed, 1);
-        pthread_rwlock_unlock(&fs->lock);
-        free(old);
+        install_kids(fs, dir, kids, nkids, kcap, 0);
         kids = NULL;
     }
     free(kids);
