@@ -100,16 +100,10 @@ static int int_vector(interp *in, const pk_node *n, int64_t *out, int *nd, const
 }
 
 /* A key as text: str as is, int in decimal (1.13 may store non-str keys). */
-static int key_text(interp *in, const pk_node *k, char *buf, size_t bufsz, const char **s, size_t *len)
+static int key_text(interp *in, const pk_node *k, char buf[PK_KEY_TEXT_MAX], const char **s, size_t *len)
 {
-    int64_t v;
-    if (pk_str(k, s, len))
+    if (pk_key_text(k, buf, s, len))
         return 0;
-    if (pk_int(k, &v)) {
-        *len = (size_t)snprintf(buf, bufsz, "%" PRId64, v);
-        *s = buf;
-        return 0;
-    }
     return dcpi_err(in->err, EINVAL, "%s: a state-dict key is neither a string nor an integer", in->what);
 }
 
@@ -395,10 +389,10 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
     const pk_node *ist = state_of(index), *sst = state_of(info);
     if (!ist || !sst)
         return dcpi_err(in->err, EINVAL, "%s: a storage_data entry is not MetadataIndex -> _StorageInfo", in->what);
-    char num[32];
+    char num[PK_KEY_TEXT_MAX];
     const char *key, *rel;
     size_t klen, rlen;
-    if (key_text(in, pk_dict_get(ist, "fqn"), num, sizeof num, &key, &klen) < 0)
+    if (key_text(in, pk_dict_get(ist, "fqn"), num, &key, &klen) < 0)
         return -1;
     int64_t off[DCPI_MAX_NDIM];
     int nd = 0;
@@ -560,10 +554,10 @@ static int pre_113_error(interp *in)
  * BytesStorageMetadata. */
 static int sdm_item(interp *in, const pk_node *k, const pk_node *md)
 {
-    char num[32];
+    char num[PK_KEY_TEXT_MAX];
     const char *key;
     size_t klen;
-    if (key_text(in, k, num, sizeof num, &key, &klen) < 0)
+    if (key_text(in, k, num, &key, &klen) < 0)
         return -1;
     const char *cls = class_name(md);
     if (cls && !strcmp(cls, "TensorStorageMetadata"))

@@ -11,6 +11,7 @@
  * made since (an index map, the memo window restarting empty) and releases
  * the rest.
  */
+#include <inttypes.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1218,6 +1219,20 @@ const pk_node *pk_dict_get(const pk_node *dict, const char *key)
             return dict->u.dict.vals[i];
     }
     return NULL;
+}
+
+bool pk_key_text(const pk_node *k, char buf[PK_KEY_TEXT_MAX], const char **s, size_t *len)
+{
+    if (pk_str(k, s, len))
+        return true;
+    if (!k || (k->type != PK_INT && k->type != PK_BOOL))
+        return false;
+    if (k->type == PK_BOOL)
+        *len = (size_t)snprintf(buf, PK_KEY_TEXT_MAX, "%s", k->u.b ? "True" : "False");
+    else
+        *len = (size_t)snprintf(buf, PK_KEY_TEXT_MAX, "%" PRId64, k->u.i);
+    *s = buf;
+    return true;
 }
 
 bool pk_int(const pk_node *n, int64_t *out)

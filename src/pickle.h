@@ -106,6 +106,10 @@ const pk_node *pk_call_global(const pk_node *n);
 const pk_node *pk_dict_get(const pk_node *dict, const char *key);
 bool pk_int(const pk_node *n, int64_t *out);           /* PK_INT or PK_BOOL */
 bool pk_str(const pk_node *n, const char **p, size_t *len);
+/* A dict key as Python's str() names it in a state-dict path: a str as it is,
+ * an int in decimal, a bool as True or False (into buf). false for any other. */
+#define PK_KEY_TEXT_MAX 24
+bool pk_key_text(const pk_node *k, char buf[PK_KEY_TEXT_MAX], const char **s, size_t *len);
 size_t pk_len(const pk_node *n);                       /* seq/dict length, 0 otherwise */
 const pk_node *pk_item(const pk_node *n, size_t i);    /* seq item */
 

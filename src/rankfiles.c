@@ -769,17 +769,11 @@ static int walk(rf *R, rf_item *it, const pk_node *n, char *key, size_t klen, in
         return 0;   /* not a tensor: left out (an item without tensors is a bytes item) */
     for (size_t i = 0; i < d->u.dict.n; i++) {
         const pk_node *k = d->u.dict.keys[i];
-        char part[32];
+        char part[PK_KEY_TEXT_MAX];
         const char *ks;
         size_t kl;
-        int64_t iv;
-        if (pk_str(k, &ks, &kl)) {
-        } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
-            kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
-            ks = part;
-        } else {
+        if (!pk_key_text(k, part, &ks, &kl))
             continue;   /* a key DCP could not name either */
-        }
         if (memchr(ks, 0, kl))
             return fail(R, key, "a dict key holds a NUL byte");
         char *sub = malloc(klen + 1 + kl + 1);

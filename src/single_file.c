@@ -184,18 +184,13 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
     if (d && (depth == 0 || d->u.dict.n)) {
         for (size_t i = 0; i < d->u.dict.n; i++) {
             const pk_node *k = d->u.dict.keys[i];
-            char part[64];
+            char part[PK_KEY_TEXT_MAX];
             const char *ks = NULL;
             size_t kl = 0;
-            int64_t iv;
             /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
              * str()-converted (ints only for list indexes, which stay values
              * here). */
-            if (pk_str(k, &ks, &kl)) {
-            } else if (k && k->type == PK_INT && pk_int(k, &iv)) {
-                kl = (size_t)snprintf(part, sizeof part, "%" PRId64, iv);
-                ks = part;
-            } else {
+            if (!pk_key_text(k, part, &ks, &kl)) {
                 pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
                 continue;
             }

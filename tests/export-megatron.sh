@@ -8,17 +8,7 @@
 # Megatron's forward's float32 logits (relative error <= 1e-5). See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"
-need python3
-PIP="pip install --no-deps megatron-core==0.16.1 psutil==7.2.2"
-python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
-python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
-python3 -c "import megatron.core" 2>/dev/null || skip "megatron-core is not installed ($PIP)"
-PY="python3 $top_srcdir/tests/interop/export_megatron.py"
-why=$($PY probe 2>&1) || { [ $? = 77 ] && skip "$why ($PIP)"; fail "probing megatron-core: $why"; }
-scratch
-export DCP_RECIPE_PATH="$top_srcdir/recipes"
-D="$DCP --no-catalog"
-$PY make "$SCRATCH" >"$SCRATCH/make.log" 2>&1 || { cat "$SCRATCH/make.log"; fail "building the Megatron-Core models and checkpoints"; }
+framework_setup megatron.core megatron-core "pip install --no-deps megatron-core==0.16.1 psutil==7.2.2" export_megatron.py
 for x in llama:llama-megatron neox:gpt-neox-megatron gpt2:gpt2-megatron; do
     k=${x%%:*} r=${x#*:}
     out=$($D convert --to hf --recipe "$r" --config "$SCRATCH/$k-config.json" "$SCRATCH/$k" "$SCRATCH/o-$k" 2>&1) ||

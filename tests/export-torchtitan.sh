@@ -7,17 +7,7 @@
 # logits (float32: relative error <= 1e-5; the MoE <= 2e-3, torchtitan computing its experts in
 # bfloat16). See tests/interop/export_torchtitan.py.
 . "$top_srcdir/tests/lib.sh"
-need python3
-PIP="pip install --no-deps torchtitan==0.3.0 spmd-types==0.2.3 tyro==1.0.16 docstring-parser==0.18.0 typeguard==4.6.1"
-python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
-python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
-python3 -c "import torchtitan" 2>/dev/null || skip "torchtitan is not installed ($PIP)"
-PY="python3 $top_srcdir/tests/interop/export_torchtitan.py"
-why=$($PY probe 2>&1) || { [ $? = 77 ] && skip "$why ($PIP)"; fail "probing torchtitan: $why"; }
-scratch
-export DCP_RECIPE_PATH="$top_srcdir/recipes"
-D="$DCP --no-catalog"
-$PY make "$SCRATCH" >"$SCRATCH/make.log" 2>&1 || { cat "$SCRATCH/make.log"; fail "building the torchtitan models and checkpoints"; }
+framework_setup torchtitan torchtitan "pip install --no-deps torchtitan==0.3.0 spmd-types==0.2.3 tyro==1.0.16 docstring-parser==0.18.0 typeguard==4.6.1" export_torchtitan.py
 ex() {   # ex RECIPE KIND DST [flags]
     local r=$1 k=$2 d=$3; shift 3
     $D convert -q --to hf --recipe "$r" --config "$SCRATCH/$k-config.json" "$@" "$SCRATCH/$k" "$SCRATCH/$d" ||

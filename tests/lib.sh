@@ -17,6 +17,25 @@ scratch() {
     trap 'rm -rf "$SCRATCH"' EXIT
 }
 
+# framework_setup MODULE NAME "PIP LINE" SCRIPT, for the tests that export a training
+# framework's own checkpoints (tests/export-*.sh): skip without torch, transformers or
+# MODULE, or when tests/interop/SCRIPT's probe exits 77; then make the framework's models
+# and checkpoints into a scratch folder with it. Sets PY (the script), D (dcp without the
+# catalog) and DCP_RECIPE_PATH (the shipped recipes).
+framework_setup() {
+    local module=$1 name=$2 pip=$3 why
+    need python3
+    python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
+    python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
+    python3 -c "import $module" 2>/dev/null || skip "$name is not installed ($pip)"
+    PY="python3 $top_srcdir/tests/interop/$4"
+    why=$($PY probe 2>&1) || { [ $? = 77 ] && skip "$why ($pip)"; fail "probing $name: $why"; }
+    scratch
+    export DCP_RECIPE_PATH="$top_srcdir/recipes"
+    D="$DCP --no-catalog"
+    $PY make "$SCRATCH" >"$SCRATCH/make.log" 2>&1 || { cat "$SCRATCH/make.log"; fail "building the $name models and checkpoints"; }
+}
+
 # expect_fail "substring" cmd...: the command must fail and print the substring on stderr.
 expect_fail() {
     local want=$1; shift

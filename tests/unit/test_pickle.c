@@ -210,6 +210,28 @@ START_TEST(tuples_lists_dicts_sets)
 }
 END_TEST
 
+/* Dict keys named as str() names them in a state-dict path. */
+START_TEST(key_text_as_str_names_it)
+{
+    /* ("w", 7, -12, True, False, 1.5, None, 9223372036854775807) */
+    const pk_node *r = ok(B("\x80\x04(\x8c\x01wK\x07J\xf4\xff\xff\xff\x88\x89G?\xf8\x00\x00\x00\x00\x00\x00N"
+                            "\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7ft."));
+    const char *want[] = {"w", "7", "-12", "True", "False", NULL, NULL, "9223372036854775807"};
+    ck_assert_uint_eq(pk_len(r), 8);
+    for (size_t i = 0; i < 8; i++) {
+        char buf[PK_KEY_TEXT_MAX];
+        const char *t;
+        size_t n;
+        bool got = pk_key_text(pk_item(r, i), buf, &t, &n);
+        ck_assert_msg(got == (want[i] != NULL), "key %zu", i);
+        if (got)
+            ck_assert_msg(n == strlen(want[i]) && !memcmp(t, want[i], n), "key %zu: %.*s", i, (int)n, t);
+    }
+    ck_assert(!pk_key_text(NULL, NULL, NULL, NULL));
+    done();
+}
+END_TEST
+
 START_TEST(big_containers_grow)
 {
     /* 5000 APPENDs one by one and 3 SETITEMS batches: amortised growth keeps order. */
@@ -817,6 +839,7 @@ static Suite *suite(void)
     tcase_add_test(v, floats_and_none);
     tcase_add_test(v, strings_and_bytes);
     tcase_add_test(v, tuples_lists_dicts_sets);
+    tcase_add_test(v, key_text_as_str_names_it);
     tcase_add_test(v, big_containers_grow);
     tcase_add_test(v, stack_ops);
     tcase_add_test(v, memo_sharing_and_mutation);
