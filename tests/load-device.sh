@@ -87,8 +87,6 @@ run() {
     local n=$1 dir=$2 layout=$3
     shift 3
     mkdir -p "$dir"
-    # the device path is opt-in (--device-delivery) until verified on a GPU
-    case " $* " in *" --host-delivery "*) ;; *) set -- --device-delivery "$@" ;; esac
     mpirun "$n" "$DCPLOAD" "$ckpt" --layout "$layout" --device cuda --json --staging 4096 "$@" \
         >"$dir/$layout-$n.json" 2>"$dir/err" ||
         fail "$name: dcpload -n $n --layout $layout --device cuda $* (fake device) failed: $(cat "$dir/err")"
@@ -120,16 +118,21 @@ for name in 02_rowwise_4ranks 03_colwise_4ranks 04_block_4ranks 05_mixed_2ranks;
     done
 done
 
-# Without --device-delivery the device path is not taken (opt-in until it
-# has run on a GPU): node peers get host messages.
+# --device-delivery (the default said explicitly) takes the device path, and
+# with --host-delivery as well the host path wins.
 name=05_mixed_2ranks
-dir="$SCRATCH/default"
-mkdir -p "$dir"
-mpirun 2 "$DCPLOAD" "$FIXTURES/$name/ckpt" --layout replicate --device cuda --json --staging 4096 \
-    >"$dir/replicate-2.json" 2>"$dir/err" || fail "the default delivery: dcpload failed: $(cat "$dir/err")"
-stats host replicate "$dir/replicate-2.json" || fail "the default delivery is not the host path"
-python3 "$top_srcdir/tests/load_check.py" "$DCP" "$FIXTURES/$name/ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" ||
-    fail "the default delivery: bytes"
+for variant in ipc host; do
+    dir="$SCRATCH/explicit-$variant"
+    mkdir -p "$dir"
+    extra=()
+    [ "$variant" = host ] && extra=(--host-delivery)
+    mpirun 2 "$DCPLOAD" "$FIXTURES/$name/ckpt" --layout replicate --device cuda --json --staging 4096 \
+        --device-delivery "${extra[@]}" >"$dir/replicate-2.json" 2>"$dir/err" ||
+        fail "--device-delivery ${extra[*]}: dcpload failed: $(cat "$dir/err")"
+    stats "$variant" replicate "$dir/replicate-2.json" || fail "--device-delivery ${extra[*]}: not the $variant path"
+    python3 "$top_srcdir/tests/load_check.py" "$DCP" "$FIXTURES/$name/ckpt" "$FIXTURES/$name/expected/manifest.json" "$dir" ||
+        fail "--device-delivery ${extra[*]}: bytes"
+done
 
 [ "$REAL" = 1 ] && exit 0
 

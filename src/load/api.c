@@ -247,9 +247,10 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
                          .node = nd.node,
                          .shm = (o.flags & DCP_LOAD_SHM) != 0,
                          .bcast_local = (o.flags & DCP_LOAD_BCAST_LOCAL) != 0};
-    /* CUDA destinations on every rank and asked for: node peers take their
-     * bytes device to device (ipc.c). Opt-in until verified on a GPU. */
-    int want_dev = (all & 2) && (o.flags & DCP_LOAD_DEVICE_DELIVERY) && !(o.flags & DCP_LOAD_HOST_DELIVERY);
+    /* CUDA destinations on every rank: node peers take their bytes device to
+     * device (ipc.c) unless host messages are asked for. Measured on an H100
+     * (4 GiB replicated on 4 ranks: 0.29 s against 0.87 s by host messages). */
+    int want_dev = (all & 2) && !(o.flags & DCP_LOAD_HOST_DELIVERY);
     if (want_dev)
         po.shm = 1;
     lrc = dcp_gplan_build(ck, &reqs, n, me, &po, &g, err);
