@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -651,8 +651,13 @@ class _Placer:
         self.reqs = reqs
         self.dest_of = dest_of
         self.any_cuda = any(d.cuda for d in dest_of.values())
+        self.devices: set = set()     # the CUDA devices copied to since the caller last looked
 
-    def place(self, f, n: int, buf_addr: int) -> None:
+    def place(self, f, n: int, buf_addr: int, pinned=None) -> None:
+        """Place n fragments from the host buffer at buf_addr. pinned: that
+        buffer as a pinned uint8 tensor, whose plain copies to CUDA
+        destinations are then only queued (the caller waits for them before
+        the buffer is used again: _PinnedRing)."""
         if n == 0:
             return
         if not self.any_cuda:
@@ -663,7 +668,7 @@ class _Placer:
             if q.mem == 0:
                 lib.dcp_gfrag_place(self.gp, self.reqs, f + i, 1, ffi.cast("void *", buf_addr))
             else:
-                self._place_cuda(f + i, buf_addr)
+                self._place_cuda(f + i, buf_addr, pinned)
 
     def place_device(self, f, n: int, image) -> None:
         """Place fragments from a received image (a tensor: in GPU memory for
@@ -687,7 +692,7 @@ class _Placer:
         return op.dest_stride == op.elem_size and not (
             op.flags & (lib.DCP_OP_BSWAP | lib.DCP_OP_CONJ | lib.DCP_OP_NEG))
 
-    def _place_cuda(self, f, buf_addr: int) -> None:
+    def _place_cuda(self, f, buf_addr: int, pinned=None) -> None:
         torch = self.torch
         gop = self.gp.gops[f.gop]
         op = gop.op
@@ -695,6 +700,10 @@ class _Placer:
         dst = d.buf.view(-1).view(torch.uint8)
         at = lib.dcp_gfrag_dest(self.gp, f)
         simple = self._simple(f)
+        if simple and pinned is not None:
+            dst[at:at + f.len].copy_(pinned[f.img:f.img + f.len], non_blocking=True)
+            self.devices.add(dst.device)
+            return
         src = np.frombuffer(ffi.buffer(ffi.cast("unsigned char *", buf_addr) + f.img, f.len), dtype=np.uint8)
         if simple:
             dst[at:at + f.len].copy_(torch.from_numpy(src))
@@ -708,6 +717,84 @@ class _Placer:
         lib.dcp_op_place(ffi.addressof(sub), ffi.cast("void *", buf_addr + f.img),
                          ffi.cast("void *", tmp.data_ptr()), gop.dtype)
         dst[at:at + span].copy_(tmp)
+
+
+class _PinnedRing:
+    """A few pinned host buffers for the units this rank reads for CUDA
+    destinations: a unit is read into one, its fragments are copied up
+    without waiting (so the next reads overlap the copies), and the buffer is
+    taken again only once events recorded behind those copies have passed.
+    Without CUDA (DCPFS_TEST_FAKE_CUDA) the buffers are plain host memory and
+    copies complete at once, so the tests run the same bookkeeping."""
+
+    def __init__(self, torch, count: int, nbytes: int):
+        self.torch, self.count, self.nbytes = torch, count, nbytes
+        self.cuda = torch.cuda.is_available()
+        self.free: List[Any] = []
+        self.busy: deque = deque()    # (buffer, [events]) in the order given back
+        self.made = 0
+
+    def take(self):
+        """A buffer no copy reads any more (callers hold at most count at once)."""
+        if self.free:
+            return self.free.pop()
+        if self.made < self.count:
+            self.made += 1
+            return self.torch.empty(self.nbytes, dtype=self.torch.uint8, pin_memory=self.cuda)
+        buf, events = self.busy.popleft()
+        for ev in events:
+            ev.synchronize()
+        return buf
+
+    def give(self, buf, devices) -> None:
+        """buf is free once the copies queued from it on these devices are done."""
+        events = []
+        if self.cuda:
+            for dev in devices:
+                ev = self.torch.cuda.Event()
+                ev.record(self.torch.cuda.current_stream(dev))
+                events.append(ev)
+        self.busy.append((buf, events))
+
+
+class _Reads:
+    """One round's reads on the I/O threads, taken in order. Jobs that read
+    into a pinned buffer ("pinned") are started only while the ring has a
+    buffer for them, so at most ring.count of them are in flight; the rest
+    start as the earlier ones are placed (next())."""
+
+    def __init__(self, pool, read, jobs: list, ring: Optional[_PinnedRing], placer: "_Placer"):
+        self.pool, self.read, self.jobs, self.ring, self.placer = pool, read, jobs, ring, placer
+        self.futures: List[Any] = []
+        self.out = 0
+        self._submit()
+
+    def _submit(self) -> None:
+        while len(self.futures) < len(self.jobs):
+            i = len(self.futures)
+            k, addr, holder, how, nxt = self.jobs[i]
+            if how == "pinned":
+                if self.out >= self.ring.count:
+                    return
+                holder = self.ring.take()
+                self.out += 1
+                self.jobs[i] = (k, holder.data_ptr(), holder, how, nxt)
+            self.futures.append(self.pool.submit(self.read, self.jobs[i]))
+
+    def __iter__(self):
+        """(job, ok) in order; a pinned job's buffer goes back to the ring when
+        the caller asks for the next job (its copies queued by then)."""
+        for i in range(len(self.jobs)):
+            if i >= len(self.futures):
+                self._submit()
+            ok = self.futures[i].result()
+            yield self.jobs[i], ok
+            if self.jobs[i][3] == "pinned":
+                self.ring.give(self.jobs[i][2], self.placer.devices)
+                self.placer.devices = set()
+                self.jobs[i] = self.jobs[i][:2] + (None,) + self.jobs[i][3:]
+                self.out -= 1
+                self._submit()
 
 
 def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_cache, staging_bytes,
@@ -743,6 +830,10 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
 
     n = ffi.new("size_t *")
     pool = ThreadPoolExecutor(max(1, io_threads))
+    # CUDA destinations: the units this rank reads into a private buffer go
+    # through a few pinned ones instead, copied up while the next ones are read
+    mine = [units[k].len for k in range(nunits) if units[k].reader == me]
+    ring = _PinnedRing(torch, max(4, 2 * io_threads), max(mine)) if placer.any_cuda and mine else None
     # node peers' units taken from the page cache: nothing is reused after
     # them, so they run on their own threads behind the rounds, joined at the end
     takes = ThreadPoolExecutor(max(1, io_threads // 2)) if page_cache else None
@@ -805,11 +896,13 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                 addr = shms[me].addr + half + slot_of[k] * staging_bytes
             elif page_cache and _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and host_only(u, me):
                 addr, how = 0, "cache"
+            elif ring is not None:
+                addr, how = 0, "pinned"      # a buffer of the ring, when _Reads starts it
             else:
                 holder = np.empty(u.len, dtype=np.uint8)
                 addr = holder.ctypes.data
             jobs.append((k, addr, holder, how, nxt))
-        return jobs, [pool.submit(read, j) for j in jobs]
+        return _Reads(pool, read, jobs, ring, placer)
 
     def any_failed() -> bool:
         """The round's end: every rank's reads of it are done (shared staging
@@ -831,15 +924,13 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                 if dl is not None:
                     t = torch.empty(dl.bytes, dtype=torch.uint8, device=comm_device)
                     recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
-            jobs, futures = pending
             sends = []
-            for (k, addr, holder, how, _), fut in zip(jobs, futures):
-                ok = fut.result()
+            for (k, addr, holder, how, _), ok in pending:
                 u = units[k]
                 stats.bytes_read += u.len if ok else 0
                 if ok and how not in ("direct", "cache"):
                     f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
-                    placer.place(f, n[0], addr)
+                    placer.place(f, n[0], addr, holder if how == "pinned" else None)
                 for j in range(u.ndlv):     # sent even after a failed read: the peer must not hang
                     dl = gp.dlvs[u.dlv0 + j]
                     if dl.kind != P2P:
