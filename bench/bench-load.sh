@@ -39,7 +39,8 @@
 #               limit; =off: no storage lines. cat-stor: the shard files read
 #               by 8 readers at once (dd of file pieces to /dev/null), the
 #               device's limit as parallel cats see it (issue 16: 1 rank of
-#               dcpload >= 0.95x of it). dcp-way too (its ranks'
+#               dcpload >= 0.95x of it); dcpload-direct-stor: dcpload
+#               --direct (O_DIRECT past the page cache). dcp-way too (its ranks'
 #               reads of the same bytes meet in the node's page cache).
 # Every line: wall seconds (barrier to barrier, slowest rank), CPU seconds
 # (user+system, summed over ranks), unique bytes per second, bytes read from
@@ -217,6 +218,10 @@ for n in $RANKS; do
         [ "$n" != 1 ] || notes_cat="; $(ratio "$pc_s" "$s") x cat-stor (issue 16, 1 rank: >= 0.95x: $(met "$(ratio "$pc_s" "$s")" 0.95))"
         line "$n" "$layout" dcpload-stor "$s" "$b" "$c" \
             "$r x raw-stor; target >= 0.85x raw: $(met "$r" 0.85)${notes_cat:-}; read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")" "$p"
+        read -r s b c p < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --direct)
+        [ "$n" != 1 ] || notes_cat="; $(ratio "$pc_s" "$s") x cat-stor (issue 16, 1 rank: >= 0.95x: $(met "$(ratio "$pc_s" "$s")" 0.95))"
+        line "$n" "$layout" dcpload-direct-stor "$s" "$b" "$c" \
+            "--direct (O_DIRECT past the page cache): $(ratio "$sr_s" "$s") x raw-stor${notes_cat:-}; read == unique: $([ "$b" = "$UNIQUE" ] && echo met || echo "NOT met")" "$p"
         read -r s b c p < <(best storage dcpload_run "$n" "$DCPLOAD" "$CK" --layout "$layout" --strategy independent)
         line "$n" "$layout" dcp-way-stor "$s" "$b" "$c" "$(ratio "$sr_s" "$s") x raw-stor; preads $(ratio "$b" "$UNIQUE") x unique (repeats of the same bytes are served by the node's page cache)" "$p"
     done

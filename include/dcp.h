@@ -415,6 +415,18 @@ int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void 
  * source from storage (POSIX_FADV_WILLNEED); decoded ops are left alone. */
 uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf);
 void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op);
+/* Storage reads that bypass the page cache (O_DIRECT), for a caller that
+ * reads evicted files into its own staging (the MPI loader's --direct): on
+ * a virtual disk they measured 2x the buffered reads of the same bytes. An
+ * op's source bytes are read in whole blocks of DCP_DIRECT_ALIGN, so buf
+ * must be aligned to it and hold the op's first byte at buf + *lead
+ * (src_offset mod DCP_DIRECT_ALIGN) and its last before buf + cap. Returns 0
+ * when the bytes are there, 1 when they could not be read this way (a
+ * decoded op, buf or cap unfit, a file system without O_DIRECT, a file not
+ * seen before or replaced, a failed or short read): the caller then reads
+ * them with dcp_op_fetch, which reports any error. */
+#define DCP_DIRECT_ALIGN 4096u
+int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t cap, size_t *lead);
 /* dtype (plan->dtype) gives BSWAP's unit (dcp_dtype_swap_unit) and what NEG
  * and CONJ mean: NEG negates float16/bfloat16/float32/float64, complex (both
  * halves) and integer elements, CONJ negates complex imaginary halves; other

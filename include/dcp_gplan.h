@@ -229,6 +229,15 @@ dcp_op dcp_gunit_op(const dcp_gplan *g, const dcp_gunit *u);
 int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
                    void *buf, dcp_error *err);
 
+/* The same bypassing the page cache when the unit is not in it (its first
+ * block is not): then the unit is read with O_DIRECT (dcp_op_fetch_direct;
+ * nothing is advised, which would read it twice), else through the page
+ * cache as dcp_gunit_read does. buf: aligned to
+ * DCP_DIRECT_ALIGN, cap bytes (u->len + 2 * DCP_DIRECT_ALIGN suffice); the
+ * unit's first byte lands at buf + *lead. */
+int dcp_gunit_read_direct(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *buf, size_t cap,
+                          size_t *lead, dcp_error *err);
+
 /* Read unit u through scratch (len > 0 bytes, reused piece by piece),
  * keeping nothing: the unit is then in the page cache for its node's ranks
  * to take with dcp_gfrag_read, and read errors surface at its reader. The

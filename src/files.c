@@ -528,6 +528,53 @@ uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
     return done;
 }
 
+/* A new O_DIRECT descriptor of data file `file`, if the file system takes
+ * it and the file is the one read before (same device and inode); closed by
+ * the caller. One per read: no cache to bound, an open is cheap next to a
+ * staging-sized read. */
+static int open_direct(dcp_checkpoint *ck, uint32_t file)
+{
+    dcp_error e;
+    struct dcpi_files *t = file < ck->nfiles ? io_of(ck, &e) : NULL;
+    if (!t || file >= t->nfiles)
+        return -1;
+    int fd = openat(ck->dirfd, ck->files[file], O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_DIRECT);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    int same = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    pthread_mutex_lock(&ck->lock);
+    same = same && t->seen[file] && t->dev[file] == (uint64_t)st.st_dev && t->ino[file] == (uint64_t)st.st_ino;
+    pthread_mutex_unlock(&ck->lock);
+    int fl = same ? fcntl(fd, F_GETFL) : -1;
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t cap, size_t *lead)
+{
+    uint64_t end;
+    *lead = (size_t)(op->src_offset % DCP_DIRECT_ALIGN);
+    if (op->flags & DCP_OP_DECODED || op->length == 0 || (uintptr_t)buf % DCP_DIRECT_ALIGN ||
+        !dcpi_add_u64(op->src_offset, op->length, &end) || end > (uint64_t)INT64_MAX - DCP_DIRECT_ALIGN)
+        return 1;
+    uint64_t from = op->src_offset - *lead;
+    uint64_t to = (end + DCP_DIRECT_ALIGN - 1) / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN;
+    if (to - from > cap)
+        return 1;
+    int fd = open_direct(ck, op->file);
+    if (fd < 0)
+        return 1;
+    struct iovec v = {buf, (size_t)(to - from)};
+    size_t got = 0;
+    int e = dcpi_preadv_exact(fd, &v, 1, from, 0, &got);
+    close(fd);
+    return e || got < end - from ? 1 : 0;   /* short only at the end of the file, else the fallback says */
+}
+
 void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op)
 {
     int fd;

@@ -1013,6 +1013,34 @@ int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, c
     return dcp_op_fetch(ck, g->spaces[u->space].e, &op, (unsigned char *)buf + got, err);
 }
 
+int dcp_gunit_read_direct(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *buf, size_t cap,
+                          size_t *lead, dcp_error *err)
+{
+    dcp_op op = dcp_gunit_op(g, u);
+    *lead = (size_t)(op.src_offset % DCP_DIRECT_ALIGN);
+    if (cap < *lead || cap - *lead < op.length) {
+        *lead = 0;
+        return dcp_gunit_read(ck, g, u, NULL, buf, err);
+    }
+    unsigned char *at = (unsigned char *)buf + *lead;
+    /* Is the unit cached? One block from its middle is asked: a read with
+     * RWF_NOWAIT that misses starts readahead of what it asked for, which
+     * O_DIRECT would then read from the device a second time (the whole
+     * unit asked so made --direct slower than buffered reads), and its ends
+     * are often cached by the record locator's reads of the zip headers
+     * beside them. */
+    uint64_t mid = op.length / 2 / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN;
+    dcp_op probe = op;
+    probe.src_offset += mid;
+    probe.length = op.length - mid < DCP_DIRECT_ALIGN ? op.length - mid : DCP_DIRECT_ALIGN;
+    if (dcp_op_fetch_cached(ck, &probe, at + mid) == probe.length)
+        return dcp_gunit_read(ck, g, u, NULL, at, err);   /* cached: through the page cache */
+    size_t rlead;
+    if (dcp_op_fetch_direct(ck, &op, buf, cap, &rlead) == 0)
+        return 0;
+    return dcp_op_fetch(ck, g->spaces[u->space].e, &op, at, err);
+}
+
 int dcp_gunit_cache(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,
                     void *scratch, size_t len, dcp_error *err)
 {

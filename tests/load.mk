@@ -1,5 +1,5 @@
 # The collective loader (libdcpload, dcpload): real mpiexec runs.
-LOAD_TESTS = tests/load-fixtures.sh tests/load-units.sh tests/load-errors.sh tests/load-api.sh \
+LOAD_TESTS = tests/load-fixtures.sh tests/load-direct.sh tests/load-units.sh tests/load-errors.sh tests/load-api.sh \
 	tests/load-interop.sh tests/load-file.sh tests/load-dcpload.sh tests/load-large.sh tests/load-faults.sh \
 	tests/load-nodes.sh tests/load-device.sh
 TESTS += $(LOAD_TESTS)

@@ -8,7 +8,7 @@
  * prints every rank's lines in rank order. CKPT is a checkpoint folder or one
  * torch.save or safetensors file. Options for comparisons and tests are
  * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
- * --bcast-local, --shm, --host-delivery, --device-delivery. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * --bcast-local, --shm, --host-delivery, --device-delivery, --direct. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
  * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
  * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
@@ -59,7 +59,7 @@ struct opts {
     const char *path;
     const char *keys;
     enum layout layout;
-    int cuda, json, independent, no_bcast, shm, bcast_local, host_delivery, device_delivery;
+    int cuda, json, independent, no_bcast, shm, bcast_local, host_delivery, device_delivery, direct;
     int gpu;                 /* --device cuda on a real GPU (not libdcpload's fake device) */
     size_t staging;
     unsigned buffers;
@@ -70,7 +70,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: mpiexec -n N dcpload CKPT [--keys PATTERN] [--layout rows|cols|blocks|replicate]\n"
                "                                [--device host|cuda] [--json]\n"
                "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
-               "       [--shm] [--host-delivery | --device-delivery] [--buffers N]\n");
+               "       [--shm] [--host-delivery | --device-delivery] [--buffers N] [--direct]\n");
 }
 
 /* numpy.array_split: the first n mod parts parts get one more. */
@@ -224,7 +224,7 @@ static int parse(int argc, char **argv, struct opts *o)
         {"strategy", required_argument, 0, 's'}, {"staging", required_argument, 0, 'S'},
         {"no-bcast", no_argument, 0, 'B'},       {"shm", no_argument, 0, 'M'},
         {"bcast-local", no_argument, 0, 'L'},    {"host-delivery", no_argument, 0, 'H'},
-        {"device-delivery", no_argument, 0, 'D'},
+        {"device-delivery", no_argument, 0, 'D'}, {"direct", no_argument, 0, 'O'},
         {"buffers", required_argument, 0, 'N'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -282,6 +282,7 @@ static int parse(int argc, char **argv, struct opts *o)
         case 'L': o->bcast_local = 1; break;
         case 'H': o->host_delivery = 1; break;
         case 'D': o->device_delivery = 1; break;
+        case 'O': o->direct = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -496,7 +497,7 @@ int main(int argc, char **argv)
     lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
                (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0) |
                (o.host_delivery ? DCP_LOAD_HOST_DELIVERY : 0) |
-               (o.device_delivery ? DCP_LOAD_DEVICE_DELIVERY : 0);
+               (o.device_delivery ? DCP_LOAD_DEVICE_DELIVERY : 0) | (o.direct ? DCP_LOAD_DIRECT : 0);
     lo.staging_bytes = o.staging;
     lo.nstaging = o.buffers;
     dcp_load_stats st;

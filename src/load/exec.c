@@ -84,7 +84,8 @@ struct exec {
         int slot;
         int state;             /* 0 not read, 1 ready for the main thread, 2 finished by the I/O thread */
     } *ready;
-    size_t io_next;            /* next read for the I/O thread */
+    size_t io_next;            /* next read for the I/O threads */
+    int direct;                /* reads bypass the page cache into staging (DCP_LOAD_DIRECT) */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int threaded;
@@ -155,6 +156,8 @@ static int has_shm(const struct exec *x, const dcp_gunit *u)
  * set), or into a staging slot (0). */
 static int read_direct(const struct exec *x, const dcp_gunit *u, unsigned char **dest)
 {
+    if (x->direct)
+        return 0;   /* O_DIRECT reads whole blocks: into staging, never past a destination's edges */
     size_t n;
     const dcp_gfrag *f = my_frags(x, u, &n);
     return !has_shm(x, u) && direct_target(x, f, n, u->len, dest);
@@ -199,23 +202,28 @@ static int free_slot(struct exec *x, unsigned from, unsigned to)
  * read, so that a test can strike mid-load (tests/load-faults.sh). */
 static void test_read_delay(void)
 {
-    static int ms = -1;   /* read once; only the I/O thread reads units */
-    if (ms < 0) {
-        const char *s = getenv("DCPLOAD_TEST_READ_DELAY_MS");
-        ms = s && atoi(s) > 0 ? atoi(s) : 0;
-    }
+    const char *s = getenv("DCPLOAD_TEST_READ_DELAY_MS");
+    int ms = s && atoi(s) > 0 ? atoi(s) : 0;
     if (ms > 0)
         nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL);
 }
 
 /* Read unit k of this rank's reads into buf: the cached bytes first, the
- * next unit advised when some are missing (dcp_gunit_read). */
-static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, dcp_error *e)
+ * next unit advised when some are missing (dcp_gunit_read); or with direct
+ * the rest with O_DIRECT into a staging slot, the unit's first byte at
+ * *at (its offset within a block). */
+static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, unsigned char **at, dcp_error *e)
 {
     test_read_delay();
     const dcp_gunit *u = &x->g->units[x->reads[k]];
     const dcp_gunit *next = k + 1 < x->nreads ? &x->g->units[x->reads[k + 1]] : NULL;
-    return dcp_gunit_read(x->ck, x->g, u, next, buf, e);
+    *at = buf;
+    if (!x->direct)
+        return dcp_gunit_read(x->ck, x->g, u, next, buf, e);
+    size_t lead = 0;
+    int rc = dcp_gunit_read_direct(x->ck, x->g, u, buf, x->rsize, &lead, e);
+    *at = buf + lead;
+    return rc;
 }
 
 /* Read unit k of this rank's reads into its target. Called with the lock
@@ -245,7 +253,7 @@ static void io_unit(struct exec *x, size_t k)
     dcp_error e = {0};
     int rc = 0;
     if (!failed)   /* after a failure keep the protocol going, skip the reads */
-        rc = fetch_unit(x, k, buf, &e);
+        rc = fetch_unit(x, k, buf, &buf, &e);
     double t1 = ldi_now();
     int finished = 0;
     if (rc == 0 && !failed && io_only(x, u)) {
@@ -290,6 +298,21 @@ static int needs_slot(struct exec *x, size_t k)
 {
     unsigned char *buf;
     return !read_direct(x, &x->g->units[x->reads[k]], &buf);
+}
+
+/* How many I/O threads read units at once: one unit's read waits for its
+ * slowest piece (files.c splits it over dcp_read_threads() threads), so a
+ * second unit in flight keeps the device busy meanwhile. */
+#define IO_THREADS_MAX 8
+static unsigned io_threads(size_t nreads)
+{
+    unsigned n = 2;
+    const char *s = getenv("DCPLOAD_IO_THREADS");
+    if (s && atoi(s) > 0)
+        n = (unsigned)atoi(s) > IO_THREADS_MAX ? IO_THREADS_MAX : (unsigned)atoi(s);
+    if (n > nreads)
+        n = nreads ? (unsigned)nreads : 1;
+    return n;
 }
 
 static void *io_thread(void *arg)
@@ -710,6 +733,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     x.err = err;
     int rc = 0, provided = MPI_THREAD_SINGLE, started = 0;
     MPI_Query_thread(&provided);
+    /* not with a host shared-memory window: node peers copy from a slot's start */
+    x.direct = o->direct && !(g->has_shm && !o->ipc);
 
     int need_cuda = 0;
     for (size_t i = reqs->first[x.me]; i < reqs->first[x.me + 1]; i++)
@@ -742,6 +767,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
         x.wr = o->nstaging;
         x.rsize = o->staging_bytes;
     }
+    if (x.direct)   /* whole blocks around a unit: its start's offset within one, and the tail's */
+        x.rsize = (x.rsize + DCP_DIRECT_ALIGN - 1) / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN + 2 * DCP_DIRECT_ALIGN;
     x.reads = malloc((x.nreads ? x.nreads : 1) * sizeof *x.reads);
     x.ready = calloc(x.nreads ? x.nreads : 1, sizeof *x.ready);
     x.bufs = calloc((size_t)x.wr + x.wv + 1, sizeof *x.bufs);
@@ -802,14 +829,15 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
             x.reads[k++] = i;
 
     x.threaded = provided >= MPI_THREAD_FUNNELED;
-    pthread_t th;
+    pthread_t th[IO_THREADS_MAX];
     if (x.threaded) {
         pthread_mutex_init(&x.lock, NULL);
         pthread_cond_init(&x.cond, NULL);
-        if (pthread_create(&th, NULL, io_thread, &x) != 0)
+        unsigned want = io_threads(x.nreads);
+        while ((unsigned)started < want && pthread_create(&th[started], NULL, io_thread, &x) == 0)
+            started++;
+        if (!started)
             x.threaded = 0;
-        else
-            started = 1;
     }
 
     /* walk the units in the global order */
@@ -832,9 +860,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     }
     while (x.npend)
         wait_oldest(&x);
-    if (started) {
-        pthread_join(th, NULL);
-    }
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
     dcp_error e;
     if (ldi_dest_finish(x.dest, &e) < 0)
         fail(&x, &e);

@@ -165,6 +165,7 @@ typedef struct ldi_exec_opts {
     const MPI_Comm *groups;  /* per broadcast group of the plan: ldi_groups_create */
     const int *node_rank;    /* per rank of comm: its rank in its node communicator */
     const ldi_ipc *ipc;      /* set up: the plan's shm deliveries run device to device */
+    int direct;              /* DCP_LOAD_DIRECT: storage reads bypass the page cache */
 } ldi_exec_opts;
 
 /* The ranks sharing memory with this one: a node communicator, and per rank

@@ -2,9 +2,11 @@
  * files and missing files with their messages, preadv batches and bounce
  * pieces, the fd cache under a low RLIMIT_NOFILE, 8 threads executing
  * plans on one checkpoint at once, and the cached read and prefetch advice
- * of the loader, reads in pieces on several threads. */
+ * of the loader, its reads bypassing the page cache, reads in pieces on
+ * several threads. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -532,6 +534,79 @@ START_TEST(test_cached_and_prefetch)
 }
 END_TEST
 
+/* dcp_op_fetch_direct: whole blocks with O_DIRECT into an aligned buffer,
+ * the op's first byte at buf + lead; 1 (the caller reads the usual way) for
+ * a misaligned buffer, a small cap, a decoded op, a read past the end of
+ * the file, a missing file, or a file replaced since it was first read. */
+START_TEST(test_direct)
+{
+    const size_t size = ((size_t)3 << 20) + 123;
+    unsigned char *data = malloc(size), *mem = NULL;
+    uint64_t s = 11;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    const size_t cap = size + 2 * DCP_DIRECT_ALIGN;
+    ck_assert_int_eq(posix_memalign((void **)&mem, DCP_DIRECT_ALIGN, cap + 1), 0);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named, absent on disk */
+    tck_finish(ck);
+    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int can = fd >= 0;   /* tmpfs and some others refuse O_DIRECT */
+    if (fd >= 0)
+        close(fd);
+    dcp_op op = {0};
+    op.elem_size = op.dest_stride = 1;
+    op.src_offset = 0;
+    op.length = 1;
+    unsigned char one;
+    (void)dcp_op_fetch_cached(ck, &op, &one);   /* the file is seen: its identity noted */
+    size_t lead = 99;
+    op.src_offset = 3 * DCP_DIRECT_ALIGN + 17;   /* starts and ends inside blocks */
+    op.length = ((uint64_t)2 << 20) + 5;
+    memset(mem, 0, cap);
+    int rc = dcp_op_fetch_direct(ck, &op, mem, cap, &lead);
+    ck_assert_uint_eq(lead, 17);
+    if (can) {
+        ck_assert_int_eq(rc, 0);
+        ck_assert_int_eq(memcmp(mem + lead, data + op.src_offset, (size_t)op.length), 0);
+    } else {
+        ck_assert_int_eq(rc, 1);
+    }
+    op.src_offset = 5;   /* up to the end of the file, which ends inside a block */
+    op.length = size - 5;
+    memset(mem, 0, cap);
+    rc = dcp_op_fetch_direct(ck, &op, mem, cap, &lead);
+    ck_assert_int_eq(rc, can ? 0 : 1);
+    if (can)
+        ck_assert_int_eq(memcmp(mem + 5, data + 5, size - 5), 0);
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem + 1, cap - 1, &lead), 1);       /* misaligned */
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, size - DCP_DIRECT_ALIGN, &lead), 1);   /* small */
+    op.length = size;   /* 5 bytes past the end */
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, cap, &lead), 1);
+    op.length = 100;
+    op.src_offset = UINT64_MAX - 4;   /* beyond any file */
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, cap, &lead), 1);
+    op.src_offset = 0;
+    op.flags = DCP_OP_DECODED;
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, cap, &lead), 1);
+    op.flags = 0;
+    op.file = 1;   /* missing */
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, cap, &lead), 1);
+    op.file = 0;
+    /* replaced since first read: another file renamed over it */
+    int nfd = openat(ck->dirfd, "other", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ck_assert_int_ge(nfd, 0);
+    ck_assert_int_eq(write(nfd, data, 8192), 8192);
+    close(nfd);
+    ck_assert_int_eq(renameat(ck->dirfd, "other", ck->dirfd, "__0_0.distcp"), 0);
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, mem, cap, &lead), 1);
+    tck_free(ck);
+    free(data);
+    free(mem);
+}
+END_TEST
+
 /* Reads in pieces on several threads: any vector, any thread count, the
  * prefix up to end of file, errors that name the file. */
 /* The layers' state is theirs: reads before the data files' state is made
@@ -646,6 +721,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_threads);
     tcase_add_test(t, test_fd_cache);
     tcase_add_test(t, test_cached_and_prefetch);
+    tcase_add_test(t, test_direct);
     tcase_add_test(t, test_parallel_pieces);
     tcase_add_test(t, test_layer_state);
     suite_add_tcase(s, t);

@@ -1,0 +1,71 @@
+# dcpload --direct (DCP_LOAD_DIRECT): storage reads bypass the page cache
+# (O_DIRECT) into the staging buffers. A synthetic checkpoint of tensors
+# whose records start and end inside file blocks, its shard files evicted
+# from the page cache before each run: on 1 to 3 ranks, layouts rows, cols
+# and replicate, the default staging and an odd one (1000000 bytes: units
+# cut off blocks), --shm (whose host window --direct leaves alone) and CUDA
+# destinations under the fake device (node peers by IPC) give the same
+# per-rank digests as the buffered load, read each stored byte once, and
+# leave the checkpoint folder as it was. The reads themselves are tested in
+# tests/unit/test_reader.c (test_direct); where the file system refuses
+# O_DIRECT, the loader reads as usual and the digests still agree.
+. "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
+need python3
+scratch
+CK="$SCRATCH/ck"
+"$DCP" synth "$CK" --keys 6 --shape 1000,999 --dtype float32 --ranks 3 --shard rows >/dev/null ||
+    fail "dcp synth failed"
+before=$(cd "$CK" && ls -l --time-style=+%s.%N . | sha256sum)
+evict() {
+    python3 - "$CK"/*.distcp <<'PY'
+import os, sys
+for f in sys.argv[1:]:
+    fd = os.open(f, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
+# digests FILE: the sorted region digests of a --json run; check the reads
+digests() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+st = [r for r in rows if "bytes_read" in r]
+read = sum(r["bytes_read"] for r in st)
+if read != st[0]["bytes_unique"]:
+    sys.exit(f"read {read} bytes, unique {st[0]['bytes_unique']}")
+for r in sorted((r for r in rows if "xxh3" in r), key=lambda r: (r["rank"], r["key"])):
+    print(r["rank"], r["key"], r["offsets"], r["lengths"], r["xxh3"])
+PY
+}
+runs=0
+check() {   # check NAME N ARGS...: buffered and --direct, evicted, the same digests
+    local name=$1 n=$2
+    shift 2
+    evict
+    mpirun "$n" "$DCPLOAD" "$CK" --json "$@" >"$SCRATCH/plain.json" 2>"$SCRATCH/err" ||
+        fail "$name: dcpload -n $n $* failed: $(cat "$SCRATCH/err")"
+    evict
+    mpirun "$n" "$DCPLOAD" "$CK" --json --direct "$@" >"$SCRATCH/direct.json" 2>"$SCRATCH/err" ||
+        fail "$name: dcpload -n $n --direct $* failed: $(cat "$SCRATCH/err")"
+    digests "$SCRATCH/plain.json" >"$SCRATCH/plain.txt" || fail "$name: buffered: $(cat "$SCRATCH/plain.txt")"
+    digests "$SCRATCH/direct.json" >"$SCRATCH/direct.txt" || fail "$name: --direct: $(cat "$SCRATCH/direct.txt")"
+    [ -s "$SCRATCH/plain.txt" ] || fail "$name: no digests"
+    cmp -s "$SCRATCH/plain.txt" "$SCRATCH/direct.txt" ||
+        fail "$name: --direct digests differ: $(diff "$SCRATCH/plain.txt" "$SCRATCH/direct.txt" | head -4)"
+    runs=$((runs + 1))
+}
+for n in 1 2 3; do
+    for layout in rows cols replicate; do
+        check "$layout" "$n" --layout "$layout"
+        check "$layout, odd staging" "$n" --layout "$layout" --staging 1000000
+    done
+done
+check "replicate --shm" 3 --layout replicate --shm
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    DCPLOAD_FAKE_DEVICE=1 check "cuda (fake device), IPC" 2 --layout replicate --device cuda
+    DCPLOAD_FAKE_DEVICE=1 check "cuda (fake device), rows" 2 --layout rows --device cuda --staging 1000000
+fi
+[ "$before" = "$(cd "$CK" && ls -l --time-style=+%s.%N . | sha256sum)" ] || fail "the checkpoint folder changed"
+echo "ok: $runs layouts and options, --direct digests equal the buffered ones"
