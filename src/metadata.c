@@ -341,7 +341,7 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
         if (ci >= UINT32_MAX)
             return dcpi_err(in->err, EOVERFLOW, "%s: %s: too many chunks", in->what, key);
     }
-    if (!in->ck->spill) {   /* (a spilled model finds chunks by their hash) */
+    if (!in->ck->spill) {   /* (a spilled model matches storage items to chunks by their offsets) */
         if (slots_for(in, idx) < 0)
             return -1;
         free(in->order[idx]);   /* (made for the chunks before these) */

@@ -197,7 +197,9 @@ int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dc
                    const unsigned char *buf, int src_dev, int slot, dcp_error *err)
 {
     int rc = 0, used_dev = 0;
-    void *s = d->cuda ? d->streams[d->next++ % LDI_NSTREAMS] : NULL;
+    /* a stream only for device copies: the I/O threads place host-only units
+     * here too, and must not touch the stream counter the main thread uses */
+    void *s = NULL;
     for (size_t i = 0; i < n; i++) {
         const dcp_greq *q = &r->v[g->gops[f[i].gop].req];
         if (q->mem == DCP_LOAD_HOST && !src_dev) {   /* a run of host fragments: libdcp places them */
@@ -216,6 +218,8 @@ int ldi_dest_place(ldi_dest *d, const dcp_gplan *g, const dcp_greqs *r, const dc
                              d->cuda ? "dcp_load: a host destination fed from device memory" : no_cuda);
             continue;
         }
+        if (!used_dev)
+            s = d->streams[d->next++ % LDI_NSTREAMS];
         used_dev = 1;
         dcp_op sub = dcp_gfrag_op(g, &f[i]);
         if (rc == 0 && device_place(d, &sub, buf + f[i].img, src_dev, q->dest, g->gops[f[i].gop].dtype, s, err) < 0)
