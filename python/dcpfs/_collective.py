@@ -702,7 +702,8 @@ class _Placer:
         simple = self._simple(f)
         if simple and pinned is not None:
             dst[at:at + f.len].copy_(pinned[f.img:f.img + f.len], non_blocking=True)
-            self.devices.add(dst.device)
+            if dst.device.type == "cuda":    # (DCPFS_TEST_FAKE_CUDA's are host tensors)
+                self.devices.add(dst.device)
             return
         src = np.frombuffer(ffi.buffer(ffi.cast("unsigned char *", buf_addr) + f.img, f.len), dtype=np.uint8)
         if simple:
