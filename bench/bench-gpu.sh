@@ -77,7 +77,7 @@ if ! mpi 1 "$DCPLOAD" "$CK" --layout replicate --device cuda --json >"$DIR/probe
 fi
 unique=$(python3 -c 'import json, sys; print([r for r in map(json.loads, open(sys.argv[1])) if "bytes_read" in r][0]["bytes_unique"])' "$DIR/probe.json")
 SHARDS=("$CK"/*.distcp)
-evict() { python3 "$top_srcdir/bench/gpu_peers.py" evict "${SHARDS[@]}" "$@"; }
+evict() { python3 "$top_srcdir/bench/evict.py" "${SHARDS[@]}" "$@"; }
 now() { date +%s.%N; }
 
 # summary FILE PROC: "SECONDS BYTES_READ BYTES_IPC DELIVERY PROC" of one --json run (slowest rank)

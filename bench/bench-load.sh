@@ -106,9 +106,7 @@ storage_setup() {
 # storage CMD...: evict the shard files from the page cache, then run CMD (a
 # function too) in a subshell inside the limiting cgroup
 storage() {
-    python3 -c 'import os, sys
-for f in sys.argv[1:]:
-    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "${files[@]}"
+    python3 "$top_srcdir/bench/evict.py" "${files[@]}"
     (
         [ -z "$CG" ] || echo "$BASHPID" >"$CG/cgroup.procs"
         "$@"

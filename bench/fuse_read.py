@@ -14,6 +14,8 @@ CPU times are user + system; the daemon's is 0 without --pid.
 """
 import mmap, os, resource, sys, time
 
+from evict import evict as drop_cached  # bench/evict.py
+
 
 def daemon_cpu(pid):
     if not pid:
@@ -33,10 +35,7 @@ def main():
             args = args[2:]
         else:
             sys.exit(f"unknown option {args[0]}")
-    for p in evict:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    drop_cached(evict)
     buf = mmap.mmap(-1, 1 << 20)
     view = memoryview(buf)
     total = 0

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """The one-process peers and ceilings of bench-gpu.sh (issues 12 and 16).
 
-usage: gpu_peers.py evict FILE...
-       gpu_peers.py copy BYTES [REPS]
+usage: gpu_peers.py copy BYTES [REPS]
        gpu_peers.py TOOL PATH warm|evicted REPS
 TOOL (each loads every tensor of PATH into preallocated CUDA tensors of one
 process, as a single-GPU job would; PATH is a DCP folder, or a .safetensors
@@ -17,7 +16,7 @@ of the best load (to torch.cuda.synchronize()), GB/s of the stored bytes,
 and process_seconds, from this script's start to the end of the first
 load (interpreter, torch, CUDA context, destinations and one load), as a
 user sees it. `evicted`: the files are dropped from the page cache (fsync +
-POSIX_FADV_DONTNEED) before each load. Exits 77 without a usable GPU or
+POSIX_FADV_DONTNEED: bench/evict.py) before each load. Exits 77 without a usable GPU or
 module. GPU_PEERS_DEVICE=cpu runs the loaders into host memory instead (to
 try this script on a machine without a GPU).
 """
@@ -27,20 +26,10 @@ import os
 import sys
 import time
 
+from evict import evict  # bench/evict.py
+
 START = time.time()
 DEVICE = os.environ.get("GPU_PEERS_DEVICE", "cuda")
-
-
-def evict(paths):
-    for p in paths:
-        files = [os.path.join(p, f) for f in sorted(os.listdir(p))] if os.path.isdir(p) else [p]
-        for f in files:
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def need(module):
@@ -86,9 +75,6 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     tool = sys.argv[1]
-    if tool == "evict":
-        evict(sys.argv[2:])
-        return
     torch = need("torch")
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("gpu_peers: torch sees no GPU", file=sys.stderr)

@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
+from evict import evict  # bench/evict.py
 from load_torch import cpu, rchar  # bench/load_torch.py (bench-load's PyTorch loader)
 
 
@@ -101,14 +102,6 @@ def run(rank, n, ckpt, layout, tool, reps, cold, port, q):
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss    # KiB
     q.put(dict(rank=rank, runs=runs, first_done=first_done, rss_above_mib=max(0, peak - rss0) / 1024.0))
     dist.destroy_process_group()
-
-
-def evict(files):
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
 
 
 def main():

@@ -17,15 +17,7 @@ CK="$SCRATCH/ck"
 "$DCP" synth "$CK" --keys 6 --shape 1000,999 --dtype float32 --ranks 3 --shard rows >/dev/null ||
     fail "dcp synth failed"
 before=$(cd "$CK" && ls -l --time-style=+%s.%N . | sha256sum)
-evict() {
-    python3 - "$CK"/*.distcp <<'PY'
-import os, sys
-for f in sys.argv[1:]:
-    fd = os.open(f, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
-PY
-}
+evict() { python3 "$top_srcdir/bench/evict.py" "$CK"/*.distcp; }
 # digests FILE: the sorted region digests of a --json run; check the reads
 digests() {
     python3 - "$1" <<'PY'
