@@ -56,6 +56,7 @@ int dcpi_sum_ok(const void *data, size_t len, uint64_t seed, dcpi_rbuf *r);
 
 /* The catalog rows behind a model served lazily (modelcache.c), and the
  * chunk records cached with them (recordcache.c). */
+#define DCPI_SEEK_ROWS 16
 struct dcpi_lazy {
     dcp_catalog *cat;
     sqlite3_int64 model;       /* models.id (AUTOINCREMENT: never reused) */
@@ -63,6 +64,13 @@ struct dcpi_lazy {
     pthread_mutex_t lock;      /* the statements, the arena, filling entries */
     sqlite3_stmt *all, *exact, *seek, *chunks, *alive;
     dcpi_arena arena;          /* keys and shapes of the entries filled so far */
+    /* The rows the last seek statement read (DCPI_SEEK_ROWS, consecutive in
+     * key order from seek_from on): a later seek inside them needs no
+     * statement (a listing seeks child after child; each statement costs
+     * SQLite's locking and checks, most of a lookup's time). */
+    size_t seek_rows[DCPI_SEEK_ROWS];
+    size_t nseek_rows;
+    char *seek_from;
     int all_done;
     dcp_checkpoint *parsed;    /* the catalog failed: the rest comes from a parse */
     dcpi_parse_fn parse;       /* how to parse (dcp_open without the catalog) */

@@ -49,6 +49,8 @@
 #define SEED_HEAD 0x68656164u       /* "head": the checksum of an entry's header */
 #define SEED_CHUNKS 0x63686b73u     /* "chks": the checksum of its chunk list */
 #define LAZY_CACHE_KIB 4096         /* SQLite page cache of a served model's connection */
+#define DCPI_STR_(x) #x
+#define DCPI_STR(x) DCPI_STR_(x)
 
 
 /* ------------------------------------------------------------ metadata key */
@@ -465,10 +467,53 @@ static int lazy_all(const dcp_checkpoint *ck, dcp_error *err)
     return rc;
 }
 
+/* Under lz->lock: a seek answered by the rows the last seek statement read:
+ * key at or after where it started and at or before its last row. */
+static int seek_in_rows(const dcp_checkpoint *ck, const char *key, size_t *idx)
+{
+    const struct dcpi_lazy *lz = ck->lazy;
+    if (!lz->seek_from || strcmp(key, lz->seek_from) < 0)
+        return 0;
+    for (size_t r = 0; r < lz->nseek_rows; r++)
+        if (strcmp(ck->entries[lz->seek_rows[r]].key, key) >= 0) {
+            *idx = lz->seek_rows[r];
+            return 1;
+        }
+    return 0;
+}
+
+/* Under lz->lock: the rows after a seek's answer, kept for the seeks that
+ * follow it (seek_in_rows). A row that cannot be taken ends them quietly:
+ * it fails the seek that asks for it. */
+static void keep_seek_rows(const dcp_checkpoint *ck, sqlite3_stmt *st, const char *key, size_t first)
+{
+    struct dcpi_lazy *lz = ck->lazy;
+    size_t kl = strlen(key);
+    char *from = realloc(lz->seek_from, kl + 1);
+    lz->nseek_rows = 0;
+    if (!from) {
+        free(lz->seek_from);
+        lz->seek_from = NULL;
+        return;
+    }
+    lz->seek_from = memcpy(from, key, kl + 1);
+    lz->seek_rows[lz->nseek_rows++] = first;
+    dcp_error quiet;
+    while (lz->nseek_rows < DCPI_SEEK_ROWS && sqlite3_step(st) == SQLITE_ROW) {
+        uint64_t i = (uint64_t)sqlite3_column_int64(st, 0);
+        if (fill_entry(ck, i, sqlite3_column_blob(st, 1), (size_t)sqlite3_column_bytes(st, 1),
+                       sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2), &quiet) < 0)
+            break;
+        lz->seek_rows[lz->nseek_rows++] = (size_t)i;
+    }
+}
+
 /* Under lz->lock: the entry with key (or the first >= key) from the catalog. */
 static int find_in_catalog(const dcp_checkpoint *ck, const char *key, int seek, size_t *idx, dcp_error *err)
 {
     struct dcpi_lazy *lz = ck->lazy;
+    if (seek && seek_in_rows(ck, key, idx))
+        return 0;
     sqlite3_stmt *st = seek ? lz->seek : lz->exact;
     sqlite3_reset(st);
     sqlite3_bind_int64(st, 1, lz->model);
@@ -481,6 +526,8 @@ static int find_in_catalog(const dcp_checkpoint *ck, const char *key, int seek, 
         rc = fill_entry(ck, i, k, kl, sqlite3_column_blob(st, 2), (size_t)sqlite3_column_bytes(st, 2), err);
         if (rc == 0)
             *idx = (size_t)i;
+        if (rc == 0 && seek)
+            keep_seek_rows(ck, st, key, (size_t)i);
     } else if (src == SQLITE_DONE) {
         rc = gone(ck, err);   /* "no such key", unless the model itself went */
     } else {
@@ -638,6 +685,7 @@ static void lazy_free(struct dcpi_lazy *lz)
     dcp_catalog_close(lz->cat);
     dcp_close(lz->parsed);
     dcpi_arena_free(&lz->arena);
+    free(lz->seek_from);
     pthread_mutex_destroy(&lz->lock);
     free(lz);
 }
@@ -746,7 +794,7 @@ int dcpi_catalog_load(dcp_checkpoint *ck, const char *catalog, dcpi_parse_fn par
         if (prepare(db, "SELECT idx, key, head FROM model_entries WHERE model=? ORDER BY idx", &lz->all) < 0 ||
             prepare(db, "SELECT idx, key, head FROM model_entries WHERE model=?1 AND key=?2", &lz->exact) < 0 ||
             prepare(db, "SELECT idx, key, head FROM model_entries INDEXED BY model_entries_by_key"
-                        " WHERE model=?1 AND key>=?2 ORDER BY key LIMIT 1", &lz->seek) < 0 ||
+                        " WHERE model=?1 AND key>=?2 ORDER BY key LIMIT " DCPI_STR(DCPI_SEEK_ROWS), &lz->seek) < 0 ||
             prepare(db, "SELECT chunks FROM model_entries WHERE model=? AND idx=?", &lz->chunks) < 0 ||
             prepare(db, "SELECT 1 FROM models WHERE id=?", &lz->alive) < 0 || dcpi_records_prepare(ck) < 0)
             rc = -1;
