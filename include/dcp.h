@@ -27,12 +27,12 @@ extern "C" {
  * tests/abi-symbols.sh checks that they agree). DCP_VERSION_NUMBER orders
  * versions: 10000 * major + 100 * minor + patch (0.1.0 is 100). */
 #define DCP_VERSION_MAJOR 0
-#define DCP_VERSION_MINOR 1
+#define DCP_VERSION_MINOR 2
 #define DCP_VERSION_PATCH 0
 #define DCP_VERSION_NUMBER (DCP_VERSION_MAJOR * 10000 + DCP_VERSION_MINOR * 100 + DCP_VERSION_PATCH)
 #define DCP_VERSION_STR_(x) #x
 #define DCP_VERSION_XSTR_(x) DCP_VERSION_STR_(x)
-/* "0.1.0", made from the three numbers. */
+/* "0.2.0", made from the three numbers. */
 #define DCP_VERSION_STRING \
     DCP_VERSION_XSTR_(DCP_VERSION_MAJOR) "." DCP_VERSION_XSTR_(DCP_VERSION_MINOR) "." \
     DCP_VERSION_XSTR_(DCP_VERSION_PATCH)
@@ -41,7 +41,7 @@ extern "C" {
  * than the headers it was compiled with: a program that needs a call added
  * in 0.2.0 checks dcp_version_number() >= 200. Never fails. */
 unsigned dcp_version_number(void);
-/* The same as a string, "0.1.0": DCP_VERSION_STRING of the running libdcp (for
+/* The same as a string, "0.2.0": DCP_VERSION_STRING of the running libdcp (for
  * messages and bug reports). Never fails. Since DCP_0.2. */
 const char *dcp_version(void);
 

@@ -29,7 +29,7 @@ libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread
 libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
 # Exports: the public dcp_* calls, each with the symbol version DCP_0.1
 # (src/libdcp.map; tests/abi-symbols.sh checks the built library).
-libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -Wl,--version-script=$(srcdir)/src/libdcp.map
+libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:1 -Wl,--version-script=$(srcdir)/src/libdcp.map
 EXTRA_libdcp_la_DEPENDENCIES = $(srcdir)/src/libdcp.map
 EXTRA_DIST += src/libdcp.map
 dist_man_MANS += man/dcp_gplan.3 man/dcp_dtype.3 man/dcp_file.3

@@ -62,7 +62,7 @@ import numpy as np
 
 from ._native import ffi as _ffi, lib as _lib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["open", "Checkpoint", "EntryInfo", "Chunk", "DcpError", "DcpKeyError", "__version__"]
 

@@ -256,7 +256,7 @@ def test_help_renders():
     text = pydoc.render_doc(dcpfs, renderer=pydoc.plaintext)
     for word in ("dcpfs.open", "read_bytes", "bfloat16", "uint16", "DcpError", "Checkpoint", "EntryInfo"):
         assert word in text
-    assert dcpfs.__version__ == "0.1.0"
+    assert dcpfs.__version__ == "0.2.0"
     assert dcpfs.Checkpoint.read.__doc__ and dcpfs.open.__doc__
 
 

@@ -20,7 +20,7 @@ libdcpload_la_SOURCES = \
 libdcpload_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -pthread
 libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread -lrt
 # Exports: the dcp_load* calls, with the symbol version DCP_LOAD_0.1 (src/load/libdcpload.map).
-libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 0:0:0 -Wl,--version-script=$(srcdir)/src/load/libdcpload.map
+libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:1 -Wl,--version-script=$(srcdir)/src/load/libdcpload.map
 EXTRA_libdcpload_la_DEPENDENCIES = $(srcdir)/src/load/libdcpload.map
 EXTRA_DIST += src/load/libdcpload.map
 
