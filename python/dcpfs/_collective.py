@@ -50,6 +50,7 @@ __all__ = ["load", "LoadStats"]
 
 _STAGING = 16 << 20     # bytes per unit (the plan's largest read), as libdcpload's default
 _SCRATCH = 1 << 20      # a reader's scratch for units its node's ranks take from the page cache
+_ALIGN = int(lib.DCP_DIRECT_ALIGN)   # O_DIRECT's block: buffers, offsets and lengths in whole ones
 
 
 @dataclass
@@ -240,7 +241,7 @@ class _Shm:
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
          plan_ops: int = 1 << 17, io_threads: int = 4, node_sharing: str = "page_cache",
-         catalog: bool = True) -> LoadStats:
+         catalog: bool = True, direct: bool = False) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
     Call it on every rank of ``process_group`` (default: the whole job, as set
@@ -282,6 +283,14 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             bypass the page cache, such as FUSE with direct I/O).
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
+        direct: units this rank reads into its own buffers (those for CUDA
+            destinations and for peers on other nodes) are read with
+            ``O_DIRECT`` when they are not in the page cache, as ``dcpload
+            --direct`` does: faster on some storage for evicted files, the
+            same elsewhere (a file system without ``O_DIRECT`` is read
+            through the page cache). Units the node's peers take from the
+            page cache, and reads straight into a destination, go through it
+            anyway.
 
     Returns:
         this rank's :class:`LoadStats`.
@@ -309,7 +318,7 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing)}
+                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct))}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
@@ -332,7 +341,8 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, node_sharing, stats, t0)
+                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, bool(direct), node_sharing,
+                    stats, t0)
     finally:
         if ck is not None:
             ck.close()
@@ -391,7 +401,7 @@ def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) ->
 
 
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
-         staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, node_sharing, stats: LoadStats,
+         staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, direct, node_sharing, stats: LoadStats,
          t0: float) -> LoadStats:
     err = ffi.new("dcp_error *")
     # 2. Every rank decodes every rank's requests: the same table everywhere.
@@ -442,7 +452,7 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         units = [staging_bytes]   # the unit to plan with: small once a plan had shm deliveries
         for idx in _batches(reqs, plan_ops):
             _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
-                        nstaging, io_threads, node_sharing == "staging" and staging, stats, t0)
+                        nstaging, io_threads, direct, node_sharing == "staging" and staging, stats, t0)
     finally:
         for sh in shms.values():
             sh.close()
@@ -550,7 +560,7 @@ def _subset(reqs, idx: List[int], world: int):
 
 
 def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units, unit,
-                nstaging, io_threads, staging, stats: LoadStats, t0: float) -> None:
+                nstaging, io_threads, direct, staging, stats: LoadStats, t0: float) -> None:
     """Build the global plan of the requests idx and run it. units[0] is the
     unit size to plan with; with staging (a callable opening it; False when
     the node shares the page cache) set to the small shm unit once a plan
@@ -599,7 +609,7 @@ def _load_batch(torch, dist, group, me, world, ck, reqs, idx, mine, node, units,
         t1 = time.perf_counter()
         shms = staging() if staging and gp.has_shm else {}
         _execute(torch, dist, group, me, world, ck, sub, gp, dest_of, shms, not staging, staging_bytes,
-                 nstaging, io_threads, stats)
+                 nstaging, io_threads, direct, stats)
         stats.seconds_transfer += time.perf_counter() - t1
     finally:
         if built:
@@ -725,12 +735,14 @@ class _PinnedRing:
     destinations: a unit is read into one, its fragments are copied up
     without waiting (so the next reads overlap the copies), and the buffer is
     taken again only once events recorded behind those copies have passed.
-    Without CUDA (DCPFS_TEST_FAKE_CUDA) the buffers are plain host memory and
-    copies complete at once, so the tests run the same bookkeeping."""
+    Without CUDA (DCPFS_TEST_FAKE_CUDA), or unpinned (pin=False: host
+    destinations of direct reads, placed at once), the buffers are plain host
+    memory and copies complete at once, so the tests run the same
+    bookkeeping."""
 
-    def __init__(self, torch, count: int, nbytes: int):
+    def __init__(self, torch, count: int, nbytes: int, pin: bool = True):
         self.torch, self.count, self.nbytes = torch, count, nbytes
-        self.cuda = torch.cuda.is_available()
+        self.cuda = pin and torch.cuda.is_available()
         self.free: List[Any] = []
         self.busy: deque = deque()    # (buffer, [events]) in the order given back
         self.made = 0
@@ -799,10 +811,11 @@ class _Reads:
 
 
 def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_cache, staging_bytes,
-             nstaging, io_threads, stats: LoadStats) -> None:
+             nstaging, io_threads, direct, stats: LoadStats) -> None:
     """Run the global plan: rounds of units in global order. Node peers take
     shm deliveries from the page cache (page_cache) or from shms, the
-    readers' shared staging."""
+    readers' shared staging. direct: units read into this rank's own buffers
+    bypass the page cache when they are not in it (dcp_gunit_read_direct)."""
     placer = _Placer(torch, gp, reqs, dest_of)
     units = gp.units
     nunits = gp.nunits
@@ -832,9 +845,15 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     n = ffi.new("size_t *")
     pool = ThreadPoolExecutor(max(1, io_threads))
     # CUDA destinations: the units this rank reads into a private buffer go
-    # through a few pinned ones instead, copied up while the next ones are read
+    # through a few pinned ones instead, copied up while the next ones are
+    # read; direct reads go through a few reused ones too (host destinations)
     mine = [units[k].len for k in range(nunits) if units[k].reader == me]
-    ring = _PinnedRing(torch, max(4, 2 * io_threads), max(mine)) if placer.any_cuda and mine else None
+    # O_DIRECT reads whole aligned blocks: room for the unit's first byte at
+    # its offset in a block, the last block, and aligning the buffer itself
+    pad = 3 * _ALIGN if direct else 0
+    ring = _PinnedRing(torch, max(4, 2 * io_threads), max(mine) + pad, pin=placer.any_cuda) \
+        if (placer.any_cuda or direct) and mine else None
+    at: Dict[int, int] = {}    # unit -> where its first byte is in its buffer (direct reads)
     # node peers' units taken from the page cache: nothing is reused after
     # them, so they run on their own threads behind the rounds, joined at the end
     takes = ThreadPoolExecutor(max(1, io_threads // 2)) if page_cache else None
@@ -844,7 +863,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     scratch = threading.local()
 
     def read(job) -> bool:
-        k, addr, _, how, nxt = job
+        k, addr, holder, how, nxt = job
         e = ffi.new("dcp_error *")
         nx = ffi.addressof(nxt) if nxt is not None else ffi.NULL
         u = ffi.addressof(units[k])
@@ -857,6 +876,13 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             f = lib.dcp_gunit_frags(gp, u, me, nf)
             ok = lib.dcp_gunit_cache(ck._ptr, gp, u, nx, scratch.buf, _SCRATCH, e) == 0 and \
                 (nf[0] == 0 or lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf[0], e) == 0)
+        elif direct and how in ("buffer", "pinned"):
+            size = holder.nbytes if how == "buffer" else holder.numel()
+            start = -addr % _ALIGN
+            lead = ffi.new("size_t *")
+            ok = lib.dcp_gunit_read_direct(ck._ptr, gp, u, ffi.cast("void *", addr + start), size - start,
+                                           lead, e) == 0
+            at[k] = start + lead[0]
         else:
             ok = lib.dcp_gunit_read(ck._ptr, gp, u, nx, ffi.cast("void *", addr), e) == 0
         if not ok and not failure:
@@ -888,11 +914,12 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             if u.reader != me:
                 continue
             nxt = units[next_mine[k]] if next_mine[k] >= 0 else None
-            direct = _is_direct(gp, reqs, u, me, page_cache)
+            # (direct: O_DIRECT reads whole blocks, so into a buffer, never past a destination's edges)
+            target = None if direct else _is_direct(gp, reqs, u, me, page_cache)
             holder = None
             how = "buffer"
-            if direct is not None:
-                addr, how = direct, "direct"
+            if target is not None:
+                addr, how = target, "direct"
             elif me in shms and _has_kind(gp, u, SHM):
                 addr = shms[me].addr + half + slot_of[k] * staging_bytes
             elif page_cache and _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and host_only(u, me):
@@ -900,7 +927,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             elif ring is not None:
                 addr, how = 0, "pinned"      # a buffer of the ring, when _Reads starts it
             else:
-                holder = np.empty(u.len, dtype=np.uint8)
+                holder = np.empty(u.len + pad, dtype=np.uint8)
                 addr = holder.ctypes.data
             jobs.append((k, addr, holder, how, nxt))
         return _Reads(pool, read, jobs, ring, placer)
@@ -929,6 +956,10 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             for (k, addr, holder, how, _), ok in pending:
                 u = units[k]
                 stats.bytes_read += u.len if ok else 0
+                if k in at:                 # a direct read: the unit starts inside its buffer
+                    off = at.pop(k)
+                    addr += off
+                    holder = holder[off:] if how == "pinned" else holder
                 if ok and how not in ("direct", "cache"):
                     f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
                     placer.place(f, n[0], addr, holder if how == "pinned" else None)

@@ -265,3 +265,51 @@ def test_cuda_units_through_the_pinned_ring(tmp_path, monkeypatch):
     assert st.bytes_read == st.bytes_unique
     assert st.units > 16 and len(taken) == st.units          # every unit through the ring
     assert max(made) == 4 and len(set(taken)) == 4           # 2 * io_threads buffers, reused
+
+
+class _DirectSpy:
+    """libdcp as _collective sees it, recording each direct read: the buffer's
+    alignment, where the unit's first byte landed, the room given, its length."""
+
+    def __init__(self, lib):
+        self._lib, self.calls = lib, []
+
+    def __getattr__(self, name):
+        return getattr(self._lib, name)
+
+    def dcp_gunit_read_direct(self, ck, gp, u, buf, cap, lead, err):
+        from dcpfs._native import ffi
+        rc = self._lib.dcp_gunit_read_direct(ck, gp, u, buf, cap, lead, err)
+        self.calls.append((int(ffi.cast("uintptr_t", buf)) % 4096, lead[0], cap, u.len))
+        return rc
+
+
+@pytest.mark.parametrize("fake_cuda", [False, True], ids=["host-buffers", "pinned-ring"])
+def test_direct_reads(tmp_path, monkeypatch, fake_cuda):
+    """direct=True: the units a rank reads into its own buffers (host buffers
+    here with a strided destination, the pinned ring for CUDA ones) go through
+    dcp_gunit_read_direct into aligned room, and the bytes are placed from
+    where each unit's first byte landed (evicted files: O_DIRECT where the
+    file system has it)."""
+    from dcpfs import _collective
+    path = tmp_path / "ck"
+    want = dict(tr._full_values(), big=torch.arange(50_000, dtype=torch.float32),
+                mat=torch.randn(300, 70, dtype=torch.float64))
+    dcp.save(dict(want), checkpoint_id=str(path), no_dist=True)
+    for f in path.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    if fake_cuda:
+        monkeypatch.setenv("DCPFS_TEST_FAKE_CUDA", "1")
+    spy = _DirectSpy(_collective.lib)
+    monkeypatch.setattr(_collective, "lib", spy)
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    sd["mat"] = torch.zeros(70, 300, dtype=torch.float64).t()      # a strided destination
+    st = dcpfs.torch.load(sd, str(path), staging_bytes=8192, io_threads=2, direct=True)
+    for k in want:
+        tr._same(sd[k], want[k], k)
+    assert st.bytes_read == st.bytes_unique
+    assert len(spy.calls) == st.units > 8, (len(spy.calls), st.units)
+    assert all(align == 0 and lead < 4096 and cap >= lead + n + 4096 for align, lead, cap, n in spy.calls), spy.calls
+    assert any(lead for _, lead, _, _ in spy.calls)     # units that start inside a block
