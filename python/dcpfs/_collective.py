@@ -1017,7 +1017,9 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     elif failure:
         raise DcpError(*failure[0])
     if placer.any_cuda and torch.cuda.is_available():
-        torch.cuda.synchronize()
+        # every device a destination is on (the copies were queued on each one's stream)
+        for dev in {d.buf.device for d in dest_of.values() if d.cuda and d.buf.device.type == "cuda"}:
+            torch.cuda.synchronize(dev)
 
 
 def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure) -> bool:
