@@ -59,5 +59,27 @@ if [ -d /dev/shm ] && [ -w /dev/shm ]; then
     DCPLOAD_FAKE_DEVICE=1 check "cuda (fake device), IPC" 2 --layout replicate --device cuda
     DCPLOAD_FAKE_DEVICE=1 check "cuda (fake device), rows" 2 --layout rows --device cuda --staging 1000000
 fi
+# That the shard files are opened with O_DIRECT at all (digests cannot tell),
+# and only with --direct: the open calls, where strace can follow the ranks.
+traced="" fstype=$(stat -f -c %T "$CK")
+if [ "$fstype" = tmpfs ] || [ "$fstype" = ramfs ]; then
+    echo "note: the checkpoint is on $fstype (never evicted): the O_DIRECT opens are not checked"
+elif command -v strace >/dev/null && strace -f -o /dev/null true 2>/dev/null; then
+    for mode in buffered direct; do
+        evict
+        flag=; [ "$mode" = buffered ] || flag=--direct
+        timeout -k 10 120 strace -f -qq -e trace=openat -o "$SCRATCH/trace" "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" \
+            --layout rows $flag >/dev/null 2>"$SCRATCH/err" || fail "$mode under strace: $(cat "$SCRATCH/err")"
+        opens=$(grep -cE '\.distcp", [A-Z_|]*O_DIRECT' "$SCRATCH/trace" || true)
+        if [ "$mode" = direct ]; then
+            [ "$opens" -gt 0 ] || fail "--direct opened no shard file with O_DIRECT: $(grep distcp "$SCRATCH/trace" | head -3)"
+        else
+            [ "$opens" = 0 ] || fail "a buffered load opened shard files with O_DIRECT"
+        fi
+    done
+    traced=", shard files opened with O_DIRECT only under --direct"
+else
+    echo "note: strace cannot follow processes here: the O_DIRECT opens are not checked"
+fi
 [ "$before" = "$(cd "$CK" && ls -l --time-style=+%s.%N . | sha256sum)" ] || fail "the checkpoint folder changed"
-echo "ok: $runs layouts and options, --direct digests equal the buffered ones"
+echo "ok: $runs layouts and options, --direct digests equal the buffered ones$traced"
