@@ -156,6 +156,12 @@ if [[ " $PARTS " == *" one "* ]]; then
         say "| $state | $ds ($(gbps "$ds"); $dproc) | $c ($(gbps "$c")) | ${st% *} (${st#* }) | ${to% *} | ${rd% *} | ${ld% *} (${ld#* }) | $(ratio "$c" "$ds" "$tcat") | $(ratio "${st% *}" "$ds" "$tst") | $(ratio "$ds" "${ld% *}" 0.9) |"
     done
     say "(warm target: dcpload >= 30 GB/s into the GPU; the pinned -> GPU copy above is its ceiling)"
+    # past the page cache (O_DIRECT into staging / the pinned ring), evicted
+    d=$(best 1 rows evicted --device cuda --direct)
+    read -r ds _ _ _ dproc <<<"$d"
+    c=$(cats evicted)
+    ld=$(peer load-direct "$CK" evicted)
+    say "evicted, O_DIRECT: dcpload --direct $ds s ($(gbps "$ds"); proc $dproc): cats $c s / dcpload $(ratio "$c" "$ds" 0.95); dcpfs.torch.load(direct=True) ${ld% *} s (proc ${ld#* })"
     [ -n "$SAFE" ] && rm -f "$SAFE"
 fi
 

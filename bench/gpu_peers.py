@@ -10,6 +10,7 @@ file for `safetensors`):
   torch           torch.distributed.checkpoint.load with FileSystemReader
   reader          torch.distributed.checkpoint.load with dcpfs.torch.Reader
   load            dcpfs.torch.load (a process group of one rank, NCCL)
+  load-direct     the same with direct=True (O_DIRECT for what is not cached)
 `copy` is the ceiling of staged loads: a pinned host buffer of BYTES copied
 to the GPU (CUDA events), best of REPS. Each prints one JSON line: seconds
 of the best load (to torch.cuda.synchronize()), GB/s of the stored bytes,
@@ -99,7 +100,7 @@ def main():
             load = lambda: dcp.load(sd, storage_reader=dcp.FileSystemReader(path))  # noqa: E731
         elif tool == "reader":
             load = lambda: dcp.load(sd, storage_reader=dcpfs.torch.Reader(path))  # noqa: E731
-        elif tool == "load":
+        elif tool in ("load", "load-direct"):
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
             if DEVICE == "cuda":
@@ -107,7 +108,7 @@ def main():
                                         device_id=torch.device("cuda", 0))
             else:
                 dist.init_process_group("gloo", rank=0, world_size=1)
-            load = lambda: dcpfs.torch.load(sd, path)  # noqa: E731
+            load = lambda: dcpfs.torch.load(sd, path, direct=tool == "load-direct")  # noqa: E731
         else:
             sys.exit(f"gpu_peers: unknown tool {tool}")
     best, first = None, None
@@ -123,7 +124,7 @@ def main():
         if first is None:
             first = time.time() - START
         best = s if best is None else min(best, s)
-    if tool == "load":
+    if tool in ("load", "load-direct"):
         torch.distributed.destroy_process_group()
     print(json.dumps(dict(seconds=best, gbps=total / best / 1e9, bytes=total, process_seconds=first)))
 
