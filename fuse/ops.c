@@ -111,6 +111,11 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     st->st_ino = n->ino;
     st->st_blksize = 1 << 20;   /* cp and friends size their buffers from it */
     if (dfs_is_dir(n)) {
+        /* glibc sizes a directory's getdents buffer from it (32 KiB to
+         * 1 MiB), and the kernel allocates and maps that much for each
+         * listing request: 1 MiB made ls -R of 100,000 directories spend
+         * 10 s of system time there. A page, as ext4 says: 32 KiB. */
+        st->st_blksize = 4096;
         st->st_mode = S_IFDIR | 0555;
         /* 1 = "unknown" to find(1), for a checkpoint not opened yet or a directory not listed yet */
         int known = n->type == DFS_N_CKPT ? atomic_load(&n->ck->state) == 1
