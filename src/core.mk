@@ -27,8 +27,9 @@ libdcp_la_SOURCES = \
 	src/abi_0_1.c
 libdcp_la_CFLAGS = $(AM_CFLAGS) $(ZSTD_CFLAGS) $(JANSSON_CFLAGS) -pthread
 libdcp_la_LIBADD = $(ZSTD_LIBS) $(JANSSON_LIBS) -lpthread
-# Exports: the public dcp_* calls, each with the symbol version DCP_0.1
-# (src/libdcp.map; tests/abi-symbols.sh checks the built library).
+# Exports: the public dcp_* calls, each with its symbol version (DCP_0.1,
+# DCP_0.2: src/libdcp.map; tests/abi-symbols.sh checks the built library).
+# -version-info CURRENT:REVISION:AGE: 1:0:1 since 0.2.0 added calls.
 libdcp_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:1 -Wl,--version-script=$(srcdir)/src/libdcp.map
 EXTRA_libdcp_la_DEPENDENCIES = $(srcdir)/src/libdcp.map
 EXTRA_DIST += src/libdcp.map

@@ -283,14 +283,14 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             bypass the page cache, such as FUSE with direct I/O).
         catalog: use libdcp's catalog (a second open of a checkpoint is served
             from it instead of parsing ``.metadata`` again).
-        direct: units this rank reads into its own buffers (those for CUDA
-            destinations and for peers on other nodes) are read with
-            ``O_DIRECT`` when they are not in the page cache, as ``dcpload
-            --direct`` does: faster on some storage for evicted files, the
-            same elsewhere (a file system without ``O_DIRECT`` is read
-            through the page cache). Units the node's peers take from the
-            page cache, and reads straight into a destination, go through it
-            anyway.
+        direct: the units this rank reads for itself and for other nodes
+            are read with ``O_DIRECT`` when they are not in the page cache,
+            into a few reused aligned buffers and placed from there (never
+            straight into a destination: ``O_DIRECT`` reads whole blocks), as
+            ``dcpload --direct`` does: faster on some storage for evicted
+            files (a file system without ``O_DIRECT`` is read through the
+            page cache). Units the node's peers take from the page cache go
+            through it anyway.
 
     Returns:
         this rank's :class:`LoadStats`.

@@ -19,7 +19,8 @@ libdcpload_la_SOURCES = \
 	src/load/api.c
 libdcpload_la_CFLAGS = $(AM_CFLAGS) $(MPI_CFLAGS) -pthread
 libdcpload_la_LIBADD = libdcp.la $(MPI_LIBS) -lpthread -lrt
-# Exports: the dcp_load* calls, with the symbol version DCP_LOAD_0.1 (src/load/libdcpload.map).
+# Exports: the dcp_load* calls, with their symbol versions (DCP_LOAD_0.1, DCP_LOAD_0.2:
+# src/load/libdcpload.map); -version-info 1:0:1 since 0.2.0 added a version.
 libdcpload_la_LDFLAGS = $(AM_LDFLAGS) -version-info 1:0:1 -Wl,--version-script=$(srcdir)/src/load/libdcpload.map
 EXTRA_libdcpload_la_DEPENDENCIES = $(srcdir)/src/load/libdcpload.map
 EXTRA_DIST += src/load/libdcpload.map
