@@ -10,6 +10,7 @@ time (user+system of each process, all threads, summed).
 usage: load_torch.py CKPT N rows|replicate
 """
 import os
+import queue
 import resource
 import socket
 import sys
@@ -21,6 +22,28 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+
+def gather(q, procs, timeout: float = 1800):
+    """One result per process from q. A process that died (its traceback
+    printed above) or no results in timeout seconds end the launch: the
+    others are killed and the script exits non-zero, never waits on."""
+    res = []
+    deadline = time.time() + timeout
+    while len(res) < len(procs):
+        try:
+            res.append(q.get(timeout=1))
+        except queue.Empty:
+            dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead or time.time() > deadline:
+                for p in procs:
+                    p.kill()
+                sys.exit(f"{os.path.basename(sys.argv[0])}: " +
+                         (f"rank {dead[0]} exited with {procs[dead[0]].exitcode}" if dead
+                          else f"no result in {timeout:.0f} s"))
+    for p in procs:
+        p.join()
+    return res
 
 
 def rchar():
@@ -88,9 +111,7 @@ def main():
     procs = [ctx.Process(target=run, args=(r, n, ckpt, layout, port, q)) for r in range(n)]
     for p in procs:
         p.start()
-    res = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
+    res = gather(q, procs)
     print(f"{max(r[1] for r in res):.6f} {sum(r[2] for r in res)} {sum(r[3] for r in res):.6f}")
 
 

@@ -38,7 +38,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 from evict import evict  # bench/evict.py
-from load_torch import cpu, rchar  # bench/load_torch.py (bench-load's PyTorch loader)
+from load_torch import cpu, gather, rchar  # bench/load_torch.py (bench-load's PyTorch loader)
 
 
 def rss_kib():
@@ -116,9 +116,7 @@ def main():
     procs = [ctx.Process(target=run, args=(r, n, ckpt, layout, tool, reps, cold, port, q)) for r in range(n)]
     for p in procs:
         p.start()
-    res = [q.get(timeout=1800) for _ in procs]
-    for p in procs:
-        p.join()
+    res = gather(q, procs)
     # the best repetition by its slowest rank's time; its reads and CPU summed over ranks
     per_rep = [(max(r["runs"][i][0] for r in res), sum(r["runs"][i][1] for r in res),
                 sum(r["runs"][i][2] for r in res)) for i in range(reps)]

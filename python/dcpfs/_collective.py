@@ -290,7 +290,9 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             ``dcpload --direct`` does: faster on some storage for evicted
             files (a file system without ``O_DIRECT`` is read through the
             page cache). Units the node's peers take from the page cache go
-            through it anyway.
+            through it anyway; with ``node_sharing="staging"`` a reader
+            reads them into the shared staging the same way (its slots
+            have room for whole blocks).
 
     Returns:
         this rank's :class:`LoadStats`.
@@ -392,6 +394,26 @@ def _copy_into(target, tmp):
     return finish
 
 
+def _direct_pad(direct: bool) -> int:
+    """Room a buffer for O_DIRECT reads needs beyond its unit: the unit's first
+    byte at its offset in a block, the last block, and aligning the buffer."""
+    return 3 * _ALIGN if direct else 0
+
+
+def _slot_bytes(unit: int, direct: bool) -> int:
+    """A unit's room in shared staging: the unit, and for direct reads the
+    pad, in whole blocks (every slot starts aligned, the segments being
+    mapped at page boundaries)."""
+    return unit if not direct else -(-(unit + _direct_pad(direct)) // _ALIGN) * _ALIGN
+
+
+def _direct_lead(u) -> int:
+    """Where unit u's first byte lands in an aligned buffer with room for it
+    (dcp_gunit_read_direct's lead, the same whether the unit came through
+    the page cache or not): node peers find it in shared staging so."""
+    return u.off % _ALIGN
+
+
 def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) -> int:
     """The unit size that keeps the shared staging one rank maps (its own and
     its node peers' segments, each double-buffered) within shm_bytes: whole
@@ -447,7 +469,8 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         def staging() -> Dict[int, _Shm]:
             # opened by the first plan with shm deliveries (the same on every rank)
             if not shms:
-                shms.update(_open_staging(dist, group, me, world, node, token, 2 * nstaging * unit))
+                shms.update(_open_staging(dist, group, me, world, node, token,
+                                          2 * nstaging * _slot_bytes(unit, direct)))
             return shms
         units = [staging_bytes]   # the unit to plan with: small once a plan had shm deliveries
         for idx in _batches(reqs, plan_ops):
@@ -848,9 +871,8 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     # through a few pinned ones instead, copied up while the next ones are
     # read; direct reads go through a few reused ones too (host destinations)
     mine = [units[k].len for k in range(nunits) if units[k].reader == me]
-    # O_DIRECT reads whole aligned blocks: room for the unit's first byte at
-    # its offset in a block, the last block, and aligning the buffer itself
-    pad = 3 * _ALIGN if direct else 0
+    pad = _direct_pad(direct)
+    slot = _slot_bytes(staging_bytes, direct)
     ring = _PinnedRing(torch, max(4, 2 * io_threads), max(mine) + pad, pin=placer.any_cuda) \
         if (placer.any_cuda or direct) and mine else None
     at: Dict[int, int] = {}    # unit -> where its first byte is in its buffer (direct reads)
@@ -877,7 +899,8 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             ok = lib.dcp_gunit_cache(ck._ptr, gp, u, nx, scratch.buf, _SCRATCH, e) == 0 and \
                 (nf[0] == 0 or lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf[0], e) == 0)
         elif direct and how in ("buffer", "pinned"):
-            size = holder.nbytes if how == "buffer" else holder.numel()
+            # a private buffer, a buffer of the ring, or a slot of shared staging
+            size = slot if holder is None else holder.nbytes if how == "buffer" else holder.numel()
             start = -addr % _ALIGN
             lead = ffi.new("size_t *")
             ok = lib.dcp_gunit_read_direct(ck._ptr, gp, u, ffi.cast("void *", addr + start), size - start,
@@ -907,7 +930,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
         into the destination, into its shared staging slot, or into a private
         buffer."""
         a, b = rounds[ri]
-        half = (ri % 2) * nstaging * staging_bytes
+        half = (ri % 2) * nstaging * slot
         jobs = []
         for k in range(a, b):
             u = units[k]
@@ -921,7 +944,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             if target is not None:
                 addr, how = target, "direct"
             elif me in shms and _has_kind(gp, u, SHM):
-                addr = shms[me].addr + half + slot_of[k] * staging_bytes
+                addr = shms[me].addr + half + slot_of[k] * slot
             elif page_cache and _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and host_only(u, me):
                 addr, how = 0, "cache"
             elif ring is not None:
@@ -944,7 +967,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     try:
         pending = start_reads(0)
         for ri, (a, b) in enumerate(rounds):
-            half = (ri % 2) * nstaging * staging_bytes
+            half = (ri % 2) * nstaging * slot
             recvs = []          # from other nodes
             for k in range(a, b):
                 u = units[k]
@@ -1000,7 +1023,8 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                     continue
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
                 if not page_cache:
-                    placer.place(f, n[0], shms[u.reader].addr + half + slot_of[k] * staging_bytes)
+                    at_unit = shms[u.reader].addr + half + slot_of[k] * slot
+                    placer.place(f, n[0], at_unit + (_direct_lead(u) if direct else 0))
                 else:
                     taking.append(takes.submit(_page_cache_take, ck, gp, reqs, units, k, f, n[0], me, placer,
                                                failure))

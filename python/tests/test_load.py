@@ -90,7 +90,7 @@ def test_dtensor_2d_uneven(tmp_path):
 
 # -- read once, delivered: replicate on 4 ranks ---------------------------------
 
-def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache"):
+def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache", direct: bool = False):
     want = {k: v for k, v in tr._full_values().items()}
     sd = {k: torch.zeros_like(v) for k, v in want.items()}
     sd["meta"] = {"step": -1}
@@ -99,7 +99,7 @@ def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache
     big = torch.zeros(want["b"].shape[::-1], dtype=torch.int32)
     sd["b"] = big.permute(2, 1, 0)
     # tiny units and batches: many rounds, deliveries, and a plan per key
-    st = dcpfs.torch.load(sd, path, staging_bytes=256, plan_ops=1, node_sharing=node_sharing)
+    st = dcpfs.torch.load(sd, path, staging_bytes=256, plan_ops=1, node_sharing=node_sharing, direct=direct)
     tr._same(sd["a"], want["a"].double(), "a (cast to float64)")
     tr._same(sd["b"].contiguous(), want["b"], "b (non-contiguous destination)")
     tr._same(sd["c"], want["c"], "c")
@@ -107,13 +107,25 @@ def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache
     return st
 
 
-@pytest.mark.parametrize("node_sharing", ["page_cache", "staging"])
-def test_replicate_read_once(tmp_path, node_sharing):
+def _evict(path: str) -> None:
+    for f in os.listdir(path):
+        fd = os.open(os.path.join(path, f), os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+@pytest.mark.parametrize("node_sharing,direct", [("page_cache", False), ("staging", False),
+                                                 ("page_cache", True), ("staging", True)])
+def test_replicate_read_once(tmp_path, node_sharing, direct):
+    """direct with staging: readers read into shared staging slots with
+    room for O_DIRECT's blocks, and node peers find each unit's first byte
+    inside its slot."""
     path = str(tmp_path / "plain")
     sd = dict(tr._full_values())
     sd["meta"] = {"step": 42}
     dcp.save(sd, checkpoint_id=path, no_dist=True)
-    st = distrun.run(4, _replicate, path, node_sharing)
+    _evict(path)
+    st = distrun.run(4, _replicate, path, node_sharing, direct)
     total = _stats_sum(st)
     assert total["bytes_read"] == st[0].bytes_unique, (total, st[0])
     assert all(s.bytes_loaded >= st[0].bytes_unique for s in st)    # every rank holds every byte
@@ -123,22 +135,25 @@ def test_replicate_read_once(tmp_path, node_sharing):
 
 # -- several nodes on one host: point-to-point deliveries, and CUDA placement --------
 
-def _nodes(rank: int, world: int, path: str, fake_cuda: bool, node_sharing: str):
+def _nodes(rank: int, world: int, path: str, fake_cuda: bool, node_sharing: str, direct: bool = False):
     os.environ["DCPFS_NODE"] = str(rank // 2)          # ranks 0,1 | 2,3: two "nodes"
     if fake_cuda:
         os.environ["DCPFS_TEST_FAKE_CUDA"] = "1"         # torch copies, as for CUDA tensors
-    st = _replicate(rank, world, path, node_sharing)
+    st = _replicate(rank, world, path, node_sharing, direct)
     return st
 
 
-@pytest.mark.parametrize("node_sharing", ["page_cache", "staging"])
+@pytest.mark.parametrize("node_sharing,direct", [("page_cache", False), ("staging", False), ("staging", True)],
+                         ids=["page_cache", "staging", "staging-direct"])
 @pytest.mark.parametrize("fake_cuda", [False, True], ids=["host", "cuda-placement"])
-def test_two_nodes(tmp_path, fake_cuda, node_sharing):
+def test_two_nodes(tmp_path, fake_cuda, node_sharing, direct):
+    """direct: messages to the other node are packed from where each unit
+    landed in its reader's slot."""
     path = str(tmp_path / "plain")
     sd = dict(tr._full_values())
     sd["meta"] = {"step": 42}
     dcp.save(sd, checkpoint_id=path, no_dist=True)
-    st = distrun.run(4, _nodes, path, fake_cuda, node_sharing)
+    st = distrun.run(4, _nodes, path, fake_cuda, node_sharing, direct)
     total = _stats_sum(st)
     assert total["bytes_read"] == st[0].bytes_unique
     assert total["bytes_sent"] == total["bytes_received"] > 0       # messages crossed "nodes"
