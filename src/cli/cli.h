@@ -28,6 +28,9 @@ dcp_checkpoint *cli_open(const char *path);
 extern int cli_open_partial;
 /* The exit status after cli_open failed: 3 for a partial checkpoint, else 1. */
 int cli_open_status(void);
+/* --dtype NAME of digest and diff: a floating dtype to compare values in
+ * (*as), else an error printed and -1. */
+int cli_float_dtype(const char *name, dcp_dtype *as);
 /* Write s as a JSON string (with quotes). */
 void cli_json_string(FILE *f, const char *s);
 /* Write a shape as a JSON array "[a,b]". */

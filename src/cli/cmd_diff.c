@@ -99,11 +99,8 @@ int cmd_diff(int argc, char **argv)
         switch (c) {
         case 'c': content = 1; break;
         case 'd':
-            as = dcp_dtype_from_name(optarg);
-            if (as != DCP_BFLOAT16 && as != DCP_FLOAT16 && as != DCP_FLOAT32 && as != DCP_FLOAT64) {
-                cli_error("--dtype %s: cast to bfloat16, float16, float32 or float64", optarg);
+            if (cli_float_dtype(optarg, &as) < 0)
                 return 2;
-            }
             break;
         case 'C': catalog = cli_catalog_path = optarg; break;
         case 'n': catalog = ":memory:"; cli_catalog_enabled = 0; break;

@@ -29,11 +29,8 @@ int cmd_digest(int argc, char **argv)
         switch (c) {
         case 'j': json = 1; break;
         case 'd':
-            as = dcp_dtype_from_name(optarg);
-            if (as != DCP_BFLOAT16 && as != DCP_FLOAT16 && as != DCP_FLOAT32 && as != DCP_FLOAT64) {
-                cli_error("--dtype %s: cast to bfloat16, float16, float32 or float64", optarg);
+            if (cli_float_dtype(optarg, &as) < 0)
                 return 2;
-            }
             break;
         case 'k': pattern = optarg; break;
         case 'h': usage(stdout); return 0;

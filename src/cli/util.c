@@ -26,6 +26,15 @@ int cli_open_status(void)
 {
     return cli_open_partial ? 3 : 1;
 }
+
+int cli_float_dtype(const char *name, dcp_dtype *as)
+{
+    *as = dcp_dtype_from_name(name);
+    if (*as == DCP_BFLOAT16 || *as == DCP_FLOAT16 || *as == DCP_FLOAT32 || *as == DCP_FLOAT64)
+        return 0;
+    cli_error("--dtype %s: cast to bfloat16, float16, float32 or float64", name);
+    return -1;
+}
 const char *cli_catalog_path;
 
 dcp_checkpoint *cli_open(const char *path)
