@@ -21,6 +21,10 @@ if ! python3 -c 'import torch, numpy, cffi, setuptools, pytest, safetensors, zst
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q torch==2.13.0 numpy safetensors zstandard \
         cffi setuptools pytest xxhash transformers==5.24.0 || echo "pip install failed: the Python package and its tests will skip"
 fi
+if ! python3 -c 'import mypy' 2>/dev/null; then
+    echo "== pip install mypy==2.4.1"   # the package's type hints (tests/python-types.sh)
+    PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q mypy==2.4.1 || echo "pip install mypy failed: tests/python-types.sh will skip"
+fi
 if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torch_checkpointing' 2>/dev/null; then
     echo "== pip install --no-deps torch-checkpointing==0.1.1"
     PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-deps torch-checkpointing==0.1.1 ||

@@ -39,7 +39,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -76,6 +76,14 @@ class _Dest:
     """One request of this rank: where its bytes go."""
 
     __slots__ = ("key", "target", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
+    key: str
+    target: Any             # the caller's tensor (a DTensor's local shard), None for bytes items
+    buf: Any                # where the bytes land: the target itself, a temporary, or a numpy buffer
+    ptr: int
+    nbytes: int
+    kind: str               # "tensor" or "bytes"
+    cuda: bool
+    finish: Optional[Any]   # copies a temporary into its target after the load
 
     def __init__(self) -> None:
         self.finish = None
@@ -115,11 +123,12 @@ def _err(ck_err) -> DcpError:
 def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tuple, tuple]]]:
     """This rank's requests: (key, offsets, lengths) and where each goes."""
     import torch
+    DTensor: Any = None
     try:
         from torch.distributed.tensor import DTensor
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     except ImportError:  # pragma: no cover - torch without DTensor
-        DTensor = None
+        pass
     dests: List[_Dest] = []
     reqs = []
     for key, value in flat.items():
@@ -231,7 +240,7 @@ class _Shm:
         self.addr = self.arr.ctypes.data
 
     def close(self) -> None:
-        self.arr = None
+        self.arr = None  # type: ignore[assignment]   # (the mapping can close only once no view holds it)
         try:
             self.map.close()
         except BufferError:   # a view still alive: the mapping goes with it
@@ -810,6 +819,7 @@ class _Reads:
             i = len(self.futures)
             k, addr, holder, how, nxt = self.jobs[i]
             if how == "pinned":
+                assert self.ring is not None     # "pinned" jobs exist only with a ring
                 if self.out >= self.ring.count:
                     return
                 holder = self.ring.take()
@@ -1026,6 +1036,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                     at_unit = shms[u.reader].addr + half + slot_of[k] * slot
                     placer.place(f, n[0], at_unit + (_direct_lead(u) if direct else 0))
                 else:
+                    assert takes is not None
                     taking.append(takes.submit(_page_cache_take, ck, gp, reqs, units, k, f, n[0], me, placer,
                                                failure))
                 stats.bytes_shared += dl.bytes

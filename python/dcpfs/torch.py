@@ -29,7 +29,7 @@ import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint import StorageReader
@@ -146,7 +146,7 @@ class Reader(StorageReader):
         only repeat the same error. ``options`` are ignored.
         """
         ck = self._open()
-        sdm = {}
+        sdm: Dict[str, Union[TensorStorageMetadata, BytesStorageMetadata]] = {}
         for key in ck.keys():
             info = ck.info(key)
             if info.kind == "bytes":
