@@ -246,6 +246,12 @@ int dcpi_spill_begin(dcp_checkpoint *ck, const char *dir, dcp_error *err);
 int dcpi_spill_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err);
 int dcpi_spill_blob(dcp_checkpoint *ck, size_t idx, const int64_t *off, int nd, const dcp_blob *b, dcp_error *err);
 int dcpi_spill_finish(dcp_checkpoint *ck, dcp_error *err);
+/* The parse failed for a reason of the spill's own (refuse: the loader
+ * met what only the in-memory parse takes, a key listed twice or a pickle
+ * referring back to a released object): dcp_open parses again in memory.
+ * Other failures are the checkpoint's, reported as they are. */
+void dcpi_spill_refuse(dcp_checkpoint *ck);
+int dcpi_spill_refused(const dcp_checkpoint *ck);
 
 /* Forget every entry and file a loader added (to load again). */
 int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err);

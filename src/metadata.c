@@ -298,8 +298,10 @@ static int add_tensor(interp *in, const char *key, size_t klen, const pk_node *m
     if (dcpi_model_entry(in->ck, key, klen, DCP_KIND_TENSOR, &idx, in->err) < 0)
         return -1;
     dcp_entry *e = &in->ck->entries[idx];
-    if (in->ck->spill && e->nchunks)   /* a key listed twice: only the in-memory parse merges */
+    if (in->ck->spill && e->nchunks) {   /* a key listed twice: only the in-memory parse merges */
+        dcpi_spill_refuse(in->ck);
         return dcpi_err(in->err, ENOTSUP, "%s: %s: listed twice (parsing it in memory)", in->what, key);
+    }
     if (e->shape && e->nchunks) {   /* merging rank-local files: must agree */
         if (e->dtype != dt || e->ndim != nd || memcmp(e->shape, shape, (size_t)nd * sizeof *shape))
             return dcpi_err(in->err, EINVAL, "%s: %s: dtype or shape differs between metadata files",
@@ -709,8 +711,12 @@ static int whole_parse(void)
  * parse whole. */
 static int again_whole(interp *in, int rc)
 {
-    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED || in->ck->spill)
-        return 0;   /* (a spilled parse fails: dcp_open parses again in memory) */
+    if (rc == 0 || in->whole || in->err->code != PK_ERR_RELEASED)
+        return 0;
+    if (in->ck->spill) {   /* a spilled parse fails: dcp_open parses again in memory */
+        dcpi_spill_refuse(in->ck);
+        return 0;
+    }
     if (getenv("DCP_DEBUG_STREAM"))
         fprintf(stderr, "parsing whole: %s\n", in->err->msg);
     if (dcpi_model_reset(in->ck, in->err) < 0)

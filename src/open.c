@@ -157,13 +157,18 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
     }
     /* A .metadata too large to hold as a model (spill_at): its chunks go to
      * scratch files beside the catalog as it is parsed, and the catalog
-     * reads them back to store the model. Any failure so parses again in
-     * memory, which reports what is wrong with the checkpoint. */
+     * reads them back to store the model. What the spill cannot take parses
+     * again in memory; a damaged checkpoint fails as it would in memory,
+     * without a second parse of a file that may be gigabytes. */
     char dir[4096];
     if (use_catalog && spill_wanted(ck) && dcpi_catalog_folder(opts->catalog, ck, dir) == 0 &&
         dcpi_spill_begin(ck, dir, err) == 0) {
         if (load(ck, err) == 0)
             goto loaded;
+        if (!dcpi_spill_refused(ck)) {
+            dcp_close(ck);
+            return -1;
+        }
         if (getenv("DCP_DEBUG_STREAM"))
             fprintf(stderr, "%s: parsing in memory: %s\n", path, err->msg);
         dcp_close(ck);

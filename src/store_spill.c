@@ -70,6 +70,7 @@ struct dcpi_spill {
     spill_entry *e;            /* per entry index */
     size_t ecap;
     uint64_t nchunks;
+    int refused;               /* the spill could not take this parse: dcp_open parses in memory */
 };
 
 static int scratch_file(const char *dir, dcp_error *err)
@@ -182,7 +183,7 @@ static int put(const dcp_checkpoint *ck, spill_out *o, const void *p, size_t n, 
     return 0;
 }
 
-int dcpi_spill_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err)
+static int add_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err)
 {
     struct dcpi_spill *s = ck->spill;
     const dcp_entry *e = &ck->entries[idx];
@@ -223,7 +224,7 @@ int dcpi_spill_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err)
  * file, so the offset follows from the two counts. */
 static uint64_t slots_at(const spill_entry *se) { return se->first * sizeof(spill_slot) + se->boxes / 2; }
 
-int dcpi_spill_blob(dcp_checkpoint *ck, size_t idx, const int64_t *off, int nd, const dcp_blob *b, dcp_error *err)
+static int add_blob(dcp_checkpoint *ck, size_t idx, const int64_t *off, int nd, const dcp_blob *b, dcp_error *err)
 {
     struct dcpi_spill *s = ck->spill;
     const dcp_entry *e = &ck->entries[idx];
@@ -295,9 +296,39 @@ static int sort_log(dcp_checkpoint *ck, dcp_error *err)
     return rc;
 }
 
+/* Every failure of the spill's own (a scratch file, memory, what only the
+ * in-memory parse can take) marks the parse refused; the checkpoint's own
+ * errors (a damaged pickle, a chunk outside its tensor) are the same in
+ * memory, so dcp_open reports those without parsing again. */
+int dcpi_spill_entry(dcp_checkpoint *ck, size_t idx, dcp_error *err)
+{
+    int rc = add_entry(ck, idx, err);
+    ck->spill->refused |= rc < 0;
+    return rc;
+}
+
+int dcpi_spill_blob(dcp_checkpoint *ck, size_t idx, const int64_t *off, int nd, const dcp_blob *b, dcp_error *err)
+{
+    int rc = add_blob(ck, idx, off, nd, b, err);
+    ck->spill->refused |= rc < 0;
+    return rc;
+}
+
+void dcpi_spill_refuse(dcp_checkpoint *ck)
+{
+    if (ck->spill)
+        ck->spill->refused = 1;
+}
+
+int dcpi_spill_refused(const dcp_checkpoint *ck)
+{
+    return ck->spill && ck->spill->refused;
+}
+
 int dcpi_spill_finish(dcp_checkpoint *ck, dcp_error *err)
 {
     struct dcpi_spill *s = ck->spill;
+    s->refused = 1;   /* (until it has finished) */
     if (flush(ck, &s->box, err) < 0 || flush(ck, &s->log, err) < 0 || sort_log(ck, err) < 0)
         return -1;
     close(s->log.fd);   /* what the parse needed and reading back does not */
@@ -305,6 +336,7 @@ int dcpi_spill_finish(dcp_checkpoint *ck, dcp_error *err)
     free(s->box.buf);
     free(s->log.buf);
     s->box.buf = s->log.buf = NULL;
+    s->refused = 0;
     return 0;
 }
 

@@ -44,6 +44,32 @@ fresh
 spilled info "$SCRATCH/bad" > /dev/null 2> "$SCRATCH/e2" && fail "a truncated .metadata opened spilled"
 cmp -s "$SCRATCH/e1" "$SCRATCH/e2" || { cat "$SCRATCH/e1" "$SCRATCH/e2"; fail "the errors differ"; }
 grep -q "bad/.metadata" "$SCRATCH/e2" || fail "the error does not name the file: $(cat "$SCRATCH/e2")"
+# ... parsed once: the checkpoint's own error is reported from the spilled parse (a damaged
+# .metadata may be gigabytes), not after parsing it again in memory. So for a chunk outside
+# its tensor, while what the spill cannot take (a pickle that refers back to an object of
+# a batch already released) still parses again in memory, and opens.
+fresh
+DCP_DEBUG_STREAM=1 spilled info "$SCRATCH/bad" > /dev/null 2> "$SCRATCH/e3" && fail "a truncated .metadata opened spilled"
+grep -q 'parsing in memory' "$SCRATCH/e3" && fail "a damaged .metadata was parsed twice: $(cat "$SCRATCH/e3")"
+grep -qF "$(cat "$SCRATCH/e1")" "$SCRATCH/e3" || fail "another error with DCP_DEBUG_STREAM: $(cat "$SCRATCH/e3")"
+for name in outside shared_across_batches; do
+    mkdir -p "$SCRATCH/$name"
+    cp "$top_srcdir/tests/data/metadata/synthetic/$name.metadata" "$SCRATCH/$name/.metadata"
+    rc=0; "$DCP" --no-catalog ls "$SCRATCH/$name" > "$SCRATCH/o1" 2> "$SCRATCH/e1" || rc=$?
+    fresh
+    rc2=0; DCP_DEBUG_STREAM=1 spilled ls "$SCRATCH/$name" > "$SCRATCH/o2" 2> "$SCRATCH/e2" || rc2=$?
+    [ "$rc" = "$rc2" ] && cmp -s "$SCRATCH/o1" "$SCRATCH/o2" ||
+        fail "$name: spilled exit $rc2 and listing differ from in memory (exit $rc): $(cat "$SCRATCH/e2")"
+    if [ "$name" = outside ]; then
+        [ "$rc" != 0 ] || fail "outside.metadata opened"
+        grep -q 'parsing in memory' "$SCRATCH/e2" && fail "$name: parsed twice: $(cat "$SCRATCH/e2")"
+        grep -qF "$(cat "$SCRATCH/e1")" "$SCRATCH/e2" || fail "$name: another error spilled: $(cat "$SCRATCH/e2")"
+    else
+        [ "$rc" = 0 ] && [ "$(wc -l < "$SCRATCH/o2")" = 1101 ] || fail "$name: not its 1,100 keys and a header: $(cat "$SCRATCH/e2")"
+        grep -q 'parsing in memory' "$SCRATCH/e2" || fail "$name: the spill took a released back-reference?"
+    fi
+done
+echo "a damaged .metadata fails from the spilled parse; what the spill cannot take parses again in memory"
 
 # Memory: 300,000 chunks parse in less spilled than in memory.
 if [ -x /usr/bin/time ] && ! ldd "$top_builddir/.libs/libdcp.so" 2>/dev/null | grep -q libasan; then
