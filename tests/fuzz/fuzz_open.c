@@ -5,6 +5,11 @@
  * (FUZZ_TARGET, or replay.c's first argument) picks the file:
  *
  *   metadata    .metadata (1.13 and 2.x) next to fixture 05's shards
+ *   spilled     the same opened through a catalog file with its chunks
+ *               spilled to scratch files as they are parsed (the first
+ *               open of a large checkpoint: src/store_spill.c), stored,
+ *               then served from the catalog; the catalog is removed
+ *               after each input
  *   megatron    .metadata (MCoreMetadata) next to fixture 09's shards
  *   ranklocal   __0.metadata of a rank-local (__R.metadata) save
  *   shard       __0_0.distcp of fixture 01: torch.save zip records
@@ -38,7 +43,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
-enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE };
+enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE, AS_SPILLED };
 
 static const struct target {
     const char *name;
@@ -47,6 +52,7 @@ static const struct target {
     enum open_how how;
 } targets[] = {
     {"metadata", "tests/fixtures/05_mixed_2ranks/ckpt", ".metadata", AS_FOLDER},
+    {"spilled", "tests/fixtures/05_mixed_2ranks/ckpt", ".metadata", AS_SPILLED},
     {"megatron", "tests/fixtures/09_megatron_torch_dist/ckpt", ".metadata", AS_FOLDER},
     {"ranklocal", "tests/data/metadata/pt_ranklocal", "__0.metadata", AS_FOLDER},
     {"shard", "tests/fixtures/01_single_plain/ckpt", "__0_0.distcp", AS_FOLDER},
@@ -60,12 +66,12 @@ static const struct target {
 };
 
 static const struct target *tg;
-static char dir[256], path[320], srcdir[4096];
+static char dir[256], path[320], srcdir[4096], catdir[300], catalog[340];
 
 static void cleanup(void)
 {
-    char cmd[300];
-    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= sizeof cmd || system(cmd) != 0)
+    char cmd[700];
+    if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, catdir) >= sizeof cmd || system(cmd) != 0)
         fprintf(stderr, "fuzz_open: cannot remove %s\n", dir);
 }
 
@@ -88,6 +94,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     const char *tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(dir, sizeof dir, "%s/dcpfuzz.%s.%d", tmp, tg->name, (int)getpid());
     snprintf(path, sizeof path, "%s/%s", dir, tg->file);
+    snprintf(catdir, sizeof catdir, "%s.catalog", dir);
+    snprintf(catalog, sizeof catalog, "%s/catalog.sqlite", catdir);
+    if (tg->how == AS_SPILLED)
+        setenv("DCP_SPILL_BYTES", "0", 1);   /* every .metadata spills */
     char cmd[4096];
     int n = tg->base ? snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && cp -r '%s/%s/.' '%s/'", dir, dir,
                                 src, tg->base, dir)
@@ -157,6 +167,23 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
         if (rc == 0 && system(cmd) != 0)
             abort();
+        return 0;
+    }
+    if (tg->how == AS_SPILLED) {
+        char cmd[700];
+        if ((size_t)snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", catdir, catdir) >= sizeof cmd ||
+            system(cmd) != 0)
+            abort();
+        dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+        o.flags = DCP_OPEN_CATALOG;
+        o.catalog = catalog;
+        int rc = dcp_open_ex(dir, &o, &ck, &err);
+        if (verbose)
+            fprintf(stderr, "fuzz_open: spilled: %s\n", rc == 0 ? "opened" : err.msg);
+        if (rc == 0) {
+            walk(ck);
+            dcp_close(ck);
+        }
         return 0;
     }
     if (tg->how != AS_FILE) {

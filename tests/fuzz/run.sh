@@ -39,7 +39,7 @@ status=0
 printf '%-12s %7s %6s %10s %7s %s\n' target corpus seconds executions edges findings
 for t in $FUZZ_TARGETS; do
     case $t in
-    metadata | megatron | ranklocal) dicts="pickle" h=fuzz_open ;;
+    metadata | spilled | megatron | ranklocal) dicts="pickle" h=fuzz_open ;;
     shard | torchfile) dicts="zip pickle" h=fuzz_open ;;
     zstd) dicts="zstd zip pickle" h=fuzz_open ;;
     rankfile) dicts="zip pickle dtensor" h=fuzz_open ;;
