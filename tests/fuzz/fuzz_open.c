@@ -145,6 +145,19 @@ static void walk(dcp_checkpoint *ck)
     dcp_plan_free(&plan);
 }
 
+/* An open's outcome: the checkpoint walked and closed, or (verbose) why
+ * not. *ck is read here, after the open set it (an argument's order of
+ * evaluation is unspecified). */
+static void walk_opened(const char *how, int rc, dcp_checkpoint **ck, const dcp_error *err, int verbose)
+{
+    if (verbose)
+        fprintf(stderr, "fuzz_open: %s: %s\n", how, rc == 0 ? "opened" : err->msg);
+    if (rc == 0) {
+        walk(*ck);
+        dcp_close(*ck);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -177,32 +190,12 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
         o.flags = DCP_OPEN_CATALOG;
         o.catalog = catalog;
-        int rc = dcp_open_ex(dir, &o, &ck, &err);
-        if (verbose)
-            fprintf(stderr, "fuzz_open: spilled: %s\n", rc == 0 ? "opened" : err.msg);
-        if (rc == 0) {
-            walk(ck);
-            dcp_close(ck);
-        }
+        walk_opened("spilled", dcp_open_ex(dir, &o, &ck, &err), &ck, &err, verbose);
         return 0;
     }
-    if (tg->how != AS_FILE) {
-        int rc = dcp_open(dir, 0, &ck, &err);
-        if (verbose)
-            fprintf(stderr, "fuzz_open: folder: %s\n", rc == 0 ? "opened" : err.msg);
-        if (rc == 0) {
-            walk(ck);
-            dcp_close(ck);
-        }
-    }
-    if (tg->how != AS_FOLDER) {
-        int rc = dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err);
-        if (verbose)
-            fprintf(stderr, "fuzz_open: file: %s\n", rc == 0 ? "opened" : err.msg);
-        if (rc == 0) {
-            walk(ck);
-            dcp_close(ck);
-        }
-    }
+    if (tg->how != AS_FILE)
+        walk_opened("folder", dcp_open(dir, 0, &ck, &err), &ck, &err, verbose);
+    if (tg->how != AS_FOLDER)
+        walk_opened("file", dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err), &ck, &err, verbose);
     return 0;
 }
