@@ -39,6 +39,12 @@ if python3 -c 'import torch' 2>/dev/null && ! python3 -c 'import torchtitan, meg
         echo "pip install torchtitan / megatron-core failed: tests/export-torchtitan.sh and tests/export-megatron.sh will skip"
 fi
 
+if python3 -c 'import torch' 2>/dev/null; then
+    # Older megatron-core releases for tests/interop-megatron-releases.sh, each in its own
+    # folder under ~/.cache/dcpfs-tests (installed ones are kept).
+    sh tests/interop/install-megatron-releases.sh || true
+fi
+
 echo "== building"
 [ -x configure ] || autoreconf -fi >/dev/null
 mkdir -p build

@@ -8,6 +8,10 @@ dist_check_SCRIPTS += $(CORE_TESTS)
 TESTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
 dist_check_SCRIPTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
 EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
+# Megatron-Core releases' own saves (tests/interop/megatron-releases.txt).
+TESTS += tests/interop-megatron-releases.sh
+dist_check_SCRIPTS += tests/interop-megatron-releases.sh
+EXTRA_DIST += tests/interop/megatron_releases.py tests/interop/megatron-releases.txt tests/interop/install-megatron-releases.sh
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
 
 # Pickle VM, metadata model and record locator (Check).

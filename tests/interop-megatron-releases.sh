@@ -1,0 +1,55 @@
+# Megatron-Core checkpoints as each release of tests/interop/megatron-releases.txt writes
+# them (its own dist_checkpointing.save, PyTorch 2.13 underneath; tests/interop/megatron_releases.py):
+# a GPTModel from one rank, and from 4 ranks (tensor parallel 2 x data parallel 2, fully
+# parallel save) with the distributed optimizer's flattened tensors. For every key, dcp ls's
+# shape and dcp digest's XXH3-128 must equal PyTorch's own view of the checkpoint
+# (torch.distributed.checkpoint.load into a full tensor; a bytes item's stored bytes), first
+# parse and served from the catalog; dcp info names the layout and dcp verify passes.
+. "$top_srcdir/tests/lib.sh"
+need python3
+python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_python_module xxhash
+need_python_module psutil
+install="$top_srcdir/tests/interop/install-megatron-releases.sh"
+dir=$(sh "$install" --where)
+releases=$(grep -v '^#' "$top_srcdir/tests/interop/megatron-releases.txt")
+missing=
+for v in $releases; do
+    [ -f "$dir/$v/megatron/core/__init__.py" ] || missing="$missing $v"
+done
+[ -z "$missing" ] || skip "megatron-core$missing not installed in $dir (sh tests/interop/install-megatron-releases.sh)"
+if [ -n "${DCP_SANITIZED:-}" ]; then   # the sanitizers watch dcp; the saves are Python's: oldest and newest
+    releases="$(echo "$releases" | head -1) $(echo "$releases" | tail -1)"
+    echo "sanitizer build: megatron-core $releases only"
+fi
+scratch
+for v in $releases; do
+    PYTHONPATH="$dir/$v" timeout 600 python3 "$top_srcdir/tests/interop/megatron_releases.py" save "$SCRATCH/$v" \
+        >"$SCRATCH/$v.log" 2>&1 || { tail -30 "$SCRATCH/$v.log"; fail "megatron-core $v: saving failed"; }
+    for case in tp1 tp2dp2; do
+        ck="$SCRATCH/$v/$case"
+        for how in parsed catalog-written catalog-served; do
+            if [ $how = parsed ]; then set -- --no-catalog; else set -- --catalog "$SCRATCH/catalog.sqlite"; fi
+            "$DCP" "$@" digest --json "$ck" >"$ck.digest" || fail "megatron-core $v $case: dcp digest ($how) failed"
+            python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    shape = "bytes" if r["dtype"] == "bytes" else "[" + ",".join(map(str, r["shape"])) + "]"
+    print("%s\t%s\t%s" % (r["key"], shape, r["xxh3_128"]))' "$ck.digest" >"$ck.lines" ||
+                fail "megatron-core $v $case: dcp digest --json ($how) printed something else"
+            LC_ALL=C sort "$ck.lines" >"$ck.got"
+            LC_ALL=C sort "$ck.truth" >"$ck.want"
+            [ -s "$ck.want" ] || fail "megatron-core $v $case: no keys in PyTorch's view"
+            diff "$ck.want" "$ck.got" >"$ck.diff" ||
+                { cat "$ck.diff"; fail "megatron-core $v $case: dcp digest ($how) differs from PyTorch's view (< PyTorch, > dcp)"; }
+        done
+        "$DCP" --catalog "$SCRATCH/catalog.sqlite" info "$ck" | grep -q 'rebuilt from the catalog' ||
+            fail "megatron-core $v $case: not served from the catalog"
+        "$DCP" --no-catalog info "$ck" | grep -q 'Megatron-Core torch_dist' ||
+            fail "megatron-core $v $case: dcp info does not name the Megatron-Core layout"
+        "$DCP" --no-catalog verify "$ck" >"$ck.verify" 2>&1 || { cat "$ck.verify"; fail "megatron-core $v $case: dcp verify failed"; }
+    done
+    echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's"
+done
+echo ok
