@@ -29,6 +29,7 @@ static void problem(report *r, const char *fmt, ...)
         r->fn(r->ctx, msg);
 }
 
+/* "0:4,8:2": each dimension's start and count, as the loader's messages say them */
 static void box_text(const dcp_entry *e, const dcp_chunk *c, char *buf, size_t n)
 {
     size_t used = 0;
@@ -239,7 +240,7 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_
                 char a[256], b[256];
                 box_text(e, p, a, sizeof a);
                 box_text(e, c, b, sizeof b);
-                problem(r, "%s: %s: chunks [%s] and [%s] overlap", ck->path, e->key, a, b);
+                problem(r, "%s: %s: chunks [%s] and [%s] (start:count) overlap", ck->path, e->key, a, b);
                 overlaps_found++;
             }
         }
@@ -304,13 +305,13 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
             char box[256];
             box_text(e, ch, box, sizeof box);
             if (!ch->has_blob) {
-                problem(&r, "%s: %s: chunk [%s] has no storage entry", ck->path, e->key, box);
+                problem(&r, "%s: %s: chunk [%s] (start:count) has no storage entry", ck->path, e->key, box);
                 continue;
             }
             if (missing[ch->blob.file])
                 continue;
             if (ch->blob.offset + ch->blob.length > sizes[ch->blob.file]) {
-                problem(&r, "%s/%s: %s: chunk [%s] at offset %llu length %llu ends past the file (%llu bytes)",
+                problem(&r, "%s/%s: %s: chunk [%s] (start:count) at offset %llu length %llu ends past the file (%llu bytes)",
                         ck->path, ck->files[ch->blob.file], e->key, box, (unsigned long long)ch->blob.offset,
                         (unsigned long long)ch->blob.length, (unsigned long long)sizes[ch->blob.file]);
                 continue;

@@ -19,7 +19,6 @@ their time (no transforms, no serialization format), and 0.9-0.12 call numpy.pro
 (gone in numpy 2): both are bridged here, which changes nothing of what is written.
 """
 import inspect
-import io
 import os
 import pickle
 import socket
