@@ -4,9 +4,13 @@
 # parallel save) with the distributed optimizer's flattened tensors. For every key, dcp ls's
 # shape and dcp digest's XXH3-128 must equal PyTorch's own view of the checkpoint
 # (torch.distributed.checkpoint.load into a full tensor; a bytes item's stored bytes), first
-# parse and served from the catalog; dcp info names the layout and dcp verify passes.
+# parse and served from the catalog; dcp info names the layout and dcp verify passes; mounted
+# with dcpfs, every key's file holds the same bytes.
 . "$top_srcdir/tests/lib.sh"
+. "$top_srcdir/tests/fuse_lib.sh"
 need python3
+need getfattr
+need_fuse
 python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
 need_python_module xxhash
 need_python_module psutil
@@ -22,7 +26,7 @@ if [ -n "${DCP_SANITIZED:-}" ]; then   # the sanitizers watch dcp; the saves are
     releases="$(echo "$releases" | head -1) $(echo "$releases" | tail -1)"
     echo "sanitizer build: megatron-core $releases only"
 fi
-scratch
+fuse_scratch
 for v in $releases; do
     PYTHONPATH="$dir/$v" timeout 600 python3 "$top_srcdir/tests/interop/megatron_releases.py" save "$SCRATCH/$v" \
         >"$SCRATCH/$v.log" 2>&1 || { tail -30 "$SCRATCH/$v.log"; fail "megatron-core $v: saving failed"; }
@@ -49,6 +53,30 @@ for line in open(sys.argv[1]):
         "$DCP" --no-catalog info "$ck" | grep -q 'Megatron-Core torch_dist' ||
             fail "megatron-core $v $case: dcp info does not name the Megatron-Core layout"
         "$DCP" --no-catalog verify "$ck" >"$ck.verify" 2>&1 || { cat "$ck.verify"; fail "megatron-core $v $case: dcp verify failed"; }
+        mount_dcpfs "$ck" "$ck.mnt" -o no_catalog
+        python3 - "$ck.mnt" "$ck.truth" <<'PY' || fail "megatron-core $v $case: the mount's files differ from PyTorch's view"
+import os, sys, xxhash
+mnt, truth = sys.argv[1], sys.argv[2]
+want = {line.split("\t")[0]: line.split("\t")[2].strip() for line in open(truth)}
+seen = {}
+for top, dirs, files in os.walk(mnt):
+    for name in files:
+        path = os.path.join(top, name)
+        try:
+            key = os.getxattr(path, "user.dcp.key").decode()
+        except OSError:
+            continue   # metadata.json, common.pt: Megatron's own files, as they are
+        with open(path, "rb") as f:
+            seen[key] = xxhash.xxh3_128_hexdigest(f.read())
+bad = sorted(k for k in want if seen.get(k) != want[k])
+extra = sorted(set(seen) - set(want))
+for k in bad:
+    print(f"{k}: mount {seen.get(k, 'missing')}, PyTorch {want[k]}")
+for k in extra:
+    print(f"{k}: on the mount, not in PyTorch's view")
+sys.exit(1 if bad or extra else 0)
+PY
+        unmount_dcpfs "$ck.mnt"
     done
     echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's"
 done
