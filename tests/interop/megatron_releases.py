@@ -21,24 +21,17 @@ their time (no transforms, no serialization format), and 0.9-0.12 call numpy.pro
 import inspect
 import os
 import pickle
-import socket
 import sys
 import warnings
 
 import numpy
 import torch
 
+from export_megatron import free_port   # this folder is the script's, first on sys.path
+
 warnings.filterwarnings("ignore")
 if not hasattr(numpy, "product"):
     numpy.product = numpy.prod
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def bridge_write_item():
