@@ -7,7 +7,8 @@
 #                                          ~/.cache/dcpfs-tests/megatron-core)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
-dir=${DCPFS_MEGATRON_RELEASES:-$HOME/.cache/dcpfs-tests/megatron-core}   # not XDG_CACHE_HOME: make check sets it
+home=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
+dir=${DCPFS_MEGATRON_RELEASES:-$home/.cache/dcpfs-tests/megatron-core}   # not XDG_CACHE_HOME: make check sets it
 if [ "${1:-}" = --where ]; then
     echo "$dir"
     exit 0
