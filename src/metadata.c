@@ -476,7 +476,8 @@ static void fill_info(interp *in, const pk_node *root, const pk_node *st)
     const pk_node *sm = pk_dict_get(st, "storage_meta");
     const pk_node *ver = pk_dict_get(st, "version");
     const pk_node *pd = pk_dict_get(st, "planner_data");
-    /* From class paths and fields present, never a guessed version. */
+    /* From class paths and fields present, never a guessed version; the release ranges
+     * named are those of the releases' own saves in tests/data/torch-releases. */
     char genbuf[160];
     const char *gen, *vs;
     size_t vl;
@@ -484,11 +485,11 @@ static void fill_info(interp *in, const pk_node *root, const pk_node *st)
         gen = "torch 1.13 (torch.distributed._shard.checkpoint)";
     } else if (ver && ver->type != PK_NONE) {
         if (pk_str(ver, &vs, &vl))
-            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version %.*s)", (int)(vl > 64 ? 64 : vl), vs);
+            snprintf(genbuf, sizeof genbuf, "torch 2.9+ (version %.*s)", (int)(vl > 64 ? 64 : vl), vs);
         else if (ver->type == PK_FLOAT)
-            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version %g)", ver->u.f);
+            snprintf(genbuf, sizeof genbuf, "torch 2.9+ (version %g)", ver->u.f);
         else
-            snprintf(genbuf, sizeof genbuf, "torch 2.8+ (version field)");
+            snprintf(genbuf, sizeof genbuf, "torch 2.9+ (version field)");
         gen = genbuf;
     } else if (sm && sm->type != PK_NONE) {
         gen = "torch 2.4+ (StorageMeta)";

@@ -12,6 +12,10 @@ EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
 TESTS += tests/interop-megatron-releases.sh
 dist_check_SCRIPTS += tests/interop-megatron-releases.sh
 EXTRA_DIST += tests/interop/megatron_releases.py tests/interop/megatron-releases.txt tests/interop/install-megatron-releases.sh
+# PyTorch releases' own saves, 2.0 to 2.15 (tests/data/torch-releases, made once a release).
+TESTS += tests/interop-torch-releases.sh
+dist_check_SCRIPTS += tests/interop-torch-releases.sh
+EXTRA_DIST += tests/data/torch-releases tests/interop/save_torch_release.py tests/interop/check_releases.py
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
 
 # Pickle VM, metadata model and record locator (Check).

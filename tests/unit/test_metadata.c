@@ -259,19 +259,19 @@ static void check_saved(const char *name, const char *generation_prefix)
 
 START_TEST(pytorch_2x_plain)
 {
-    check_saved("pt_plain", "torch 2.8+ (version 1.0.0)");
+    check_saved("pt_plain", "torch 2.9+ (version 1.0.0)");
 }
 END_TEST
 
 START_TEST(pytorch_2x_zstd_transforms)
 {
-    check_saved("pt_zstd", "torch 2.8+ (version 1.0.0)");
+    check_saved("pt_zstd", "torch 2.9+ (version 1.0.0)");
 }
 END_TEST
 
 START_TEST(pytorch_2x_rank_local_merge)
 {
-    check_saved("pt_ranklocal", "torch 2.8+ (version 1.0.0)");
+    check_saved("pt_ranklocal", "torch 2.9+ (version 1.0.0)");
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/tests/data/metadata/pt_ranklocal", srcdir);
     dcp_checkpoint *ck = open_ok(dir);
@@ -285,7 +285,7 @@ END_TEST
 
 START_TEST(megatron_subclass_is_opaque)
 {
-    check_saved("mcore", "Megatron-Core megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata on torch 2.8+");
+    check_saved("mcore", "Megatron-Core megatron.core.dist_checkpointing.strategies.torch.MCoreMetadata on torch 2.9+");
 }
 END_TEST
 
@@ -326,7 +326,7 @@ START_TEST(python313_paths_and_big_offsets)
     char *dir = synthetic("py313_zstd");
     dcp_checkpoint *ck = open_ok(dir);
     const dcp_info *info = dcp_get_info(ck);
-    ck_assert_str_eq(info->generation, "torch 2.8+ (version 1.0.0)");
+    ck_assert_str_eq(info->generation, "torch 2.9+ (version 1.0.0)");
     ck_assert_str_eq(info->checkpoint_id, "/tmp/ck313");
     ck_assert_str_eq(info->save_id, "uuid-313");
     ck_assert_str_eq(info->version, "1.0.0");
@@ -349,7 +349,7 @@ START_TEST(dict_and_long_properties_float_version_slots)
     char *dir = synthetic("dictprops_floatversion");
     dcp_checkpoint *ck = open_ok(dir);
     const dcp_info *info = dcp_get_info(ck);
-    ck_assert_str_eq(info->generation, "torch 2.8+ (version 1)");
+    ck_assert_str_eq(info->generation, "torch 2.9+ (version 1)");
     ck_assert_str_eq(info->version, "1");
     ck_assert_str_eq(info->checkpoint_id, "/tmp/ck312");   /* parts ('/', 'tmp', 'ck312') */
     const dcp_entry *a = dcp_find(ck, "a"), *b = dcp_find(ck, "b");
