@@ -122,13 +122,19 @@ def _err(ck_err) -> DcpError:
 
 def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tuple, tuple]]]:
     """This rank's requests: (key, offsets, lengths) and where each goes."""
+    import importlib
+
     import torch
     DTensor: Any = None
-    try:
-        from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:  # pragma: no cover - torch without DTensor
-        pass
+    local_shape_and_offset: Any = None
+    # torch.distributed.tensor from 2.5 on; before, DTensor was private (and that name was another package)
+    for mod in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        try:
+            DTensor = importlib.import_module(mod).DTensor
+            local_shape_and_offset = importlib.import_module(mod + "._utils").compute_local_shape_and_global_offset
+            break
+        except (ImportError, AttributeError):
+            DTensor = None
     dests: List[_Dest] = []
     reqs = []
     for key, value in flat.items():
@@ -136,7 +142,7 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
         d.key = key
         if DTensor is not None and isinstance(value, DTensor):
             local = value.to_local()
-            shape, offset = compute_local_shape_and_global_offset(
+            shape, offset = local_shape_and_offset(
                 value.shape, value.device_mesh, value.placements)
             d.kind = "tensor"
             d.target = local

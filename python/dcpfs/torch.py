@@ -24,6 +24,7 @@ Non-tensor items are still restored with ``torch.load`` by torch's planner
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import threading
@@ -37,7 +38,6 @@ from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
-    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -162,13 +162,15 @@ class Reader(StorageReader):
         meta = dict(getattr(ck, "meta", None) or {})
         storage_data = {"reader": "dcpfs", "path": self.path}
         storage_data.update({k: meta[k] for k in ("generation", "serialization", "layout") if k in meta})
-        return Metadata(
-            state_dict_metadata=sdm,
-            planner_data=None,
-            storage_data=storage_data,
-            storage_meta=StorageMeta(checkpoint_id=self.path, load_id=self.load_id),
-            version=None,
-        )
+        fields: Dict[str, Any] = {"state_dict_metadata": sdm, "planner_data": None, "storage_data": storage_data}
+        # Metadata grew storage_meta in torch 2.4 and version in 2.9: set what this torch has.
+        known = {f.name for f in dataclasses.fields(Metadata)}
+        if "storage_meta" in known:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+            fields["storage_meta"] = StorageMeta(checkpoint_id=self.path, load_id=self.load_id)
+        if "version" in known:
+            fields["version"] = None
+        return Metadata(**fields)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:

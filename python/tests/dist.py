@@ -7,7 +7,8 @@ process group over a FileStore in a fresh temporary folder (no ports to race
 for), runs ``fn(rank, world, *args)`` and sends back its (picklable) result.
 ``run`` returns the results in rank order, or raises an AssertionError
 holding the traceback of every rank that failed, died, or was still running
-at ``timeout`` seconds (killed and reported as a hang).
+at ``timeout`` seconds (killed and reported as a hang, with the stacks of its
+threads five seconds before: faulthandler).
 
 ``fn`` must be importable by the children (a module-level function of a test
 module or helper). Each child runs with one torch thread (the test machines
@@ -30,11 +31,15 @@ __all__ = ["run"]
 
 def _child(rank: int, world: int, store_path: str, fn: Callable[..., Any], args: tuple, q, timeout: float) -> None:
     import datetime
+    import faulthandler
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    # A rank still running near the deadline writes where each of its threads is, for the report.
+    stacks = open(f"{store_path}.stack.{rank}", "w")
+    faulthandler.dump_traceback_later(max(1.0, timeout - 5), file=stacks)
     try:
         store = dist.FileStore(store_path, world)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
@@ -84,6 +89,13 @@ def run(nranks: int, fn: Callable[..., Any], *args: Any, timeout: float = 120) -
         for r, p in enumerate(procs):
             if r not in results and r not in failures:
                 failures[r] = f"still running after {timeout:g} s: a hang (killed)"
+                try:
+                    with open(f"{store}.stack.{r}") as f:
+                        where = f.read().strip()
+                    if where:
+                        failures[r] += f"; {timeout - 5:g} s in, its threads were at:\n{where}"
+                except OSError:
+                    pass
             if p.is_alive():
                 p.kill()
             p.join(5)

@@ -46,14 +46,22 @@ def _flat(sd):
     return flatten_state_dict(sd)[0]
 
 
+def _dtensor_api():
+    """torch.distributed.tensor (2.5+), or where DTensor lived before (2.4)."""
+    try:
+        from torch.distributed.tensor import DTensor  # noqa: F401
+        import torch.distributed.tensor as api
+    except ImportError:
+        import torch.distributed._tensor as api
+    return api
+
+
 def _local(v):
-    from torch.distributed.tensor import DTensor
-    return v.to_local() if isinstance(v, DTensor) else v
+    return v.to_local() if isinstance(v, _dtensor_api().DTensor) else v
 
 
 def _full(v):
-    from torch.distributed.tensor import DTensor
-    return v.full_tensor() if isinstance(v, DTensor) else v
+    return v.full_tensor() if isinstance(v, _dtensor_api().DTensor) else v
 
 
 def _same(a, b, what: str) -> None:
@@ -91,7 +99,10 @@ class _Net(torch.nn.Module):
 
 def _fsdp_model(world: int, seed: int):
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:   # before 2.6 (and on the CPU FSDP2 needs 2.7: the callers skip)
+        from torch.distributed._composable.fsdp import fully_shard
     torch.manual_seed(seed)
     model = _Net()
     mesh = init_device_mesh("cpu", (world,))
@@ -143,6 +154,12 @@ def _fsdp_run(rank: int, world: int, save_to: str, load_from: list, wants: dict)
     return saved if rank == 0 else None
 
 
+# FSDP2 runs on the CPU (gloo) from torch 2.7 on; before, it needs CUDA streams.
+needs_cpu_fsdp2 = pytest.mark.skipif(tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 7),
+                                     reason=f"FSDP2 on the CPU needs torch >= 2.7, this is {torch.__version__}")
+
+
+@needs_cpu_fsdp2
 def test_fsdp2_resharding(tmp_path):
     p2, p4 = str(tmp_path / "fsdp2"), str(tmp_path / "fsdp4")
     want2 = distrun.run(2, _fsdp_run, p2, [p2], {})[0]          # save 2, load 2
@@ -168,7 +185,8 @@ def _full_values() -> dict:
 
 def _dtensors(world: int, layout: str, fill_zero: bool) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    api = _dtensor_api()
+    Replicate, Shard, distribute_tensor = api.Replicate, api.Shard, api.distribute_tensor
     full = _full_values()
     if fill_zero:
         full = {k: torch.zeros_like(v) for k, v in full.items()}

@@ -13,7 +13,7 @@ view of it (tests/interop/save_torch_release.py). For each one:
     gives the same bytes and values;
   - with MOUNT (ROOT mounted with dcpfs), every key's file (found by its user.dcp.key
     attribute) holds the same bytes.
-PyTorch 2.13's own FileSystemReader is tried too: where it fails, that is printed, not failed.
+The installed PyTorch's own FileSystemReader is tried too: where it fails, that is printed, not failed.
 """
 import hashlib
 import io
@@ -157,12 +157,20 @@ def check(release, case, catalog):
         no_st = sorted(k for k, t in truth.items() if t["kind"] == "tensor" and k not in in_st)
         if no_st:
             notes.append(f"not in all.safetensors: {', '.join(no_st)}")
-    # PyTorch 2.13's own reader, for the record only
+    # PyTorch's own reader, for the record only (its tracebacks, logged to fd 2, silenced)
+    sys.stderr.flush()
+    saved = os.dup(2)
     try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
         sd = destination(truth)
         dcp.load(sd, storage_reader=dcp.FileSystemReader(ck))
     except BaseException as e:   # CheckpointException is a BaseException
-        notes.append(f"PyTorch 2.13's FileSystemReader fails ({type(e).__name__})")
+        notes.append(f"PyTorch {torch.__version__}'s FileSystemReader fails ({type(e).__name__})")
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
     return len(truth), notes
 
 
@@ -185,13 +193,17 @@ def main():
                     n, case_notes = check(release, case, catalog)
                     if n != by["written"][case]:
                         fail(f"{release}/{case}", f"{n} keys in the truth, {by['written'][case]} written")
-                    notes += [f"{case}: {x}" for x in case_notes]
+                    notes += [(case, x) for x in case_notes]
                 except Exception as e:
                     fail(f"{release}/{case}", f"{type(e).__name__}: {e}")
             ok = "ok" if len(failures) == before else "FAILED"
+            said = []
+            for x in dict.fromkeys(x for _, x in notes):   # a note every case has is said once
+                where = [c for c, y in notes if y == x]
+                said.append(x if len(where) == len(cases) else f"{', '.join(where)}: {x}")
             counts = ", ".join("%s %d" % (c, by["written"][c]) for c in cases)
             print(f"torch {by['torch']}: {counts} keys: {ok}"
-                  + (f" ({'; '.join(notes)})" if notes else ""))
+                  + (f" ({'; '.join(said)})" if said else ""))
     if failures:
         print("\n".join(failures[:40]), file=sys.stderr)
         sys.exit(1)
