@@ -5,9 +5,13 @@
  * a reused buffer, or with --dest into a buffer the size of its share,
  * allocated and touched before the clock starts (as dcpload's destinations
  * are). --all: every rank reads all the bytes (what every rank of a
- * replicated load reads when each reads its own needs).
+ * replicated load reads when each reads its own needs). --threads T: each
+ * rank reads its share on T threads, each a contiguous part of it. --fresh
+ * (with --dest): the buffer is allocated inside the clock and not touched
+ * first, so the reads fault its pages in, as they do into a program's fresh
+ * tensors (issue 16's peer: 8 threads reading into fresh huge-page memory).
  *
- *   mpiexec -n N load_raw [--all] [--dest] [--request BYTES] FILE...
+ *   mpiexec -n N load_raw [--all] [--dest [--fresh]] [--threads T] [--request BYTES] FILE...
  *
  * Rank 0 prints "SECONDS BYTES CPU_SECONDS": barrier to barrier, the bytes
  * all ranks read, and their user+system CPU time summed over ranks.
@@ -17,6 +21,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -40,32 +45,75 @@ static int die(const char *what)
     return 1;
 }
 
+/* One reader's part [lo, hi) of the concatenation, into buf (at lo - base
+ * with dest, else at 0 of a request-sized buffer of its own). */
+struct part {
+    const int *fds;
+    const uint64_t *sizes;
+    int nfiles;
+    uint64_t lo, hi, base;
+    unsigned char *buf;
+    size_t request;
+    int into_dest;
+    uint64_t done;
+    int err;
+    const char *what;
+};
+
+static void *read_part(void *arg)
+{
+    struct part *p = arg;
+    uint64_t pos = 0;
+    for (int i = 0; i < p->nfiles && !p->err; i++) {
+        uint64_t a = p->lo > pos ? p->lo : pos, b = p->hi < pos + p->sizes[i] ? p->hi : pos + p->sizes[i];
+        for (uint64_t off = a; off < b;) {
+            size_t want = b - off < p->request ? (size_t)(b - off) : p->request;
+            unsigned char *to = p->into_dest ? p->buf + (off - p->base) : p->buf;
+            ssize_t got = pread(p->fds[i], to, want, (off_t)(off - pos));
+            if (got <= 0) {
+                p->err = got == 0 ? EIO : errno;   /* EIO: the file shrank */
+                p->what = "pread";
+                break;
+            }
+            off += (uint64_t)got;
+            p->done += (uint64_t)got;
+        }
+        pos += p->sizes[i];
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     int me, n;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
-    int all = 0, into_dest = 0, first = 1;
+    int all = 0, into_dest = 0, fresh = 0, first = 1;
+    unsigned nthreads = 1;
     size_t request = (size_t)16 << 20;
     for (; first < argc && argv[first][0] == '-'; first++) {
         if (!strcmp(argv[first], "--all")) {
             all = 1;
         } else if (!strcmp(argv[first], "--dest")) {
             into_dest = 1;
+        } else if (!strcmp(argv[first], "--fresh")) {
+            fresh = 1;
+        } else if (!strcmp(argv[first], "--threads") && first + 1 < argc) {
+            nthreads = (unsigned)strtoul(argv[++first], NULL, 10);
         } else if (!strcmp(argv[first], "--request") && first + 1 < argc) {
             request = (size_t)strtoull(argv[++first], NULL, 10);
         } else {
             if (me == 0)
-                fprintf(stderr, "usage: mpiexec -n N load_raw [--all] [--dest] [--request BYTES] FILE...\n");
+                fprintf(stderr, "usage: mpiexec -n N load_raw [--all] [--dest [--fresh]] [--threads T] [--request BYTES] FILE...\n");
             MPI_Finalize();
             return 2;
         }
     }
     int nfiles = argc - first;
-    if (nfiles < 1 || request < 4096) {
+    if (nfiles < 1 || request < 4096 || nthreads < 1 || nthreads > 64 || (fresh && !into_dest)) {
         if (me == 0)
-            fprintf(stderr, "load_raw: no files, or a request under 4096 bytes\n");
+            fprintf(stderr, "load_raw: no files, a request under 4096 bytes, --threads not 1-64, or --fresh without --dest\n");
         MPI_Finalize();
         return 2;
     }
@@ -89,30 +137,47 @@ int main(int argc, char **argv)
     }
     size_t cap = into_dest ? (size_t)(hi - lo) : request;
     unsigned char *buf = NULL;
-    /* 2 MiB-aligned in huge pages, as dcpload allocates its destinations */
-    if (posix_memalign((void **)&buf, (size_t)2 << 20, cap ? cap : 1) != 0)
-        return die("cannot allocate the buffer");
-    (void)madvise(buf, cap, MADV_HUGEPAGE);
-    memset(buf, 0xA5, cap);
+    /* 2 MiB-aligned in huge pages, as dcpload allocates its destinations;
+     * touched before the clock unless --fresh (then allocated inside it) */
+    unsigned char *bufs[64] = {0};
+    if (!fresh) {
+        for (unsigned t = 0; t < (into_dest ? 1 : nthreads); t++) {
+            if (posix_memalign((void **)&bufs[t], (size_t)2 << 20, cap ? cap : 1) != 0)
+                return die("cannot allocate the buffer");
+            (void)madvise(bufs[t], cap, MADV_HUGEPAGE);
+            memset(bufs[t], 0xA5, cap);
+        }
+    }
 
     MPI_Barrier(MPI_COMM_WORLD);
     double c0 = cpu_seconds(), t0 = MPI_Wtime();
-    uint64_t done = 0, pos = 0;
-    for (int i = 0; i < nfiles; i++) {
-        uint64_t a = lo > pos ? lo : pos, b = hi < pos + sizes[i] ? hi : pos + sizes[i];
-        for (uint64_t off = a; off < b;) {
-            size_t want = b - off < request ? (size_t)(b - off) : request;
-            unsigned char *to = into_dest ? buf + (off - lo) : buf;
-            ssize_t got = pread(fds[i], to, want, (off_t)(off - pos));
-            if (got <= 0) {
-                if (got == 0)
-                    errno = EIO;   /* the file shrank */
-                return die(argv[first + i]);
-            }
-            off += (uint64_t)got;
-            done += (uint64_t)got;
+    if (fresh) {
+        if (posix_memalign((void **)&bufs[0], (size_t)2 << 20, cap ? cap : 1) != 0)
+            return die("cannot allocate the buffer");
+        (void)madvise(bufs[0], cap, MADV_HUGEPAGE);
+    }
+    buf = bufs[0];
+    struct part parts[64];
+    pthread_t th[64];
+    unsigned started = 0;
+    for (unsigned t = 0; t < nthreads; t++) {
+        uint64_t share = hi - lo;
+        parts[t] = (struct part){fds, sizes, nfiles, lo + share * t / nthreads, lo + share * (t + 1) / nthreads,
+                                 lo, into_dest ? buf : bufs[t], request, into_dest, 0, 0, NULL};
+    }
+    for (unsigned t = 1; t < nthreads; t++, started++)
+        if (pthread_create(&th[t], NULL, read_part, &parts[t]) != 0)
+            return die("pthread_create");
+    read_part(&parts[0]);
+    for (unsigned t = 1; t <= started; t++)
+        pthread_join(th[t], NULL);
+    uint64_t done = 0;
+    for (unsigned t = 0; t < nthreads; t++) {
+        if (parts[t].err) {
+            errno = parts[t].err;
+            return die(parts[t].what);
         }
-        pos += sizes[i];
+        done += parts[t].done;
     }
     double cpu = cpu_seconds() - c0;
     MPI_Barrier(MPI_COMM_WORLD);
@@ -127,7 +192,8 @@ int main(int argc, char **argv)
         close(fds[i]);
     free(fds);
     free(sizes);
-    free(buf);
+    for (unsigned t = 0; t < 64; t++)
+        free(bufs[t]);
     MPI_Finalize();
     return 0;
 }

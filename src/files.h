@@ -32,6 +32,13 @@ void dcpi_files_note_identity(dcp_checkpoint *ck);
  * RWF_NOWAIT could not read at once). */
 int dcpi_preadv_exact(int fd, const struct iovec *iov, int cnt, uint64_t off, int flags, size_t *got);
 int dcpi_pread_exact(int fd, void *buf, size_t len, uint64_t off, size_t *got);
+/* The dcp_read_threads() budget is shared by the threads reading at once:
+ * a read is split only into the threads left of it, so callers that read on
+ * many threads of their own read each request whole. For tests: count n more
+ * (or, negative, fewer) threads as reading; and how many piece threads have
+ * been started so far. */
+void dcpi_read_budget_hold(int n);
+unsigned long dcpi_read_pieces_started(void);
 
 /* EOVERFLOW when [off, off+len) cannot be in any file. */
 int dcpi_check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,

@@ -45,3 +45,36 @@ for bad in 0 2; do
     grep -Eq "^dcpload: rank $bad: model\.[a-z_.]+: cannot allocate [0-9]+ bytes$" "$SCRATCH/msgs" ||
         fail "no memory on rank $bad: $(cat "$SCRATCH/msgs")"
 done
+
+# Destinations of 2 MiB and more stay untouched unless --touch (the load
+# faults them in on its reader threads): the same bytes either way, on one
+# reader thread or many, and on one rank each tensor's digest is that of its
+# global bytes (dcp cat); --no-digests drops the tensor lines, not the
+# statistics.
+BIG=$SCRATCH/big
+"$DCP" synth "$BIG" --keys 3 --shape 1024,1536 --ranks 3 >/dev/null || fail "dcp synth"
+for n in 1 2; do
+    for layout in rows replicate; do
+        mpirun "$n" "$DCPLOAD" "$BIG" --layout "$layout" --json --touch >"$SCRATCH/touched" 2>"$SCRATCH/err" ||
+            fail "--touch -n $n $layout: $(cat "$SCRATCH/err")"
+        mpirun "$n" "$DCPLOAD" "$BIG" --layout "$layout" --json >"$SCRATCH/fresh" 2>"$SCRATCH/err" ||
+            fail "-n $n $layout: $(cat "$SCRATCH/err")"
+        DCPLOAD_IO_THREADS=1 DCP_READ_THREADS=1 mpirun "$n" "$DCPLOAD" "$BIG" --layout "$layout" --json \
+            >"$SCRATCH/one" 2>"$SCRATCH/err" || fail "one reader thread -n $n $layout: $(cat "$SCRATCH/err")"
+        [ "$(hashes "$SCRATCH/touched" | wc -l)" -eq $((3 * n)) ] || fail "-n $n $layout: $(cat "$SCRATCH/touched")"
+        [ "$(hashes "$SCRATCH/fresh")" = "$(hashes "$SCRATCH/touched")" ] || fail "-n $n $layout: fresh destinations differ from touched ones"
+        [ "$(hashes "$SCRATCH/one")" = "$(hashes "$SCRATCH/touched")" ] || fail "-n $n $layout: one reader thread differs"
+    done
+done
+if python3 -c 'import xxhash' 2>/dev/null; then
+    mpirun 1 "$DCPLOAD" "$BIG" --json >"$SCRATCH/fresh" 2>"$SCRATCH/err" || fail "-n 1: $(cat "$SCRATCH/err")"
+    for key in $("$DCP" ls --json "$BIG" | python3 -c 'import json,sys; [print(json.loads(l)["key"]) for l in sys.stdin]'); do
+        want=$("$DCP" cat "$BIG" "$key" | python3 -c 'import sys, xxhash; print(xxhash.xxh3_64_hexdigest(sys.stdin.buffer.read()))')
+        grep -q "\"key\":\"$key\".*\"xxh3\":\"$want\"" "$SCRATCH/fresh" || fail "$key: not the bytes of dcp cat ($want): $(cat "$SCRATCH/fresh")"
+    done
+else
+    echo "python3's xxhash is missing: the digests are compared with each other only"
+fi
+mpirun 2 "$DCPLOAD" "$BIG" --json --no-digests >"$SCRATCH/stats" 2>"$SCRATCH/err" || fail "--no-digests: $(cat "$SCRATCH/err")"
+[ "$(grep -c '"xxh3"' "$SCRATCH/stats")" -eq 0 ] || fail "--no-digests printed digests: $(cat "$SCRATCH/stats")"
+[ "$(grep -c '"bytes_read"' "$SCRATCH/stats")" -eq 2 ] || fail "--no-digests: not one statistics line a rank: $(cat "$SCRATCH/stats")"

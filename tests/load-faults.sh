@@ -14,10 +14,11 @@ CK=$SCRATCH/ck
 mpirun 4 "$DCPLOAD" "$CK" --layout replicate --json >"$SCRATCH/ref" 2>"$SCRATCH/err" ||
     fail "the clean load failed: $(cat "$SCRATCH/err")"
 
-# start_load NAME: a slow load in the background (its pid in LOAD)
+# start_load NAME: a slow load in the background (its pid in LOAD); one I/O
+# thread a rank, so that the delays add up (8 readers would sleep at once)
 start_load() {
     rm -rf "$SCRATCH/$1"; cp -r "$CK" "$SCRATCH/$1"
-    DCPLOAD_TEST_READ_DELAY_MS=150 mpirun 4 "$DCPLOAD" "$SCRATCH/$1" --layout replicate --json \
+    DCPLOAD_IO_THREADS=1 DCPLOAD_TEST_READ_DELAY_MS=150 mpirun 4 "$DCPLOAD" "$SCRATCH/$1" --layout replicate --json \
         >"$SCRATCH/$1.out" 2>"$SCRATCH/$1.err" &
     LOAD=$!
     T0=$SECONDS

@@ -710,6 +710,83 @@ START_TEST(test_parallel_pieces)
 }
 END_TEST
 
+/* The dcp_read_threads() budget is shared by the threads reading at once: a
+ * read alone is cut into pieces, one among many is read whole; and reads on
+ * many threads at once return the right bytes either way. */
+struct budget_reader {
+    int fd;
+    const unsigned char *data;
+    size_t off, len;
+    int ok;
+};
+
+static void *budget_read(void *arg)
+{
+    struct budget_reader *r = arg;
+    unsigned char *b = malloc(r->len);
+    size_t got = 0;
+    r->ok = b && dcpi_pread_exact(r->fd, b, r->len, r->off, &got) == 0 && got == r->len &&
+            memcmp(b, r->data + r->off, r->len) == 0;
+    free(b);
+    return NULL;
+}
+
+START_TEST(test_shared_budget)
+{
+    const size_t size = (size_t)24 << 20;
+    unsigned char *data = malloc(size), *buf = malloc(size);
+    uint64_t s = 29;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_finish(ck);
+    int fd;
+    dcp_error err;
+    ck_assert_msg(dcpi_ck_fd(ck, 0, &fd, &err) == 0, "%s", err.msg);
+    unsigned old = dcp_read_threads(8);
+    size_t got;
+    /* alone: 8 MiB in 8 pieces, 7 threads started */
+    unsigned long p0 = dcpi_read_pieces_started();
+    ck_assert_int_eq(dcpi_pread_exact(fd, buf, (size_t)8 << 20, 0, &got), 0);
+    ck_assert_uint_eq(dcpi_read_pieces_started() - p0, 7);
+    /* five other threads reading: three pieces, on the two threads left of
+     * the budget and this one */
+    dcpi_read_budget_hold(5);
+    p0 = dcpi_read_pieces_started();
+    ck_assert_int_eq(dcpi_pread_exact(fd, buf, (size_t)8 << 20, 4096, &got), 0);
+    ck_assert_uint_eq(dcpi_read_pieces_started() - p0, 2);
+    ck_assert_int_eq(memcmp(buf, data + 4096, (size_t)8 << 20), 0);
+    /* the budget taken (8 others): read whole, on the calling thread */
+    dcpi_read_budget_hold(3);
+    p0 = dcpi_read_pieces_started();
+    ck_assert_int_eq(dcpi_pread_exact(fd, buf, (size_t)8 << 20, 1, &got), 0);
+    ck_assert_uint_eq(dcpi_read_pieces_started() - p0, 0);
+    ck_assert_uint_eq(got, (size_t)8 << 20);
+    ck_assert_int_eq(memcmp(buf, data + 1, (size_t)8 << 20), 0);
+    dcpi_read_budget_hold(-8);
+    /* twelve readers at once, odd offsets: every one gets its bytes */
+    struct budget_reader r[12];
+    pthread_t th[12];
+    for (int i = 0; i < 12; i++) {
+        r[i] = (struct budget_reader){fd, data, (size_t)i * 1234567 + 7, ((size_t)3 << 20) + (size_t)i * 4099, 0};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, budget_read, &r[i]), 0);
+    }
+    for (int i = 0; i < 12; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_msg(r[i].ok, "reader %d got other bytes", i);
+    }
+    /* all done: alone again, pieces again */
+    p0 = dcpi_read_pieces_started();
+    ck_assert_int_eq(dcpi_pread_exact(fd, buf, (size_t)8 << 20, 0, &got), 0);
+    ck_assert_uint_eq(dcpi_read_pieces_started() - p0, 7);
+    dcp_read_threads(old);
+    tck_free(ck);
+    free(data);
+    free(buf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("reader");
@@ -723,6 +800,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_cached_and_prefetch);
     tcase_add_test(t, test_direct);
     tcase_add_test(t, test_parallel_pieces);
+    tcase_add_test(t, test_shared_budget);
     tcase_add_test(t, test_layer_state);
     suite_add_tcase(s, t);
     return s;
