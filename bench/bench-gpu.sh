@@ -162,6 +162,13 @@ if [[ " $PARTS " == *" one "* ]]; then
     c=$(cats evicted)
     ld=$(peer load-direct "$CK" evicted)
     say "evicted, O_DIRECT: dcpload --direct $ds s ($(gbps "$ds"); proc $dproc): cats $c s / dcpload $(ratio "$c" "$ds" 0.95); dcpfs.torch.load(direct=True) ${ld% *} s (proc ${ld#* })"
+    # the GPU copying straight out of the page cache (--map: cudaHostRegister of a read-only
+    # mapping of the shard) against the staged path, warm, side by side
+    d=$(best 1 rows warm --device cuda)
+    read -r ds _ _ _ dproc <<<"$d"
+    m=$(best 1 rows warm --device cuda --map)
+    read -r ms _ _ _ mproc <<<"$m"
+    say "warm, mapped: dcpload --map $ms s ($(gbps "$ms"); proc $mproc) against staged $ds s ($(gbps "$ds"); proc $dproc): $(ratio "$ds" "$ms" 1) (the default should become the faster)"
     [ -n "$SAFE" ] && rm -f "$SAFE"
 fi
 

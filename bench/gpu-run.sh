@@ -46,8 +46,9 @@ if [[ $PARTS == *" bench "* ]]; then
   echo "bench-gpu rc=$?"
 fi
 if [[ $PARTS == *" sanitizer "* ]]; then
-  for how in --device-delivery --host-delivery; do
+  for how in --device-delivery --host-delivery "--device-delivery --map"; do
     el "compute-sanitizer memcheck, 2 ranks replicate $how"
+    # shellcheck disable=SC2086 # $how: one or two options
     timeout 60 mpiexec -n 2 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
       /tmp/bd/dcpload tests/fixtures/04_block_4ranks/ckpt --layout replicate --device cuda $how --staging 4096 --json 2>&1 | tail -6
     echo "sanitizer $how rc=${PIPESTATUS[0]}"

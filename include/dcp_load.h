@@ -134,7 +134,14 @@ enum {
      * staging (none is read straight into its destination); not with
      * DCP_LOAD_SHM's host window; files that refuse O_DIRECT are read as
      * usual. */
-    DCP_LOAD_DIRECT = 1u << 6
+    DCP_LOAD_DIRECT = 1u << 6,
+    /* CUDA destinations: a unit this rank reads whose every page is in the
+     * page cache is mapped from its shard file, page-locked read-only for
+     * the device (cudaHostRegisterReadOnly) and copied to the GPU straight
+     * from there, with no CPU copy into staging; other units as usual. Not
+     * yet measured on a GPU, so not the default (issue 16); host
+     * destinations and DCP_LOAD_SHM's host window ignore it. */
+    DCP_LOAD_MAP = 1u << 7
 };
 
 typedef struct dcp_load_options {

@@ -393,9 +393,9 @@ static void *piece_run(void *arg)
 }
 
 /* Threads reading in this process (callers and their pieces): the
- * dcp_read_threads() budget is shared among them. A caller that already reads on many threads of its own (the
- * loader's I/O threads, a FUSE daemon's workers) then reads each request
- * whole on its own thread, which measured faster than every request in
+ * dcp_read_threads() budget is shared among them. A caller that already
+ * reads on many threads of its own (the loader's I/O threads, a FUSE
+ * daemon's workers) then reads each request whole on its own thread, which measured faster than every request in
  * pieces on top (2 GiB evicted into fresh memory, 8 unit readers: 1.5-1.8 s
  * against 1.9-3.0 s, with a third less CPU: pieces of one huge page written
  * by two threads contend for its first fault). */

@@ -17,9 +17,10 @@
 #     digests;
 #   - shm: --shm as well: served by IPC, or when IPC fails by the host
 #     shared-memory window (DCP_LOAD_SHM's path), with the same digests.
+#   - map: --map, below.
 # No leak: per process as many device frees as allocations, handle closes as
-# opens, streams destroyed as created (the fake's call log), and no shared
-# memory object of the fake left in /dev/shm.
+# opens, streams destroyed as created, registrations undone (the fake's call
+# log), and no shared memory object of the fake left in /dev/shm.
 # On a machine with a GPU, LOAD_DEVICE_REAL=1 runs the ipc and host variants
 # on the real CUDA runtime instead (the fake's failures and log do not
 # exist there; skipped without a GPU).
@@ -134,6 +135,64 @@ for variant in ipc host; do
         fail "--device-delivery ${extra[*]}: bytes"
 done
 
+# --map (DCP_LOAD_MAP): units whose pages are all cached come to the device
+# straight from a read-only mapping of the shard, registered with the device
+# layer; the same bytes on 1, 2 and 4 ranks, by IPC and by host messages.
+# A synthetic checkpoint of 64 KiB chunks: evicted, not every unit is mapped
+# (a unit is mapped only when all its pages are cached; those not cached are
+# read as usual, while the kernel's readahead may cache the next ones);
+# cached, every unit this rank reads for device copies only is (by IPC or
+# alone), none that host messages need; a refused registration reads the
+# unit as usual.
+MAPCK="$SCRATCH/mapck"
+"$DCP" synth "$MAPCK" --keys 6 --shape 256,128 --ranks 2 >/dev/null || fail "dcp synth"
+"$DCP" digest --json "$MAPCK" >/dev/null || fail "dcp digest"
+evicts=1   # tmpfs keeps its pages: nothing to evict
+[ "$(stat -f -c %T "$SCRATCH")" = tmpfs ] && evicts=0
+regs() {   # registrations so far (the fake's log)
+    [ "$REAL" != 1 ] && [ -f "$LOG" ] || { echo 0; return; }
+    grep -c " host_register_ro " "$LOG" || true
+}
+mapped_run() {   # mapped_run N LAYOUT TAG ARGS...: digests in $SCRATCH/map-TAG, registrations counted
+    local n=$1 layout=$2 tag=$3 before
+    shift 3
+    before=$(regs)
+    mkdir -p "$SCRATCH/map-$tag"
+    mpirun "$n" "$DCPLOAD" "$MAPCK" --layout "$layout" --device cuda --json --map "$@" \
+        >"$SCRATCH/map-$tag/out.json" 2>"$SCRATCH/map-$tag/err" ||
+        fail "--map $tag: dcpload failed: $(cat "$SCRATCH/map-$tag/err")"
+    grep '"xxh3"' "$SCRATCH/map-$tag/out.json" | sort >"$SCRATCH/map-$tag/digests"
+    MAPPED=$(( $(regs) - before ))
+}
+for n in 1 2 4; do
+    for layout in rows replicate; do
+        mpirun "$n" "$DCPLOAD" "$MAPCK" --layout "$layout" --device cuda --json >"$SCRATCH/map-ref.json" 2>"$SCRATCH/err" ||
+            fail "--map reference: $(cat "$SCRATCH/err")"
+        grep '"xxh3"' "$SCRATCH/map-ref.json" | sort >"$SCRATCH/map-ref"
+        units=$(python3 -c 'import json,sys; print(sum(r["reads"] for r in map(json.loads, open(sys.argv[1])) if "reads" in r))' "$SCRATCH/map-ref.json")
+        python3 "$top_srcdir/bench/evict.py" "$MAPCK"
+        mapped_run "$n" "$layout" "evicted-$n-$layout"
+        cmp -s "$SCRATCH/map-ref" "$SCRATCH/map-evicted-$n-$layout/digests" || fail "--map -n $n $layout evicted: other bytes"
+        [ "$evicts" = 0 ] || [ "$REAL" = 1 ] || [ "$MAPPED" -lt "$units" ] ||
+            fail "--map -n $n $layout evicted: all $units units mapped, as if cached"
+        mapped_run "$n" "$layout" "cached-$n-$layout"
+        cmp -s "$SCRATCH/map-ref" "$SCRATCH/map-cached-$n-$layout/digests" || fail "--map -n $n $layout cached: other bytes"
+        [ "$REAL" = 1 ] || [ "$MAPPED" -eq "$units" ] || fail "--map -n $n $layout cached: $MAPPED of $units units mapped"
+        [ "$n" = 1 ] && continue
+        mapped_run "$n" "$layout" "host-$n-$layout" --host-delivery
+        cmp -s "$SCRATCH/map-ref" "$SCRATCH/map-host-$n-$layout/digests" || fail "--map -n $n $layout --host-delivery: other bytes"
+        if [ "$layout" = replicate ]; then   # every unit goes to node peers by host messages: the CPU reads it
+            [ "$MAPPED" -eq 0 ] || fail "--map -n $n replicate --host-delivery: $MAPPED units mapped"
+        fi
+    done
+done
+if [ "$REAL" != 1 ]; then
+    DCPLOAD_FAKE_DEVICE_REGISTER_FAIL=1 mapped_run 2 replicate refused
+    cmp -s "$SCRATCH/map-cached-2-replicate/digests" "$SCRATCH/map-refused/digests" ||
+        fail "--map, registration refused: other bytes"
+    [ "$MAPPED" -eq 0 ] && grep -q " host_register_ro_refused " "$LOG" || fail "--map, registration refused: not tried, or mapped"
+fi
+
 [ "$REAL" = 1 ] && exit 0
 
 # IPC failing on one rank only (the last: cudaIpcGetMemHandle): every rank
@@ -187,6 +246,9 @@ for pid, c in calls.items():
                  ("host_alloc", "host_free")):
         if c[a] != c[b]:
             sys.exit(f"process {pid}: {c[a]} {a}, {c[b]} {b}")
+    if c["host_register"] + c["host_register_ro"] != c["host_unregister"]:   # --map's mappings too
+        sys.exit(f"process {pid}: {c['host_register']} host_register and {c['host_register_ro']} "
+                 f"host_register_ro, {c['host_unregister']} host_unregister")
     if c["ipc_open"] != c["ipc_close"]:   # a refused open maps nothing
         sys.exit(f"process {pid}: {c['ipc_open']} ipc_open, {c['ipc_close']} ipc_close")
 PY

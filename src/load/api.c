@@ -265,7 +265,8 @@ int ldi_load_0_2(MPI_Comm comm, dcp_checkpoint *ck, const dcp_load_region *regio
 
     ldi_exec_opts eo = {.staging_bytes = o.staging_bytes, .nstaging = o.nstaging, .device = device,
                         .node = nd.comm, .node_rank = nd.node_rank, .groups = groups,
-                        .ipc = ipc.active ? &ipc : NULL, .direct = (o.flags & DCP_LOAD_DIRECT) != 0};
+                        .ipc = ipc.active ? &ipc : NULL, .direct = (o.flags & DCP_LOAD_DIRECT) != 0,
+                        .map = (o.flags & DCP_LOAD_MAP) != 0};
     lrc = ldi_execute(c, ck, &reqs, &g, &eo, &st, err);
     rc = ldi_agree(c, lrc, err);
     st.seconds_transfer = ldi_now() - t2;

@@ -9,7 +9,7 @@
  * torch.save or safetensors file. Options for comparisons and tests are
  * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
  * --bcast-local, --shm, --host-delivery, --device-delivery, --direct, --touch,
- * --no-digests. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * --no-digests, --map. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
  * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
  * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
@@ -67,6 +67,7 @@ struct opts {
     int cuda, json, independent, no_bcast, shm, bcast_local, host_delivery, device_delivery, direct;
     int touch;               /* fill large destinations before the clock (--touch) */
     int no_digests;          /* --json without the per-tensor lines (--no-digests) */
+    int map;                 /* --map: DCP_LOAD_MAP */
     int gpu;                 /* --device cuda on a real GPU (not libdcpload's fake device) */
     size_t staging;
     unsigned buffers;
@@ -78,7 +79,7 @@ static void usage(FILE *f)
                "                                [--device host|cuda] [--json]\n"
                "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
                "       [--shm] [--host-delivery | --device-delivery] [--buffers N] [--direct]\n"
-               "       [--touch] [--no-digests]\n");
+               "       [--touch] [--no-digests] [--map]\n");
 }
 
 /* numpy.array_split: the first n mod parts parts get one more. */
@@ -234,7 +235,7 @@ static int parse(int argc, char **argv, struct opts *o)
         {"bcast-local", no_argument, 0, 'L'},    {"host-delivery", no_argument, 0, 'H'},
         {"device-delivery", no_argument, 0, 'D'}, {"direct", no_argument, 0, 'O'},
         {"buffers", required_argument, 0, 'N'},   {"touch", no_argument, 0, 'T'},
-        {"no-digests", no_argument, 0, 'G'},
+        {"no-digests", no_argument, 0, 'G'},      {"map", no_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -294,6 +295,7 @@ static int parse(int argc, char **argv, struct opts *o)
         case 'O': o->direct = 1; break;
         case 'T': o->touch = 1; break;
         case 'G': o->no_digests = 1; break;
+        case 'P': o->map = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -552,7 +554,8 @@ int main(int argc, char **argv)
     lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
                (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0) |
                (o.host_delivery ? DCP_LOAD_HOST_DELIVERY : 0) |
-               (o.device_delivery ? DCP_LOAD_DEVICE_DELIVERY : 0) | (o.direct ? DCP_LOAD_DIRECT : 0);
+               (o.device_delivery ? DCP_LOAD_DEVICE_DELIVERY : 0) | (o.direct ? DCP_LOAD_DIRECT : 0) |
+               (o.map ? DCP_LOAD_MAP : 0);
     lo.staging_bytes = o.staging;
     lo.nstaging = o.buffers;
     dcp_load_stats st;

@@ -56,6 +56,9 @@ typedef struct ldi_devops {
     void (*host_free)(void *p);
     /* Pin (page-lock) existing host memory, best effort: 0 or -1. */
     int (*host_register)(void *p, size_t n);
+    /* Page-lock a read-only mapping (a shard file's pages, mapped.c) for
+     * device copies out of it: 0 or -1 (not supported, or refused). */
+    int (*host_register_ro)(void *p, size_t n);
     void (*host_unregister)(void *p);
 
     int (*stream_create)(void **s, dcp_error *err);

@@ -109,6 +109,20 @@ static int host_register(void *p, size_t n)
     return 0;
 }
 
+static int host_register_ro(void *p, size_t n)
+{
+#ifdef cudaHostRegisterReadOnly   /* CUDA 11.1 and later */
+    if (cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterReadOnly) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+#else
+    (void)p, (void)n;
+    return -1;
+#endif
+}
+
 static void host_unregister(void *p)
 {
     if (cudaHostUnregister(p) != cudaSuccess)
@@ -227,6 +241,7 @@ const ldi_devops ldi_devops_cuda = {
     .host_alloc = host_alloc,
     .host_free = host_free,
     .host_register = host_register,
+    .host_register_ro = host_register_ro,
     .host_unregister = host_unregister,
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,

@@ -284,6 +284,20 @@ static int host_register(void *p, size_t n)
     return 0;
 }
 
+/* DCPLOAD_FAKE_DEVICE_REGISTER_FAIL=1: refused, as a runtime without
+ * read-only registration would (the unit is then read as usual). */
+static int host_register_ro(void *p, size_t n)
+{
+    (void)p;
+    const char *s = getenv("DCPLOAD_FAKE_DEVICE_REGISTER_FAIL");
+    if (s && !strcmp(s, "1")) {
+        logf_("host_register_ro_refused", n);
+        return -1;
+    }
+    logf_("host_register_ro", n);
+    return 0;
+}
+
 static void host_unregister(void *p)
 {
     (void)p;
@@ -468,6 +482,7 @@ const ldi_devops ldi_devops_fake = {
     .host_alloc = host_alloc,
     .host_free = host_free,
     .host_register = host_register,
+    .host_register_ro = host_register_ro,
     .host_unregister = host_unregister,
     .stream_create = stream_create,
     .stream_destroy = stream_destroy,

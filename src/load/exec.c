@@ -86,6 +86,8 @@ struct exec {
     } *ready;
     size_t io_next;            /* next read for the I/O threads */
     int direct;                /* reads bypass the page cache into staging (DCP_LOAD_DIRECT) */
+    int map;                   /* cached units for CUDA destinations mapped (DCP_LOAD_MAP, mapped.c) */
+    ldi_map *maps;             /* per read slot: the mapping its unit came from, until released */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     int threaded;
@@ -188,6 +190,28 @@ static void fail(struct exec *x, const dcp_error *e)
     }
 }
 
+/* May unit u come from a mapping of the page cache (DCP_LOAD_MAP)? Only
+ * when nothing but the device reads it: this rank's fragments CUDA memory,
+ * copied as stored, and node peers served from device staging. The CPU
+ * touching a mapped page of a shard truncated meanwhile would take SIGBUS;
+ * the device copies from pages the registration pinned. */
+static int mappable(const struct exec *x, const dcp_gunit *u)
+{
+    if (!x->map)
+        return 0;
+    for (size_t i = 0; i < u->ndlv; i++)
+        if (x->g->dlvs[u->dlv0 + i].kind != DCP_GDLV_SHM || !x->ipc)
+            return 0;
+    size_t n;
+    const dcp_gfrag *f = my_frags(x, u, &n);
+    for (size_t i = 0; i < n; i++) {
+        const dcp_gop *go = &x->g->gops[f[i].gop];
+        if (x->r->v[go->req].mem != DCP_LOAD_CUDA || go->op.flags & (DCP_OP_BSWAP | DCP_OP_CONJ | DCP_OP_NEG))
+            return 0;
+    }
+    return n > 0 || u->ndlv > 0;
+}
+
 /* ------------------------------------------------------------ the I/O side */
 
 static int free_slot(struct exec *x, unsigned from, unsigned to)
@@ -252,8 +276,15 @@ static void io_unit(struct exec *x, size_t k)
     double t0 = ldi_now();
     dcp_error e = {0};
     int rc = 0;
-    if (!failed)   /* after a failure keep the protocol going, skip the reads */
+    const unsigned char *mapped;
+    if (failed) {
+        /* after a failure keep the protocol going, skip the reads */
+    } else if (slot >= 0 && mappable(x, u) &&
+               ldi_map_unit(x->ck, x->g, u, ldi_dest_ops(x->dest), &x->maps[slot], &mapped)) {
+        buf = (unsigned char *)mapped;   /* only the device reads it (mappable) */
+    } else {
         rc = fetch_unit(x, k, buf, &buf, &e);
+    }
     double t1 = ldi_now();
     int finished = 0;
     if (rc == 0 && !failed && io_only(x, u)) {
@@ -353,6 +384,8 @@ static void release(struct exec *x, int slot)
         double t0 = ldi_now();
         if (ldi_dest_fence(x->dest, slot, &e) < 0)
             fail(x, &e);
+        if (x->maps)   /* the copies out of it are done */
+            ldi_map_release(ldi_dest_ops(x->dest), &x->maps[slot]);
         x->place_seconds += ldi_now() - t0;
         if (x->have_win)
             MPI_Win_sync(x->win);   /* the peers' copies out of it before the next read into it */
@@ -741,6 +774,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     MPI_Query_thread(&provided);
     /* not with a host shared-memory window: node peers copy from a slot's start */
     x.direct = o->direct && !(g->has_shm && !o->ipc);
+    x.map = o->map && !(g->has_shm && !o->ipc);
 
     int need_cuda = 0;
     for (size_t i = reqs->first[x.me]; i < reqs->first[x.me + 1]; i++)
@@ -779,6 +813,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     x.ready = calloc(x.nreads ? x.nreads : 1, sizeof *x.ready);
     x.bufs = calloc((size_t)x.wr + x.wv + 1, sizeof *x.bufs);
     x.busy = calloc((size_t)x.wr + x.wv + 1, 1);
+    if (x.map)
+        x.maps = calloc((size_t)x.wr + 1, sizeof *x.maps);
     /* transfers in flight, at most, and the requests one unit may need */
     x.pcap = 4 * (size_t)o->nstaging + 8;
     /* one request per delivery (a receiver has one), two for a shm hand-off */
@@ -801,7 +837,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     x.pend = calloc(x.pcap, sizeof *x.pend);
     x.reqpool = calloc(x.pcap * x.maxreq, sizeof *x.reqpool);
     x.stat = calloc(x.maxreq, sizeof *x.stat);
-    if (!x.reads || !x.ready || !x.bufs || !x.busy || !x.pend || !x.reqpool || !x.stat || !x.span_len ||
+    if (!x.reads || !x.ready || !x.bufs || !x.busy || (x.map && !x.maps) || !x.pend || !x.reqpool || !x.stat || !x.span_len ||
         !x.span_disp) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory");
         x.failed = 1;
@@ -885,6 +921,11 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
         pthread_cond_destroy(&x.cond);
     }
 out:
+    if (x.maps) {   /* every copy is done (ldi_dest_finish) or none was queued (agreed failure) */
+        for (unsigned i = 0; i < x.wr; i++)
+            ldi_map_release(ldi_dest_ops(x.dest), &x.maps[i]);
+        free(x.maps);
+    }
     if (x.bufs)
         for (unsigned i = x.have_win ? x.wr : 0; i < x.wr + x.wv; i++)
             ldi_staging_free(x.dest, x.bufs[i]);

@@ -16,7 +16,9 @@
  *   ipc.c       for CUDA destinations on one node: device staging pools
  *               shared by IPC handles (issue 16), else host messages;
  *   dest.c      the final copy: host dcp_gfrag_place, or device copies
- *               through the device layer (device.h: CUDA, or the fake).
+ *               through the device layer (device.h: CUDA, or the fake);
+ *   mapped.c    with DCP_LOAD_MAP, cached units for CUDA destinations
+ *               copied by the device straight out of the page cache.
  */
 #ifndef DCP_LOAD_INTERNAL_H
 #define DCP_LOAD_INTERNAL_H
@@ -126,6 +128,25 @@ int ldi_cuda_pick(int local, int *device, char *msg, size_t cap);
  * msg. Queried with `device` current; the thread's device is restored. */
 int ldi_cuda_check_ptr(const void *p, int device, char *msg, size_t cap);
 
+/* ---------------------------------------------------------------- mapped units (mapped.c) */
+
+struct ldi_devops;
+/* A unit's stored bytes mapped from its shard file and registered with the
+ * device layer; base NULL when none. */
+typedef struct ldi_map {
+    void *base;
+    size_t len;
+} ldi_map;
+/* Local: map unit u read-only when all of it is in the page cache and
+ * register it for device copies (ops: the device layer). 1 with *at the
+ * unit's first byte; 0 when not (read it as usual), never an error. */
+int ldi_map_unit(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const struct ldi_devops *ops,
+                 ldi_map *m, const unsigned char **at);
+/* Unregister and unmap, once no copy reads it any more. */
+void ldi_map_release(const struct ldi_devops *ops, ldi_map *m);
+/* The device layer of d's CUDA path, NULL for host destinations. */
+const struct ldi_devops *ldi_dest_ops(const ldi_dest *d);
+
 /* ---------------------------------------------------------------- device IPC (ipc.c) */
 
 struct ldi_devops;
@@ -166,6 +187,7 @@ typedef struct ldi_exec_opts {
     const int *node_rank;    /* per rank of comm: its rank in its node communicator */
     const ldi_ipc *ipc;      /* set up: the plan's shm deliveries run device to device */
     int direct;              /* DCP_LOAD_DIRECT: storage reads bypass the page cache */
+    int map;                 /* DCP_LOAD_MAP: cached units for CUDA destinations mapped (mapped.c) */
 } ldi_exec_opts;
 
 /* The ranks sharing memory with this one: a node communicator, and per rank

@@ -13,6 +13,7 @@ libdcpload_la_SOURCES = \
 	src/load/groups.c \
 	src/load/device_fake.c \
 	src/load/dest.c \
+	src/load/mapped.c \
 	src/load/ipc.c \
 	src/load/exec.c \
 	src/load/independent.c \
