@@ -414,6 +414,17 @@ int dcp_op_fetch(dcp_checkpoint *ck, const dcp_entry *e, const dcp_op *op, void 
  * reports). dcp_op_prefetch advises the kernel to start reading an op's
  * source from storage (POSIX_FADV_WILLNEED); decoded ops are left alone. */
 uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf);
+/* Map op's stored bytes read-only when every page of them is in the page
+ * cache (mincore), for a caller that lets a device copy them out without a
+ * CPU copy first (the MPI loader's DCP_LOAD_MAP). 1: *at is the first byte,
+ * *base and *len the mapping for dcp_op_unmap; 0: not mapped (not all
+ * cached, decoded, past the end of its file, or the file cannot be mapped):
+ * read it as usual, which reports any error. The file is the one dcp_open
+ * saw (same device and inode). A caller must not let the CPU read a mapping
+ * whose file may shrink meanwhile (SIGBUS); pages pinned by a device
+ * registration stay readable by the device. */
+int dcp_op_map_cached(dcp_checkpoint *ck, const dcp_op *op, const void **at, void **base, size_t *len);
+void dcp_op_unmap(void *base, size_t len);
 void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op);
 /* Storage reads that bypass the page cache (O_DIRECT), for a caller that
  * reads evicted files into its own staging (the MPI loader's --direct): on

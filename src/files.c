@@ -44,6 +44,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -570,6 +571,60 @@ uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
     }
     dcpi_fd_release(ck, op->file);
     return done;
+}
+
+/* Is every page of [p, p+n) (p page-aligned) in the page cache? */
+static int all_resident(void *p, size_t n, size_t page)
+{
+    size_t pages = (n + page - 1) / page;
+    unsigned char small[512];
+    unsigned char *v = pages <= sizeof small ? small : malloc(pages);
+    if (!v)
+        return 0;
+    int ok = mincore(p, n, v) == 0;
+    for (size_t i = 0; ok && i < pages; i++)
+        ok = v[i] & 1;
+    if (v != small)
+        free(v);
+    return ok;
+}
+
+int dcp_op_map_cached(dcp_checkpoint *ck, const dcp_op *op, const void **at, void **base, size_t *len)
+{
+    *at = NULL;
+    *base = NULL;
+    *len = 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
+    int fd;
+    uint64_t fsize, end;
+    dcp_error e;
+    if (op->flags & DCP_OP_DECODED || op->length == 0 || op->length > SIZE_MAX - page ||
+        dcpi_fd_acquire(ck, op->file, NULL, 0, &fd, &fsize, &e) < 0)
+        return 0;
+    void *p = MAP_FAILED;
+    uint64_t from = op->src_offset / page * page;
+    size_t lead = (size_t)(op->src_offset - from), n = lead + (size_t)op->length;
+    /* read as usual past the end: that read reports the short file */
+    if (dcpi_add_u64(op->src_offset, op->length, &end) && end <= fsize && from <= (uint64_t)INT64_MAX)
+        p = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, (off_t)from);
+    dcpi_fd_release(ck, op->file);   /* the mapping keeps the file */
+    if (p == MAP_FAILED)
+        return 0;
+    if (!all_resident(p, n, page)) {
+        munmap(p, n);
+        return 0;
+    }
+    *at = (const unsigned char *)p + lead;
+    *base = p;
+    *len = n;
+    return 1;
+}
+
+void dcp_op_unmap(void *base, size_t len)
+{
+    if (base)
+        munmap(base, len);
 }
 
 /* A new O_DIRECT descriptor of data file `file`, if the file system takes

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -787,6 +788,78 @@ START_TEST(test_shared_budget)
 }
 END_TEST
 
+/* dcp_op_map_cached: cached bytes mapped read-only, equal to the file's;
+ * nothing mapped for a decoded op, an op past the end of its file, a file
+ * replaced since the checkpoint saw it, or (where the file system drops
+ * pages) bytes evicted from the page cache. */
+START_TEST(test_map_cached)
+{
+    const size_t size = ((size_t)3 << 20) + 777;
+    unsigned char *data = malloc(size), *buf = malloc(size);
+    uint64_t s = 41;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_file(ck, "__1_0.distcp", data + 5000, 4096);
+    tck_finish(ck);
+    dcp_error err;
+    dcp_op op = {0};
+    op.elem_size = op.dest_stride = 1;
+    op.src_offset = 12345;   /* inside a page: the mapping starts at its page */
+    op.length = size - 12345 - 100;
+    ck_assert_msg(dcp_op_fetch(ck, NULL, &op, buf, &err) == 0, "%s", err.msg);   /* cached now */
+    const void *at;
+    void *base;
+    size_t len;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &op, &at, &base, &len), 1);
+    ck_assert_ptr_eq(at, (unsigned char *)base + 12345 % 4096);
+    ck_assert_uint_ge(len, op.length);
+    ck_assert_int_eq(memcmp(at, data + 12345, (size_t)op.length), 0);
+    dcp_op_unmap(base, len);
+    /* decoded, empty, past the end: not mapped, nothing to unmap */
+    dcp_op d = op;
+    d.flags = DCP_OP_DECODED;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &d, &at, &base, &len), 0);
+    ck_assert_ptr_null(base);
+    d = op;
+    d.length = 0;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &d, &at, &base, &len), 0);
+    d = op;
+    d.src_offset = size - 10;
+    d.length = 11;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &d, &at, &base, &len), 0);
+    d.src_offset = UINT64_MAX - 5;
+    d.length = 10;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &d, &at, &base, &len), 0);
+    /* evicted: not all cached (tmpfs keeps its pages: skipped there) */
+    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    struct statfs sf;
+    int tmpfs = fstatfs(fd, &sf) == 0 && sf.f_type == 0x01021994;   /* TMPFS_MAGIC */
+    if (!tmpfs) {
+        ck_assert_int_eq(fdatasync(fd), 0);
+        ck_assert_int_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        ck_assert_int_eq(dcp_op_map_cached(ck, &op, &at, &base, &len), 0);
+    }
+    close(fd);
+    /* replaced by another file of the same name: never the new file's bytes */
+    op.file = 1;
+    op.src_offset = 0;
+    op.length = 4096;
+    ck_assert_msg(dcp_op_fetch(ck, NULL, &op, buf, &err) == 0, "%s", err.msg);   /* identity noted */
+    ck_assert_int_eq(renameat(ck->dirfd, "__0_0.distcp", ck->dirfd, "__1_0.distcp"), 0);
+    int m = dcp_op_map_cached(ck, &op, &at, &base, &len);
+    if (m) {   /* the fd cached from the read above: still the original file */
+        ck_assert_int_eq(memcmp(at, data + 5000, 4096), 0);
+        dcp_op_unmap(base, len);
+    }
+    tck_free(ck);
+    free(data);
+    free(buf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("reader");
@@ -801,6 +874,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_direct);
     tcase_add_test(t, test_parallel_pieces);
     tcase_add_test(t, test_shared_budget);
+    tcase_add_test(t, test_map_cached);
     tcase_add_test(t, test_layer_state);
     suite_add_tcase(s, t);
     return s;
