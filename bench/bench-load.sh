@@ -119,20 +119,13 @@ storage() {
     )
 }
 
-# par_cat: the shard files read by 8 readers at once (each a piece of a file, 1 MiB reads, to
-# /dev/null): "SECONDS BYTES CPU" -- the limit of the device as parallel cats see it
+# par_cat: the shard files read by 8 readers at once (bench/par_read.sh): "SECONDS BYTES CPU"
+# -- the limit of the device as parallel cats see it
+. "$top_srcdir/bench/par_read.sh"
 par_cat() {
-    local t0 t1 nf=${#files[@]} per
-    per=$(( (8 + nf - 1) / nf ))
+    local t0 t1
     t0=$(date +%s.%N)
-    for f in "${files[@]}"; do
-        local sz blocks i
-        sz=$(stat -c %s "$f"); blocks=$(( (sz + 1048575) / 1048576 ))
-        for ((i = 0; i < per; i++)); do
-            dd if="$f" of=/dev/null bs=1M skip=$((i * blocks / per)) count=$(( (i + 1) * blocks / per - i * blocks / per )) status=none &
-        done
-    done
-    wait
+    par_read "${files[@]}"
     t1=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" -v u="$UNIQUE" 'BEGIN{printf "%.6f %d 0\n", b-a, u}'
 }

@@ -42,16 +42,8 @@ CK="$DIR/ckpt"
 files=("$CK"/*.distcp)
 evict() { python3 "$top_srcdir/bench/evict.py" "${files[@]}"; }
 wall() { local t0 t1; t0=$(date +%s.%N); "$@" >/dev/null; t1=$(date +%s.%N); awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.6f\n", b-a}'; }
-cat8() {
-    local f sz blocks i per=$(( (8 + ${#files[@]} - 1) / ${#files[@]} ))
-    for f in "${files[@]}"; do
-        sz=$(stat -c %s "$f"); blocks=$(( (sz + 1048575) / 1048576 ))
-        for ((i = 0; i < per; i++)); do
-            dd if="$f" of=/dev/null bs=1M skip=$((i * blocks / per)) count=$(( (i + 1) * blocks / per - i * blocks / per )) status=none &
-        done
-    done
-    wait
-}
+. "$top_srcdir/bench/par_read.sh"
+cat8() { par_read "${files[@]}"; }
 probe() {   # the probe's own seconds, or "-" where it cannot run (io_uring refused)
     local out rc=0
     out=$("$PROBE" "$@" "${files[@]}" 2>/dev/null) || rc=$?

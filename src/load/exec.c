@@ -837,8 +837,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
     x.pend = calloc(x.pcap, sizeof *x.pend);
     x.reqpool = calloc(x.pcap * x.maxreq, sizeof *x.reqpool);
     x.stat = calloc(x.maxreq, sizeof *x.stat);
-    if (!x.reads || !x.ready || !x.bufs || !x.busy || (x.map && !x.maps) || !x.pend || !x.reqpool || !x.stat || !x.span_len ||
-        !x.span_disp) {
+    if (!x.reads || !x.ready || !x.bufs || !x.busy || (x.map && !x.maps) || !x.pend || !x.reqpool || !x.stat ||
+        !x.span_len || !x.span_disp) {
         ldi_err(err, ENOMEM, "dcp_load: out of memory");
         x.failed = 1;
     }
