@@ -167,6 +167,47 @@ def test_replicate_read_once(tmp_path, node_sharing, direct):
     assert st[0].units > 4 and st[0].rounds > 1
 
 
+def _io_read_bytes() -> int:
+    """Bytes this process had fetched from storage (block I/O it submitted), /proc/self/io."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
+def _replicate_plain(rank: int, world: int, path: str, want: dict):
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}     # contiguous, same dtype: read along
+    before = _io_read_bytes()
+    st = dcpfs.torch.load(sd, path, staging_bytes=256 << 10)
+    for k, v in want.items():
+        tr._same(sd[k], v, f"{k} on rank {rank}")
+    return st, _io_read_bytes() - before
+
+
+def test_replicate_reads_storage_once(tmp_path):
+    """Node peers that take a unit whole read it beside its reader, in the
+    same round: storage must still be read once. The block I/O the four
+    ranks submitted, summed, is about the shard files' size (each rank
+    reading from storage would be four times it)."""
+    path = str(tmp_path / "plain")
+    gen = torch.Generator().manual_seed(7)
+    want = {f"w{i}": torch.randn(256, 1024, generator=gen) for i in range(4)}    # 4 MiB
+    _save_one_process(dict(want), path)
+    files = [os.path.join(path, f) for f in os.listdir(path)]
+    shard_bytes = sum(os.path.getsize(f) for f in files if f.endswith(".distcp"))
+    for f in files:                     # written just now: dirty pages are not dropped
+        fd = os.open(f, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    res = distrun.run(4, _replicate_plain, path, want)
+    st = [r[0] for r in res]
+    fetched = sum(r[1] for r in res)
+    assert _stats_sum(st)["bytes_read"] == st[0].bytes_unique == 4 << 20     # each unit read by one reader
+    assert sum(s.bytes_shared for s in st) == 3 * st[0].bytes_unique        # every peer took every unit
+    if fetched < shard_bytes // 2:
+        pytest.skip(f"no block I/O accounted for the evicted shards here ({fetched} bytes: tmpfs?)")
+    assert fetched <= shard_bytes + shard_bytes // 4 + (1 << 20), (fetched, shard_bytes)
+
+
 # -- several nodes on one host: point-to-point deliveries, and CUDA placement --------
 
 def _nodes(rank: int, world: int, path: str, fake_cuda: bool, node_sharing: str, direct: bool = False):
