@@ -23,8 +23,9 @@ torch.distributed:
 * ranks on other nodes receive the packed bytes they need as one
   point-to-point message (gloo for CPU process groups, NCCL for CUDA ones).
 
-Units go in rounds of at most ``nstaging`` units per reader; a barrier per
-round keeps node peers behind the reader (they take a unit only after it was
+Units go in rounds of at most ``nstaging`` units per reader (units every
+rank needing them reads along do not count); a barrier per round keeps node
+peers behind the reader (they take a unit only after it was
 read) and, with staging, keeps a reader from refilling a buffer (double-
 buffered) its peers still copy from. Errors (an unknown key, a box outside its
 tensor, a damaged checkpoint, a failed read) are agreed: every rank raises
@@ -868,6 +869,35 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     backend = dist.get_backend(group) if world > 1 else "gloo"
     comm_device = torch.device("cuda", torch.cuda.current_device()) if str(backend) == "nccl" else torch.device("cpu")
 
+    # Units read "along": no other node needs them, and this rank (reader or
+    # node peer) takes them whole, contiguous in one host destination. Every
+    # such rank reads them straight into its destination in the unit's round,
+    # not the peers a round behind the reader: the reads of one unit wait on
+    # the same pages, so storage is still read once (2 GiB replicated on 4
+    # ranks, evicted, best of 5: 1.44-1.61 s against 1.78-1.84, a fifth less
+    # CPU). No next-unit advice for them: with every rank of a node advising
+    # the same units, those loads were slower.
+    along: Dict[int, int] = {}
+    if page_cache:
+        for k in range(nunits):
+            u = units[k]
+            if _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and \
+                    (u.reader == me or _delivery(gp, u, SHM, me) is not None):
+                addr = _is_direct(gp, reqs, u, me, page_cache)
+                if addr is not None:
+                    along[k] = addr
+    # A unit every rank that needs it reads along needs no place in a round
+    # (rounds keep node peers behind readers and bound shared staging): a
+    # replicated load is then one round, one barrier, not one per 2 units
+    free = [False] * nunits
+    if page_cache and world > 1:
+        short = torch.tensor([int(k not in along and (units[k].reader == me or
+                                                      _delivery(gp, units[k], SHM, me) is not None))
+                              for k in range(nunits)], dtype=torch.int32, device=comm_device)
+        dist.all_reduce(short, op=dist.ReduceOp.SUM, group=group)     # ranks needing k, not reading it along
+        free = [_has_kind(gp, units[k], SHM) and not _has_kind(gp, units[k], P2P) and v == 0
+                for k, v in enumerate(short.tolist())]
+
     # rounds: at most nstaging shared-staging units per reader
     rounds: List[Tuple[int, int]] = []
     used: Dict[int, int] = {}
@@ -875,7 +905,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     slot_of = [0] * nunits
     for k in range(nunits):
         u = units[k]
-        if _has_kind(gp, u, SHM):
+        if _has_kind(gp, u, SHM) and not free[k]:
             if used.get(u.reader, 0) == nstaging:
                 rounds.append((start, k))
                 start = k
@@ -944,24 +974,6 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
         if units[k].reader == me:
             next_mine[k] = last
             last = k
-
-    # Units read "along": no other node needs them, and this rank (reader or
-    # node peer) takes them whole, contiguous in one host destination. Every
-    # such rank reads them straight into its destination in the unit's round,
-    # not the peers a round behind the reader: the reads of one unit wait on
-    # the same pages, so storage is still read once (2 GiB replicated on 4
-    # ranks, evicted, best of 5: 1.44-1.61 s against 1.78-1.84, a fifth less
-    # CPU). No next-unit advice for them: with every rank of a node advising
-    # the same units, those loads were slower.
-    along: Dict[int, int] = {}
-    if page_cache:
-        for k in range(nunits):
-            u = units[k]
-            if _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and \
-                    (u.reader == me or _delivery(gp, u, SHM, me) is not None):
-                addr = _is_direct(gp, reqs, u, me, page_cache)
-                if addr is not None:
-                    along[k] = addr
 
     def start_reads(ri: int):
         """This rank's reads of round ri, started on the I/O threads: straight

@@ -203,6 +203,7 @@ def test_replicate_reads_storage_once(tmp_path):
     fetched = sum(r[1] for r in res)
     assert _stats_sum(st)["bytes_read"] == st[0].bytes_unique == 4 << 20     # each unit read by one reader
     assert sum(s.bytes_shared for s in st) == 3 * st[0].bytes_unique        # every peer took every unit
+    assert st[0].units == 16 and st[0].rounds == 1      # every rank read every unit along: no round's barrier
     if fetched < shard_bytes // 2:
         pytest.skip(f"no block I/O accounted for the evicted shards here ({fetched} bytes: tmpfs?)")
     assert fetched <= shard_bytes + shard_bytes // 4 + (1 << 20), (fetched, shard_bytes)
