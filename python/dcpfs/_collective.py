@@ -878,25 +878,27 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     # CPU). No next-unit advice for them: with every rank of a node advising
     # the same units, those loads were slower.
     along: Dict[int, int] = {}
+    shared = [False] * nunits   # units for this node's ranks alone (SHM, no P2P)
+    short = [0] * nunits        # those this rank needs but does not read along
     if page_cache:
         for k in range(nunits):
             u = units[k]
-            if _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P) and \
-                    (u.reader == me or _delivery(gp, u, SHM, me) is not None):
+            shared[k] = _has_kind(gp, u, SHM) and not _has_kind(gp, u, P2P)
+            if shared[k] and (u.reader == me or _delivery(gp, u, SHM, me) is not None):
                 addr = _is_direct(gp, reqs, u, me, page_cache)
-                if addr is not None:
+                if addr is None:
+                    short[k] = 1
+                else:
                     along[k] = addr
     # A unit every rank that needs it reads along needs no place in a round
     # (rounds keep node peers behind readers and bound shared staging): a
-    # replicated load is then one round, one barrier, not one per 2 units
+    # replicated load is then one round, one barrier, not one per 2 units.
+    # has_shm is the same on every rank, so all or none take part.
     free = [False] * nunits
-    if page_cache and world > 1:
-        short = torch.tensor([int(k not in along and (units[k].reader == me or
-                                                      _delivery(gp, units[k], SHM, me) is not None))
-                              for k in range(nunits)], dtype=torch.int32, device=comm_device)
-        dist.all_reduce(short, op=dist.ReduceOp.SUM, group=group)     # ranks needing k, not reading it along
-        free = [_has_kind(gp, units[k], SHM) and not _has_kind(gp, units[k], P2P) and v == 0
-                for k, v in enumerate(short.tolist())]
+    if page_cache and world > 1 and gp.has_shm:
+        summed = torch.tensor(short, dtype=torch.int32, device=comm_device)
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=group)    # ranks needing k, not reading it along
+        free = [shared[k] and v == 0 for k, v in enumerate(summed.tolist())]
 
     # rounds: at most nstaging shared-staging units per reader
     rounds: List[Tuple[int, int]] = []

@@ -141,11 +141,16 @@ def _replicate(rank: int, world: int, path: str, node_sharing: str = "page_cache
     return st
 
 
-def _evict(path: str) -> None:
+def _evict(path: str | Path) -> None:
+    """Drop the files of folder path from the page cache. Each is fsync'ed
+    first: a checkpoint written just now has dirty pages, which stay."""
     for f in os.listdir(path):
         fd = os.open(os.path.join(path, f), os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 @pytest.mark.parametrize("node_sharing,direct", [("page_cache", False), ("staging", False),
@@ -193,11 +198,7 @@ def test_replicate_reads_storage_once(tmp_path):
     _save_one_process(dict(want), path)
     files = [os.path.join(path, f) for f in os.listdir(path)]
     shard_bytes = sum(os.path.getsize(f) for f in files if f.endswith(".distcp"))
-    for f in files:                     # written just now: dirty pages are not dropped
-        fd = os.open(f, os.O_RDONLY)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    _evict(path)
     res = distrun.run(4, _replicate_plain, path, want)
     st = [r[0] for r in res]
     fetched = sum(r[1] for r in res)
@@ -387,10 +388,7 @@ def test_direct_reads(tmp_path, monkeypatch, fake_cuda):
     want = dict(tr._full_values(), big=torch.arange(50_000, dtype=torch.float32),
                 mat=torch.randn(300, 70, dtype=torch.float64))
     _save_one_process(dict(want), str(path))
-    for f in path.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    _evict(path)
     if fake_cuda:
         monkeypatch.setenv("DCPFS_TEST_FAKE_CUDA", "1")
     spy = _DirectSpy(_collective.lib)
