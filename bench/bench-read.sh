@@ -21,6 +21,9 @@
 #                can do this only where a destination's address and the file
 #                offset agree modulo the block size: torch aligns records to 64)
 #   dcpload      mpiexec -n 1 dcpload (fresh destinations, the whole process)
+#   dcpload-direct  the same with --direct: evicted units read with O_DIRECT
+#                straight into destinations dcpload places to agree with the
+#                file modulo the block size, faulted in ahead of the readers
 # The buffer of read_probe is allocated inside the clock, untouched, as a
 # program's new tensors are: the reads fault it in.
 set -euo pipefail
@@ -49,8 +52,8 @@ probe() {   # the probe's own seconds, or "-" where it cannot run (io_uring refu
     out=$("$PROBE" "$@" "${files[@]}" 2>/dev/null) || rc=$?
     if [ "$rc" = 77 ]; then echo -; elif [ "$rc" != 0 ]; then echo "bench-read: read_probe $* failed" >&2; exit 1; else echo "${out%% *}"; fi
 }
-dcpload_proc() { wall timeout 300 "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" --json --no-digests; }
-names=(cat8 threads-8 threads-16 uring-8 uring-16 uring-8-direct dcpload)
+dcpload_proc() { wall timeout 300 "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" --json --no-digests "$@"; }
+names=(cat8 threads-8 threads-16 uring-8 uring-16 uring-8-direct dcpload dcpload-direct)
 declare -A best
 for _ in $(seq "$REPS"); do
     for v in "${names[@]}"; do
@@ -63,6 +66,7 @@ for _ in $(seq "$REPS"); do
             uring-16) s=$(probe uring 16 8) ;;
             uring-8-direct) s=$(probe uring 8 8 direct) ;;
             dcpload) s=$(dcpload_proc) ;;
+            dcpload-direct) s=$(dcpload_proc --direct) ;;
         esac
         [ "$s" = - ] && { best[$v]=-; continue; }
         if [ -z "${best[$v]:-}" ] || awk -v a="$s" -v b="${best[$v]}" 'BEGIN{exit !(a<b)}'; then best[$v]=$s; fi
@@ -77,4 +81,5 @@ for v in "${names[@]}"; do
     say "$(printf '%-15s %7.3f s  %5.2f GB/s  %5.2fx threads-8' "$v" "$s" "$(awk -v b="$UNIQUE" -v s="$s" 'BEGIN{print b/s/1e9}')" "$(awk -v a="$t8" -v s="$s" 'BEGIN{print a/s}')")"
 done
 say "dcpload: the whole mpiexec launch (start-up, metadata, plan, load into fresh destinations), no digests."
-say "issue 16 (1 rank >= 0.95x a parallel read of the shard files): dcpload $(awk -v a="${best[cat8]}" -v s="${best[dcpload]}" 'BEGIN{printf "%.2f", a/s}')x cat8, $(awk -v a="$t8" -v s="${best[dcpload]}" 'BEGIN{printf "%.2f", a/s}')x threads-8"
+ratios() { awk -v c="${best[cat8]}" -v t="$t8" -v s="${best[$1]}" 'BEGIN{printf "%.2fx cat8, %.2fx threads-8", c/s, t/s}'; }
+say "issue 16 (1 rank >= 0.95x a parallel read of the shard files): dcpload $(ratios dcpload); --direct $(ratios dcpload-direct)"

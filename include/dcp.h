@@ -438,6 +438,13 @@ void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op);
  * them with dcp_op_fetch, which reports any error. */
 #define DCP_DIRECT_ALIGN 4096u
 int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t cap, size_t *lead);
+/* The same straight into the caller's memory: dest holds the op's bytes
+ * (op->length of them) and agrees with the file modulo the block size,
+ * (dest - src_offset) % DCP_DIRECT_ALIGN == 0. Whole blocks are read into
+ * dest with O_DIRECT, the partial ones at either end through a bounce
+ * block, so no byte outside dest is written. Returns 0 or 1 as above (1
+ * also for a dest that does not agree). */
+int dcp_op_fetch_direct_at(dcp_checkpoint *ck, const dcp_op *op, void *dest);
 /* dtype (plan->dtype) gives BSWAP's unit (dcp_dtype_swap_unit) and what NEG
  * and CONJ mean: NEG negates float16/bfloat16/float32/float64, complex (both
  * halves) and integer elements, CONJ negates complex imaginary halves; other

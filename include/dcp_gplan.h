@@ -238,6 +238,14 @@ int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, c
 int dcp_gunit_read_direct(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *buf, size_t cap,
                           size_t *lead, dcp_error *err);
 
+/* The same straight into dest (u->len bytes, the caller's memory) when it
+ * agrees with the unit's file offset modulo DCP_DIRECT_ALIGN
+ * (dcp_op_fetch_direct_at): no staging and no copy out of the page cache
+ * for an evicted unit. A dest that does not agree, and a cached unit, are
+ * read as dcp_gunit_read does. */
+int dcp_gunit_read_direct_at(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *dest,
+                             dcp_error *err);
+
 /* Read unit u through scratch (len > 0 bytes, reused piece by piece),
  * keeping nothing: the unit is then in the page cache for its node's ranks
  * to take with dcp_gfrag_read, and read errors surface at its reader. The

@@ -127,13 +127,15 @@ enum {
      * buffer (CUDA IPC). The default since it was verified and measured on
      * an H100 (issue 16); the flag only says so explicitly. */
     DCP_LOAD_DEVICE_DELIVERY = 1u << 5,
-    /* Storage reads bypass the page cache (O_DIRECT) into the staging
-     * buffers, after the bytes already cached: for files read once from a
-     * device (on the development VM twice as fast as buffered reads of the
-     * evicted files, as fast as parallel cats). Every unit goes through
-     * staging (none is read straight into its destination); not with
-     * DCP_LOAD_SHM's host window; files that refuse O_DIRECT are read as
-     * usual. */
+    /* Storage reads bypass the page cache (O_DIRECT) for units not in it:
+     * for files read once from a device. A unit that lands whole in one
+     * host destination agreeing with its file offset modulo
+     * DCP_DIRECT_ALIGN is read straight into it (dcp_gunit_read_direct_at),
+     * its pages faulted in ahead of the readers; others go through staging
+     * (one more copy, also when cached). On the development VM one rank
+     * loaded evicted files into destinations placed to agree (dcpload) as
+     * fast as parallel cats. Not with DCP_LOAD_SHM's host window; files
+     * that refuse O_DIRECT are read as usual. */
     DCP_LOAD_DIRECT = 1u << 6,
     /* CUDA destinations: a unit this rank reads whose every page is in the
      * page cache is mapped from its shard file, page-locked read-only for

@@ -674,6 +674,46 @@ int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t 
     return e || got < end - from ? 1 : 0;   /* short only at the end of the file, else the fallback says */
 }
 
+int dcp_op_fetch_direct_at(dcp_checkpoint *ck, const dcp_op *op, void *dest)
+{
+    uint64_t end;
+    const uint64_t A = DCP_DIRECT_ALIGN;
+    if (op->flags & DCP_OP_DECODED || op->length == 0 || op->length > SIZE_MAX ||
+        ((uintptr_t)dest - op->src_offset) % A || !dcpi_add_u64(op->src_offset, op->length, &end) ||
+        end > (uint64_t)INT64_MAX - A)
+        return 1;
+    /* One request: the whole blocks straight into dest, the partial ones at
+     * either end into bounce blocks (so nothing outside dest is written),
+     * copied from there after. */
+    uint64_t from = op->src_offset / A * A;
+    uint64_t in0 = (op->src_offset + A - 1) / A * A, in1 = end / A * A;   /* the whole blocks */
+    int head = op->src_offset % A != 0, tail = end % A != 0 && (in1 >= in0 || !head);
+    unsigned char *d = dest, *bounce = NULL;
+    if ((head || tail) && posix_memalign((void **)&bounce, A, 2 * A) != 0)
+        return 1;
+    struct iovec v[3];
+    int n = 0;
+    if (head)
+        v[n++] = (struct iovec){bounce, (size_t)A};
+    if (in1 > in0)
+        v[n++] = (struct iovec){d + (in0 - op->src_offset), (size_t)(in1 - in0)};
+    if (tail)
+        v[n++] = (struct iovec){bounce + A, (size_t)A};
+    int fd = open_direct(ck, op->file), rc = 1;
+    size_t got = 0;
+    if (fd >= 0) {
+        (void)dcpi_preadv_exact(fd, v, n, from, 0, &got);
+        close(fd);
+        rc = got < end - from;   /* short only past the end of the file */
+    }
+    if (!rc && head)   /* the head block may hold the whole op */
+        memcpy(d, bounce + op->src_offset % A, (size_t)((in0 < end ? in0 : end) - op->src_offset));
+    if (!rc && tail)
+        memcpy(d + (in1 - op->src_offset), bounce + A, (size_t)(end - in1));
+    free(bounce);
+    return rc;
+}
+
 void dcp_op_prefetch(dcp_checkpoint *ck, const dcp_op *op)
 {
     int fd;

@@ -1013,6 +1013,21 @@ int dcp_gunit_read(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, c
     return dcp_op_fetch(ck, g->spaces[u->space].e, &op, (unsigned char *)buf + got, err);
 }
 
+/* Is the unit cached? One block from its middle is asked (read into
+ * at + its place, where the unit's bytes go): a read with RWF_NOWAIT that
+ * misses starts readahead of what it asked for, which O_DIRECT would then
+ * read from the device a second time (the whole unit asked so made --direct
+ * slower than buffered reads), and its ends are often cached by the record
+ * locator's reads of the zip headers beside them. */
+static int unit_cached(dcp_checkpoint *ck, const dcp_op *op, unsigned char *at)
+{
+    uint64_t mid = op->length / 2 / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN;
+    dcp_op probe = *op;
+    probe.src_offset += mid;
+    probe.length = op->length - mid < DCP_DIRECT_ALIGN ? op->length - mid : DCP_DIRECT_ALIGN;
+    return dcp_op_fetch_cached(ck, &probe, at + mid) == probe.length;
+}
+
 int dcp_gunit_read_direct(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *buf, size_t cap,
                           size_t *lead, dcp_error *err)
 {
@@ -1023,22 +1038,22 @@ int dcp_gunit_read_direct(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_guni
         return dcp_gunit_read(ck, g, u, NULL, buf, err);
     }
     unsigned char *at = (unsigned char *)buf + *lead;
-    /* Is the unit cached? One block from its middle is asked: a read with
-     * RWF_NOWAIT that misses starts readahead of what it asked for, which
-     * O_DIRECT would then read from the device a second time (the whole
-     * unit asked so made --direct slower than buffered reads), and its ends
-     * are often cached by the record locator's reads of the zip headers
-     * beside them. */
-    uint64_t mid = op.length / 2 / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN;
-    dcp_op probe = op;
-    probe.src_offset += mid;
-    probe.length = op.length - mid < DCP_DIRECT_ALIGN ? op.length - mid : DCP_DIRECT_ALIGN;
-    if (dcp_op_fetch_cached(ck, &probe, at + mid) == probe.length)
+    if (unit_cached(ck, &op, at))
         return dcp_gunit_read(ck, g, u, NULL, at, err);   /* cached: through the page cache */
     size_t rlead;
     if (dcp_op_fetch_direct(ck, &op, buf, cap, &rlead) == 0)
         return 0;
     return dcp_op_fetch(ck, g->spaces[u->space].e, &op, at, err);
+}
+
+int dcp_gunit_read_direct_at(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, void *dest,
+                             dcp_error *err)
+{
+    dcp_op op = dcp_gunit_op(g, u);
+    if (((uintptr_t)dest - op.src_offset) % DCP_DIRECT_ALIGN || unit_cached(ck, &op, dest) ||
+        dcp_op_fetch_direct_at(ck, &op, dest) != 0)
+        return dcp_gunit_read(ck, g, u, NULL, dest, err);
+    return 0;
 }
 
 int dcp_gunit_cache(dcp_checkpoint *ck, const dcp_gplan *g, const dcp_gunit *u, const dcp_gunit *next,

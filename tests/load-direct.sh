@@ -1,13 +1,16 @@
 # dcpload --direct (DCP_LOAD_DIRECT): storage reads bypass the page cache
-# (O_DIRECT) into the staging buffers. A synthetic checkpoint of tensors
-# whose records start and end inside file blocks, its shard files evicted
+# (O_DIRECT), straight into the destinations dcpload places to agree with
+# the files modulo the block size (a tensor's shards lie at different
+# offsets: some of its units go through staging). A synthetic checkpoint
+# of tensors whose records start and end inside file blocks, its shard files evicted
 # from the page cache before each run: on 1 to 3 ranks, layouts rows, cols
 # and replicate, the default staging and an odd one (1000000 bytes: units
 # cut off blocks), --shm (whose host window --direct leaves alone) and CUDA
 # destinations under the fake device (node peers by IPC) give the same
 # per-rank digests as the buffered load, read each stored byte once, and
 # leave the checkpoint folder as it was. The reads themselves are tested in
-# tests/unit/test_reader.c (test_direct); where the file system refuses
+# tests/unit/test_reader.c (test_direct, test_direct_at) and
+# tests/unit/test_gplan.c (dcp_gunit_read_direct_at); where the file system refuses
 # O_DIRECT, the loader reads as usual and the digests still agree.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
@@ -60,7 +63,10 @@ if [ -d /dev/shm ] && [ -w /dev/shm ]; then
     DCPLOAD_FAKE_DEVICE=1 check "cuda (fake device), rows" 2 --layout rows --device cuda --staging 1000000
 fi
 # That the shard files are opened with O_DIRECT at all (digests cannot tell),
-# and only with --direct: the open calls, where strace can follow the ranks.
+# and only with --direct, and that some units are read straight into their
+# destinations (one request: the head's block into a bounce block, then the
+# destination, dcp_op_fetch_direct_at): the system calls, where strace can
+# follow the ranks (-ff: a file per thread, no call split across lines).
 traced="" fstype=$(stat -f -c %T "$CK")
 if [ "$fstype" = tmpfs ] || [ "$fstype" = ramfs ]; then
     echo "note: the checkpoint is on $fstype (never evicted): the O_DIRECT opens are not checked"
@@ -68,18 +74,24 @@ elif command -v strace >/dev/null && strace -f -o /dev/null true 2>/dev/null; th
     for mode in buffered direct; do
         evict
         flag=; [ "$mode" = buffered ] || flag=--direct
+        rm -rf "$SCRATCH/trace" && mkdir "$SCRATCH/trace"
         # (LeakSanitizer cannot run under ptrace: a sanitizer build checks leaks in the runs above)
         ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-            timeout -k 10 120 strace -f -qq -e trace=openat -o "$SCRATCH/trace" "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" \
-                --layout rows $flag >/dev/null 2>"$SCRATCH/err" || fail "$mode under strace: $(cat "$SCRATCH/err")"
-        opens=$(grep -cE '\.distcp", [A-Z_|]*O_DIRECT' "$SCRATCH/trace" || true)
+            timeout -k 10 120 strace -ff -qq -e trace=openat,preadv,preadv2 -o "$SCRATCH/trace/t" \
+                "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" --layout rows $flag >/dev/null 2>"$SCRATCH/err" ||
+            fail "$mode under strace: $(cat "$SCRATCH/err")"
+        cat "$SCRATCH/trace"/t.* >"$SCRATCH/trace.all"
+        opens=$(grep -cE '\.distcp", [A-Z_|]*O_DIRECT' "$SCRATCH/trace.all" || true)
+        straight=$(grep -cE '^preadv2?\([0-9]+, \[\{iov_base=[^]]*iov_len=4096\}, \{' "$SCRATCH/trace.all" || true)
         if [ "$mode" = direct ]; then
-            [ "$opens" -gt 0 ] || fail "--direct opened no shard file with O_DIRECT: $(grep distcp "$SCRATCH/trace" | head -3)"
+            [ "$opens" -gt 0 ] || fail "--direct opened no shard file with O_DIRECT: $(grep distcp "$SCRATCH/trace.all" | head -3)"
+            [ "$straight" -gt 0 ] || fail "--direct read no unit straight into its destination"
         else
             [ "$opens" = 0 ] || fail "a buffered load opened shard files with O_DIRECT"
+            [ "$straight" = 0 ] || fail "a buffered load read like dcp_op_fetch_direct_at"
         fi
     done
-    traced=", shard files opened with O_DIRECT only under --direct"
+    traced=", shard files opened with O_DIRECT only under --direct, $straight units read straight into their destinations"
 else
     echo "note: strace cannot follow processes here: the O_DIRECT opens are not checked"
 fi

@@ -58,6 +58,38 @@ static void *host_alloc(size_t n)
     return p;
 }
 
+/* Where in its allocation a large host destination begins, for --direct:
+ * the offset below DCP_DIRECT_ALIGN at which most of its bytes agree with
+ * their place in the shard files modulo the block size, so that their units
+ * are read with O_DIRECT straight in (dcp_gunit_read_direct_at) rather than
+ * into staging and copied. Any byte: a record's data lies wherever the
+ * records before it in its file ended (PyTorch appends one torch.save
+ * archive after another), and dcpload's buffers are only hashed (libdcp
+ * places bytes with memcpy). A program's own tensors land where its
+ * allocator put them. 0 when the region cannot be planned (dcp_load
+ * reports why). */
+static size_t direct_shift(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *off, const int64_t *len)
+{
+    uint64_t *weight = calloc(DCP_DIRECT_ALIGN, sizeof *weight);
+    size_t best = 0;
+    dcp_plan p;
+    dcp_error err;
+    dcp_plan_init(&p);
+    if (weight && dcp_plan_region(ck, e, off, len, &p, &err) == 0)
+        for (size_t i = 0; i < p.nops; i++) {
+            const dcp_op *op = &p.ops[i];
+            size_t s = (size_t)((op->src_offset - op->dest_offset) % DCP_DIRECT_ALIGN);
+            if (op->flags & DCP_OP_DECODED || op->dest_stride != op->elem_size)
+                continue;
+            weight[s] += op->length;
+            if (weight[s] > weight[best])
+                best = s;
+        }
+    dcp_plan_free(&p);
+    free(weight);
+    return best;
+}
+
 enum layout { L_ROWS, L_COLS, L_BLOCKS, L_REPLICATE };
 
 struct opts {
@@ -316,6 +348,7 @@ struct job {
     size_t n;                /* regions with buffers we own */
     size_t nreg;             /* regions passed to dcp_load (n, plus the test hook's) */
     uint64_t *nbytes;
+    void **host;             /* the host allocations (dest may begin inside: direct_shift) */
 };
 
 static void job_free(struct job *j, int cuda)
@@ -330,8 +363,9 @@ static void job_free(struct job *j, int cuda)
 #else
         (void)cuda;
 #endif
-        free(j->reg[i].dest);
+        free(j->host[i]);
     }
+    free(j->host);
     free(j->reg);
     free(j->dims);
     free(j->nbytes);
@@ -349,7 +383,8 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
     j->reg = calloc(cap, sizeof *j->reg);
     j->dims = calloc(cap * 2 * 64, sizeof *j->dims);
     j->nbytes = calloc(cap, sizeof *j->nbytes);
-    if (!j->reg || !j->dims || !j->nbytes) {
+    j->host = calloc(cap, sizeof *j->host);
+    if (!j->reg || !j->dims || !j->nbytes || !j->host) {
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return -1;
     }
@@ -390,10 +425,15 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
 #endif
         } else if (o->cuda && !cuda_ok) {
             /* the fake device unusable: dcp_load reports why */
-        } else if (no_memory || !(r->dest = host_alloc((size_t)nb))) {
-            snprintf(err->msg, sizeof err->msg, "%s: cannot allocate %" PRIu64 " bytes", e->key, nb);
-            return -1;
-        } else if (o->touch || nb < HUGE_MIN) {
+        } else {
+            size_t shift = o->direct && !o->cuda && nb >= HUGE_MIN ? direct_shift(ck, e, off, len) : 0;
+            if (no_memory || nb > SIZE_MAX - shift || !(j->host[n - 1] = host_alloc((size_t)nb + shift))) {
+                snprintf(err->msg, sizeof err->msg, "%s: cannot allocate %" PRIu64 " bytes", e->key, nb);
+                return -1;
+            }
+            r->dest = (unsigned char *)j->host[n - 1] + shift;
+        }
+        if (j->host[n - 1] && (o->touch || nb < HUGE_MIN)) {
             /* A pattern, so that bytes the load leaves unwritten show in the
              * digests. Large destinations stay untouched unless asked, as a
              * program's fresh tensors are: the load's reader threads fault

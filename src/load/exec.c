@@ -35,7 +35,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "load.h"
 
@@ -85,7 +87,7 @@ struct exec {
         int state;             /* 0 not read, 1 ready for the main thread, 2 finished by the I/O thread */
     } *ready;
     size_t io_next;            /* next read for the I/O threads */
-    int direct;                /* reads bypass the page cache into staging (DCP_LOAD_DIRECT) */
+    int direct;                /* reads bypass the page cache (DCP_LOAD_DIRECT) */
     int map;                   /* cached units for CUDA destinations mapped (DCP_LOAD_MAP, mapped.c) */
     ldi_map *maps;             /* per read slot: the mapping its unit came from, until released */
     pthread_mutex_t lock;
@@ -158,11 +160,14 @@ static int has_shm(const struct exec *x, const dcp_gunit *u)
  * set), or into a staging slot (0). */
 static int read_direct(const struct exec *x, const dcp_gunit *u, unsigned char **dest)
 {
-    if (x->direct)
-        return 0;   /* O_DIRECT reads whole blocks: into staging, never past a destination's edges */
     size_t n;
     const dcp_gfrag *f = my_frags(x, u, &n);
-    return !has_shm(x, u) && direct_target(x, f, n, u->len, dest);
+    if (has_shm(x, u) || !direct_target(x, f, n, u->len, dest))
+        return 0;
+    /* with O_DIRECT, only a destination that agrees with the file modulo
+     * the block size takes the whole blocks straight in
+     * (dcp_gunit_read_direct_at); others are read into staging */
+    return !x->direct || ((uintptr_t)*dest - dcp_gunit_op(x->g, u).src_offset) % DCP_DIRECT_ALIGN == 0;
 }
 
 static int all_host(const struct exec *x, const dcp_gfrag *f, size_t n)
@@ -234,9 +239,10 @@ static void test_read_delay(void)
 
 /* Read unit k of this rank's reads into buf: the cached bytes first, the
  * next unit advised when some are missing (dcp_gunit_read); or with direct
- * the rest with O_DIRECT into a staging slot, the unit's first byte at
- * *at (its offset within a block). */
-static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, unsigned char **at, dcp_error *e)
+ * the rest with O_DIRECT, straight into its destination (not staged: buf
+ * agrees with the file, read_direct) or into a staging slot, the unit's
+ * first byte at *at (its offset within a block). */
+static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, int staged, unsigned char **at, dcp_error *e)
 {
     test_read_delay();
     const dcp_gunit *u = &x->g->units[x->reads[k]];
@@ -244,6 +250,8 @@ static int fetch_unit(struct exec *x, size_t k, unsigned char *buf, unsigned cha
     *at = buf;
     if (!x->direct)
         return dcp_gunit_read(x->ck, x->g, u, next, buf, e);
+    if (!staged)
+        return dcp_gunit_read_direct_at(x->ck, x->g, u, buf, e);
     size_t lead = 0;
     int rc = dcp_gunit_read_direct(x->ck, x->g, u, buf, x->rsize, &lead, e);
     *at = buf + lead;
@@ -283,7 +291,7 @@ static void io_unit(struct exec *x, size_t k)
                ldi_map_unit(x->ck, x->g, u, ldi_dest_ops(x->dest), &x->maps[slot], &mapped)) {
         buf = (unsigned char *)mapped;   /* only the device reads it (mappable) */
     } else {
-        rc = fetch_unit(x, k, buf, &buf, &e);
+        rc = fetch_unit(x, k, buf, slot >= 0, &buf, &e);
     }
     double t1 = ldi_now();
     int finished = 0;
@@ -366,6 +374,42 @@ static void *io_thread(void *arg)
         io_unit(x, k);
     }
     pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* Fresh destination pages are faulted in (zeroed, and on a VM often backed
+ * by the host first) by whatever writes them first: with O_DIRECT the
+ * reading thread, before its request reaches the device. Under direct this
+ * thread faults in, ahead of the readers, the destinations of the units
+ * read straight into them (MADV_POPULATE_WRITE: pages already there are
+ * left as they are), so that the zeroing runs beside the reads on a CPU the
+ * readers leave idle. Units a reader has begun are skipped. Measured on
+ * 2 GiB evicted into fresh memory (2-CPU VM, interleaved runs, whole
+ * dcpload processes): 0.87-1.05x eight parallel cats with it, 0.80-0.93x
+ * without. Buffered reads fault theirs in while copying out of the page
+ * cache, with no gain measured from it. */
+static void *fault_thread(void *arg)
+{
+#ifdef MADV_POPULATE_WRITE
+    struct exec *x = arg;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (size_t k = 0; k < x->nreads; k++) {
+        pthread_mutex_lock(&x->lock);
+        int skip = k < x->io_next, stop = x->io_failed;
+        pthread_mutex_unlock(&x->lock);
+        unsigned char *d;
+        const dcp_gunit *u = &x->g->units[x->reads[k]];
+        if (stop)
+            break;
+        if (skip || !read_direct(x, u, &d))
+            continue;
+        uintptr_t a = ((uintptr_t)d + page - 1) & ~(page - 1), b = ((uintptr_t)d + u->len) & ~(page - 1);
+        if (b > a && madvise((void *)a, b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+            break;   /* a kernel before 5.14 */
+    }
+#else
+    (void)arg;
+#endif
     return NULL;
 }
 
@@ -871,7 +915,7 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
             x.reads[k++] = i;
 
     x.threaded = provided >= MPI_THREAD_FUNNELED;
-    pthread_t th[IO_THREADS_MAX];
+    pthread_t th[IO_THREADS_MAX + 1];
     if (x.threaded) {
         pthread_mutex_init(&x.lock, NULL);
         pthread_cond_init(&x.cond, NULL);
@@ -880,6 +924,8 @@ int ldi_execute(MPI_Comm comm, dcp_checkpoint *ck, const dcp_greqs *reqs, const 
             started++;
         if (!started)
             x.threaded = 0;
+        else if (x.direct && pthread_create(&th[started], NULL, fault_thread, &x) == 0)
+            started++;   /* O_DIRECT readers fault their destinations in before each request */
     }
 
     /* walk the units in the global order */

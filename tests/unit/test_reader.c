@@ -608,6 +608,85 @@ START_TEST(test_direct)
 }
 END_TEST
 
+/* dcp_op_fetch_direct_at: straight into the caller's memory where it agrees
+ * with the file modulo the block size. Ops that start and end inside
+ * blocks, lie inside one block, start or end on a boundary, or end with the
+ * file, each land whole and alone: the bytes around dest keep their
+ * pattern. 1 for a dest that does not agree, a read past the end, a decoded
+ * op, a missing file. */
+START_TEST(test_direct_at)
+{
+    const size_t size = ((size_t)3 << 20) + 123, A = DCP_DIRECT_ALIGN;
+    unsigned char *data = malloc(size), *mem = NULL;
+    uint64_t s = 12;
+    for (size_t i = 0; i < size; i++)
+        data[i] = (unsigned char)rnd64_r(&s);
+    const size_t room = size + 4 * A;
+    ck_assert_int_eq(posix_memalign((void **)&mem, A, room), 0);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", data, size);
+    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named, absent on disk */
+    tck_finish(ck);
+    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC | O_DIRECT);
+    int can = fd >= 0;   /* tmpfs and some others refuse O_DIRECT */
+    if (fd >= 0)
+        close(fd);
+    dcp_op op = {0};
+    op.elem_size = op.dest_stride = 1;
+    op.length = 1;
+    unsigned char one;
+    (void)dcp_op_fetch_cached(ck, &op, &one);   /* the file is seen: its identity noted */
+    static const struct { uint64_t off, len; } cases[] = {
+        {3 * 4096 + 17, (2u << 20) + 5},   /* inside blocks at both ends */
+        {4096 + 100, 200},                 /* inside one block */
+        {2 * 4096, 4096},                  /* one whole block */
+        {2 * 4096, 3 * 4096 + 9},          /* from a boundary, into a block */
+        {8191, 4097},                      /* into a boundary */
+        {5, ((3u << 20) + 123) - 5},       /* to the end of the file, inside a block */
+        {(3u << 20) + 100, 23},            /* the file's last bytes */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        op.src_offset = cases[c].off;
+        op.length = cases[c].len;
+        unsigned char *dest = mem + A + op.src_offset % A;
+        memset(mem, 0x5a, room);
+        int rc = dcp_op_fetch_direct_at(ck, &op, dest);
+        ck_assert_int_eq(rc, can ? 0 : 1);
+        if (!can)
+            continue;
+        ck_assert_msg(!memcmp(dest, data + op.src_offset, (size_t)op.length), "case %zu: bytes differ", c);
+        for (unsigned char *p = mem; p < dest; p++)
+            ck_assert_msg(*p == 0x5a, "case %zu: a byte before dest written", c);
+        for (unsigned char *p = dest + op.length; p < mem + room; p++)
+            ck_assert_msg(*p == 0x5a, "case %zu: a byte after dest written", c);
+    }
+    op.src_offset = 3 * A + 17;
+    op.length = 1000;
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem + A + 18), 1);   /* disagrees */
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem + A), 1);
+    op.src_offset = 5;
+    op.length = size;   /* 5 bytes past the end */
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem + 5), 1);
+    op.src_offset = size - 4;   /* past the end inside its last block */
+    op.length = 100;
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem + (size - 4) % A), 1);
+    op.src_offset = UINT64_MAX - 4;   /* beyond any file */
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem + op.src_offset % A), 1);
+    op.src_offset = 0;
+    op.length = 0;   /* nothing */
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem), 1);
+    op.length = 100;
+    op.flags = DCP_OP_DECODED;
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem), 1);
+    op.flags = 0;
+    op.file = 1;   /* missing */
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, mem), 1);
+    tck_free(ck);
+    free(data);
+    free(mem);
+}
+END_TEST
+
 /* Reads in pieces on several threads: any vector, any thread count, the
  * prefix up to end of file, errors that name the file. */
 /* The layers' state is theirs: reads before the data files' state is made
@@ -872,6 +951,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_fd_cache);
     tcase_add_test(t, test_cached_and_prefetch);
     tcase_add_test(t, test_direct);
+    tcase_add_test(t, test_direct_at);
     tcase_add_test(t, test_parallel_pieces);
     tcase_add_test(t, test_shared_budget);
     tcase_add_test(t, test_map_cached);
