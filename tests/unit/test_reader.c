@@ -535,6 +535,31 @@ START_TEST(test_cached_and_prefetch)
 }
 END_TEST
 
+/* The checkpoint of the O_DIRECT tests: __0_0.distcp holds `size` random
+ * bytes (*data, seeded), already seen once so its identity is noted, and
+ * __1_0.distcp is named but absent. *can: the file system takes O_DIRECT
+ * (tmpfs and some others refuse it). A plain one-byte op of file 0 in *op. */
+static dcp_checkpoint *direct_ck(size_t size, uint64_t seed, unsigned char **data, int *can, dcp_op *op)
+{
+    *data = malloc(size);
+    for (size_t i = 0; i < size; i++)
+        (*data)[i] = (unsigned char)rnd64_r(&seed);
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", *data, size);
+    tck_file(ck, "__1_0.distcp", NULL, 0);
+    tck_finish(ck);
+    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC | O_DIRECT);
+    *can = fd >= 0;
+    if (fd >= 0)
+        close(fd);
+    memset(op, 0, sizeof *op);
+    op->elem_size = op->dest_stride = 1;
+    op->length = 1;
+    unsigned char one;
+    (void)dcp_op_fetch_cached(ck, op, &one);
+    return ck;
+}
+
 /* dcp_op_fetch_direct: whole blocks with O_DIRECT into an aligned buffer,
  * the op's first byte at buf + lead; 1 (the caller reads the usual way) for
  * a misaligned buffer, a small cap, a decoded op, a read past the end of
@@ -542,26 +567,12 @@ END_TEST
 START_TEST(test_direct)
 {
     const size_t size = ((size_t)3 << 20) + 123;
-    unsigned char *data = malloc(size), *mem = NULL;
-    uint64_t s = 11;
-    for (size_t i = 0; i < size; i++)
-        data[i] = (unsigned char)rnd64_r(&s);
+    unsigned char *data, *mem = NULL;
+    int can;
+    dcp_op op;
+    dcp_checkpoint *ck = direct_ck(size, 11, &data, &can, &op);
     const size_t cap = size + 2 * DCP_DIRECT_ALIGN;
     ck_assert_int_eq(posix_memalign((void **)&mem, DCP_DIRECT_ALIGN, cap + 1), 0);
-    dcp_checkpoint *ck = tck_new();
-    tck_file(ck, "__0_0.distcp", data, size);
-    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named, absent on disk */
-    tck_finish(ck);
-    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC | O_DIRECT);
-    int can = fd >= 0;   /* tmpfs and some others refuse O_DIRECT */
-    if (fd >= 0)
-        close(fd);
-    dcp_op op = {0};
-    op.elem_size = op.dest_stride = 1;
-    op.src_offset = 0;
-    op.length = 1;
-    unsigned char one;
-    (void)dcp_op_fetch_cached(ck, &op, &one);   /* the file is seen: its identity noted */
     size_t lead = 99;
     op.src_offset = 3 * DCP_DIRECT_ALIGN + 17;   /* starts and ends inside blocks */
     op.length = ((uint64_t)2 << 20) + 5;
@@ -617,25 +628,12 @@ END_TEST
 START_TEST(test_direct_at)
 {
     const size_t size = ((size_t)3 << 20) + 123, A = DCP_DIRECT_ALIGN;
-    unsigned char *data = malloc(size), *mem = NULL;
-    uint64_t s = 12;
-    for (size_t i = 0; i < size; i++)
-        data[i] = (unsigned char)rnd64_r(&s);
+    unsigned char *data, *mem = NULL;
+    int can;
+    dcp_op op;
+    dcp_checkpoint *ck = direct_ck(size, 12, &data, &can, &op);
     const size_t room = size + 4 * A;
     ck_assert_int_eq(posix_memalign((void **)&mem, A, room), 0);
-    dcp_checkpoint *ck = tck_new();
-    tck_file(ck, "__0_0.distcp", data, size);
-    tck_file(ck, "__1_0.distcp", NULL, 0);   /* named, absent on disk */
-    tck_finish(ck);
-    int fd = openat(ck->dirfd, "__0_0.distcp", O_RDONLY | O_CLOEXEC | O_DIRECT);
-    int can = fd >= 0;   /* tmpfs and some others refuse O_DIRECT */
-    if (fd >= 0)
-        close(fd);
-    dcp_op op = {0};
-    op.elem_size = op.dest_stride = 1;
-    op.length = 1;
-    unsigned char one;
-    (void)dcp_op_fetch_cached(ck, &op, &one);   /* the file is seen: its identity noted */
     static const struct { uint64_t off, len; } cases[] = {
         {3 * 4096 + 17, (2u << 20) + 5},   /* inside blocks at both ends */
         {4096 + 100, 200},                 /* inside one block */
