@@ -653,12 +653,20 @@ static int open_direct(dcp_checkpoint *ck, uint32_t file)
     return fd;
 }
 
+/* Whether an op's bytes can be read with O_DIRECT at all: stored as they are
+ * (not decoded), not empty, and ending (`end`) where a block rounded up still
+ * fits an off_t. */
+static int direct_span(const dcp_op *op, uint64_t *end)
+{
+    return !(op->flags & DCP_OP_DECODED) && op->length != 0 && op->length <= SIZE_MAX &&
+           dcpi_add_u64(op->src_offset, op->length, end) && *end <= (uint64_t)INT64_MAX - DCP_DIRECT_ALIGN;
+}
+
 int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t cap, size_t *lead)
 {
     uint64_t end;
     *lead = (size_t)(op->src_offset % DCP_DIRECT_ALIGN);
-    if (op->flags & DCP_OP_DECODED || op->length == 0 || (uintptr_t)buf % DCP_DIRECT_ALIGN ||
-        !dcpi_add_u64(op->src_offset, op->length, &end) || end > (uint64_t)INT64_MAX - DCP_DIRECT_ALIGN)
+    if (!direct_span(op, &end) || (uintptr_t)buf % DCP_DIRECT_ALIGN)
         return 1;
     uint64_t from = op->src_offset - *lead;
     uint64_t to = (end + DCP_DIRECT_ALIGN - 1) / DCP_DIRECT_ALIGN * DCP_DIRECT_ALIGN;
@@ -678,9 +686,7 @@ int dcp_op_fetch_direct_at(dcp_checkpoint *ck, const dcp_op *op, void *dest)
 {
     uint64_t end;
     const uint64_t A = DCP_DIRECT_ALIGN;
-    if (op->flags & DCP_OP_DECODED || op->length == 0 || op->length > SIZE_MAX ||
-        ((uintptr_t)dest - op->src_offset) % A || !dcpi_add_u64(op->src_offset, op->length, &end) ||
-        end > (uint64_t)INT64_MAX - A)
+    if (!direct_span(op, &end) || ((uintptr_t)dest - op->src_offset) % A)
         return 1;
     /* One request: the whole blocks straight into dest, the partial ones at
      * either end into bounce blocks (so nothing outside dest is written),

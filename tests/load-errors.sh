@@ -39,7 +39,7 @@ every_rank_fails 3 "$SCRATCH/none" "$SCRATCH/none" --json
 cp -r "$CK" "$SCRATCH/cut"
 truncate -s 1000 "$SCRATCH/cut/__1_0.distcp"
 for n in 3 4; do
-    for extra in "" --shm --no-bcast "--bcast-local --staging 64K"; do
+    for extra in "" --shm --no-bcast "--bcast-local --staging 64K" --direct; do
         # shellcheck disable=SC2086
         every_rank_fails "$n" "$SCRATCH/cut/__1_0.distcp: model.embed_tokens.weight: short read at offset" \
             "$SCRATCH/cut" --layout replicate $extra

@@ -87,3 +87,40 @@ else
     n=$(grep -c '^dcpload: ' "$SCRATCH/delete.err" || true)
     [ "$n" -eq 4 ] || fail "delete: $n of 4 ranks reported an error: $(cat "$SCRATCH/delete.err")"
 fi
+
+# (d) --direct: a shard truncated, or replaced, under straight O_DIRECT reads
+rm -rf "$SCRATCH/big"
+"$DCP" synth "$SCRATCH/big" --keys 16 --shape 1000,999 --dtype float32 --ranks 1 >/dev/null || fail "dcp synth"
+mpirun 1 "$DCPLOAD" "$SCRATCH/big" --json >"$SCRATCH/big.ref" 2>"$SCRATCH/err" ||
+    fail "the clean load failed: $(cat "$SCRATCH/err")"
+start_direct() {   # a slow --direct load of $SCRATCH/big, its shard evicted, in the background
+    python3 "$top_srcdir/bench/evict.py" "$SCRATCH"/big/*.distcp
+    DCPLOAD_IO_THREADS=1 DCPLOAD_TEST_READ_DELAY_MS=250 mpirun 1 "$DCPLOAD" "$SCRATCH/big" --direct --json \
+        >"$SCRATCH/big.out" 2>"$SCRATCH/big.err" &
+    LOAD=$!
+    T0=$SECONDS
+    sleep 1.5
+}
+# the same bytes but every one inverted, renamed over the shard
+cp "$SCRATCH/big/__0_0.distcp" "$SCRATCH/big.orig"
+python3 -c 'import sys; open(sys.argv[2], "wb").write(open(sys.argv[1], "rb").read().translate(bytes(range(255, -1, -1))))' \
+    "$SCRATCH/big.orig" "$SCRATCH/big.inverted" || fail "inverting the shard failed"
+start_direct
+mv "$SCRATCH/big.inverted" "$SCRATCH/big/__0_0.distcp"
+finish direct-replace
+if [ "$RC" -eq 0 ]; then
+    [ "$(grep '"key"' "$SCRATCH/big.ref" | sort)" = "$(grep '"key"' "$SCRATCH/big.out" | sort)" ] ||
+        fail "direct-replace: the load finished with other bytes"
+    echo "direct-replace: finished with the original bytes"
+else
+    grep -q "^dcpload: $SCRATCH/big/__0_0.distcp: " "$SCRATCH/big.err" ||
+        fail "direct-replace: unclear message: $(cat "$SCRATCH/big.err")"
+fi
+# truncated (the original shard back first)
+mv "$SCRATCH/big.orig" "$SCRATCH/big/__0_0.distcp"
+start_direct
+truncate -s 1000 "$SCRATCH/big/__0_0.distcp"
+finish direct-truncate
+[ "$RC" -ne 0 ] || fail "direct-truncate: the load succeeded"
+grep -q "^dcpload: $SCRATCH/big/__0_0.distcp: model.*: short read at offset" "$SCRATCH/big.err" ||
+    fail "direct-truncate: unclear message: $(cat "$SCRATCH/big.err")"
