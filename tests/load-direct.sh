@@ -65,8 +65,11 @@ fi
 # That the shard files are opened with O_DIRECT at all (digests cannot tell),
 # and only with --direct, and that some units are read straight into their
 # destinations (one request: the head's block into a bounce block, then the
-# destination, dcp_op_fetch_direct_at): the system calls, where strace can
-# follow the ranks (-ff: a file per thread, no call split across lines).
+# destination, dcp_op_fetch_direct_at), and that under --direct the fault-ahead
+# thread populates (MADV_POPULATE_WRITE) the destinations of straight units
+# before a reader begins them (one I/O thread slowed by 50 ms a unit, so the
+# thread is surely ahead): the system calls, where strace can follow the ranks
+# (-ff: a file per thread, no call split across lines).
 traced="" fstype=$(stat -f -c %T "$CK")
 if [ "$fstype" = tmpfs ] || [ "$fstype" = ramfs ]; then
     echo "note: the checkpoint is on $fstype (never evicted): the O_DIRECT opens are not checked"
@@ -76,22 +79,25 @@ elif command -v strace >/dev/null && strace -f -o /dev/null true 2>/dev/null; th
         flag=; [ "$mode" = buffered ] || flag=--direct
         rm -rf "$SCRATCH/trace" && mkdir "$SCRATCH/trace"
         # (LeakSanitizer cannot run under ptrace: a sanitizer build checks leaks in the runs above)
-        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-            timeout -k 10 120 strace -ff -qq -e trace=openat,preadv,preadv2 -o "$SCRATCH/trace/t" \
+        ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" DCPLOAD_IO_THREADS=1 DCPLOAD_TEST_READ_DELAY_MS=50 \
+            timeout -k 10 120 strace -ff -qq -e trace=openat,preadv,preadv2,madvise -o "$SCRATCH/trace/t" \
                 "$MPIEXEC" -launcher fork -n 1 "$DCPLOAD" "$CK" --layout rows $flag >/dev/null 2>"$SCRATCH/err" ||
             fail "$mode under strace: $(cat "$SCRATCH/err")"
         cat "$SCRATCH/trace"/t.* >"$SCRATCH/trace.all"
         opens=$(grep -cE '\.distcp", [A-Z_|]*O_DIRECT' "$SCRATCH/trace.all" || true)
         straight=$(grep -cE '^preadv2?\([0-9]+, \[\{iov_base=[^]]*iov_len=4096\}, \{' "$SCRATCH/trace.all" || true)
+        populated=$(grep -cE '^madvise\(.*(MADV_POPULATE_WRITE|0x17)' "$SCRATCH/trace.all" || true)
         if [ "$mode" = direct ]; then
             [ "$opens" -gt 0 ] || fail "--direct opened no shard file with O_DIRECT: $(grep distcp "$SCRATCH/trace.all" | head -3)"
             [ "$straight" -gt 0 ] || fail "--direct read no unit straight into its destination"
+            [ "$populated" -gt 0 ] || fail "--direct populated no destination ahead of its readers"
         else
             [ "$opens" = 0 ] || fail "a buffered load opened shard files with O_DIRECT"
             [ "$straight" = 0 ] || fail "a buffered load read like dcp_op_fetch_direct_at"
+            [ "$populated" = 0 ] || fail "a buffered load populated destinations ahead of its readers"
         fi
     done
-    traced=", shard files opened with O_DIRECT only under --direct, $straight units read straight into their destinations"
+    traced=", shard files opened with O_DIRECT only under --direct, $straight units read straight into their destinations, $populated populated ahead"
 else
     echo "note: strace cannot follow processes here: the O_DIRECT opens are not checked"
 fi
