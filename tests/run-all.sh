@@ -24,6 +24,11 @@ run() {  # run NAME MAKE-CFLAGS CONFIGURE-FLAGS...
     if ! (cd "build-$name" && "$top/configure" -q "$@" && make -j"$jobs" CFLAGS="$cflags" >/dev/null); then
         echo "=== $name: BUILD FAILED"; status=1; failed=$((failed + 1)); return
     fi
+    if grep -q '^#define HAVE_CUDA 1' "build-$name/config.h"; then
+        echo "=== $name: the loader's CUDA path compiled (tested without a GPU)"
+    else
+        echo "=== $name: no CUDA toolkit in /usr/local/cuda: the loader's CUDA path not compiled"
+    fi
     echo "=== $name: make check"
     (cd "build-$name" && make -j"$jobs" CFLAGS="$cflags" check) || status=1
     if [ -f "build-$name/test-suite.log" ] && grep -q '^# FAIL: *[1-9]\|^# ERROR: *[1-9]' "build-$name/test-suite.log"; then
