@@ -1,31 +1,50 @@
 """Megatron-Core releases' torch_dist checkpoints, for tests/interop-megatron-releases.sh.
 
 save OUT   (with one megatron-core release first on PYTHONPATH) writes, with that release's
-           own dist_checkpointing.save:
+           own dist_checkpointing.save (the torch_dist backend):
   OUT/tp1      a tiny GPTModel (local layer spec, 2 layers) from one gloo rank, plus a
-               common item and bytes items;
+               common item and bytes items (releases before 0.9 cannot build a GPTModel
+               without TransformerEngine: for them, the sharded state dict such a model
+               gives, made by hand with the same key names, layer-stacked tensors split along
+               rows and columns, replicated norms and _extra_state objects);
   OUT/tp2dp2   the same model on 4 gloo ranks, tensor parallel 2 x data parallel 2, saved
                through FullyParallelSaveStrategyWrapper (the data-parallel ranks split the
                replicated tensors between them), plus the distributed optimizer's
                flattened_range tensors (2-D and 3-D, split at uneven points), which
                dist_checkpointing stores reformulated ([X/x, Y/y, x*y] with the
-               original shape in the metadata's mcore_data);
+               original shape in the metadata's mcore_data); before 0.8, whose torch_dist
+               takes flattened ranges of 1-D tensors only, the optimizer's buckets as those
+               releases' DistributedOptimizer saves them (fully_sharded_bucket_space: each
+               data-parallel rank's bucket shard in two flattened ranges of one key); 0.6
+               has no fully parallel save, its replica ids alone decide who writes;
   OUT/CASE.truth  per key: "KEY<TAB>SHAPE<TAB>XXH3_128" of PyTorch's own view of the saved
                checkpoint (torch.distributed.checkpoint.load of every key into a full
                tensor; a bytes item's stored bytes), shape "bytes" for bytes items.
 
 The releases before 0.13 call PyTorch's private filesystem._write_item with the arguments of
 their time (no transforms, no serialization format), and 0.9-0.12 call numpy.product
-(gone in numpy 2): both are bridged here, which changes nothing of what is written.
+(gone in numpy 2); those before 0.9 import pkg_resources (gone from setuptools), pass
+is_coordinator to the planner's set_up_planner by position (where PyTorch 2.13 has
+storage_meta) and add the other ranks' bytes items to the plan themselves (which PyTorch now
+does, so each would be written twice and the global plan refuses it): all bridged here, which
+changes nothing of what is written. 0.5 and older have no torch_dist backend (zarr only).
 """
 import inspect
 import os
 import pickle
 import sys
+import types
 import warnings
 
 import numpy
 import torch
+
+try:
+    import pkg_resources  # noqa: F401
+except ImportError:   # megatron-core before 0.9 takes packaging from it
+    import packaging.version
+    sys.modules["pkg_resources"] = types.ModuleType("pkg_resources")
+    sys.modules["pkg_resources"].packaging = packaging
 
 from export_megatron import free_port   # this folder is the script's, first on sys.path
 
@@ -69,6 +88,29 @@ def init(rank, world, port, tp):
     except (AssertionError, TypeError):
         pass   # 0.9's tracker reads CUDA RNG states, 0.11's inference one fails to build: build() seeds the CPU
     bridge_write_item()
+    if legacy():
+        bridge_planner()
+
+
+def legacy():
+    """A release before 0.9: no GPTModel without TransformerEngine, the planner of PyTorch 2.3."""
+    from megatron.core.package_info import __version__
+    return tuple(int(x) for x in __version__.split(".")[:2]) < (0, 9)
+
+
+def bridge_planner():
+    import torch.distributed.checkpoint.default_planner as dp
+    from megatron.core.dist_checkpointing.strategies import torch as mt
+    orig = dp.DefaultSavePlanner.set_up_planner
+
+    def set_up_planner(self, state_dict, *a, **k):
+        if a and isinstance(a[0], bool):
+            k["is_coordinator"] = a[0]
+            a = a[1:]
+        return orig(self, state_dict, *a, **k)
+    dp.DefaultSavePlanner.set_up_planner = set_up_planner
+    if hasattr(mt.MCoreSavePlanner, "_add_non_coordinator_iobytes_request"):
+        mt.MCoreSavePlanner._add_non_coordinator_iobytes_request = lambda self, plan: None
 
 
 def build():
@@ -99,6 +141,56 @@ def build():
     return m
 
 
+def hand_made(tp, tp_size, dp):
+    """What GPTModel.sharded_state_dict() gives on rank (tp, dp), for the releases that cannot
+    build one: the same kinds of entries under a GPT model's key names."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    g = torch.Generator().manual_seed(5)
+    emb, out_w = torch.randn(128, 64, generator=g), torch.randn(128, 64, generator=g)
+    qkv, proj = torch.randn(2, 128, 64, generator=g), torch.randn(2, 64, 64, generator=g)
+    ln, final = torch.randn(2, 64, generator=g), torch.randn(64, generator=g)
+    r, c = 128 // tp_size, 64 // tp_size
+    sd = {
+        "embedding.word_embeddings.weight": ShardedTensor.from_rank_offsets(
+            "embedding.word_embeddings.weight", emb[tp * r:(tp + 1) * r].clone(), (0, tp, tp_size),
+            replica_id=(0, 0, dp)),
+        "output_layer.weight": ShardedTensor.from_rank_offsets(
+            "output_layer.weight", out_w[tp * r:(tp + 1) * r].clone(), (0, tp, tp_size), replica_id=(0, 0, dp)),
+        "decoder.final_layernorm.weight": ShardedTensor.from_rank_offsets(
+            "decoder.final_layernorm.weight", final.clone(), replica_id=(0, tp, dp)),
+    }
+    for i in range(2):   # layer-stacked: axis 0 prepended, one layer a rank's entry
+        p = f"decoder.layers.{i}."
+        sd[p + "qkv"] = ShardedTensor.from_rank_offsets(
+            "decoder.layers.self_attention.linear_qkv.weight", qkv[i, tp * r:(tp + 1) * r].clone(),
+            (0, i, 2), (1, tp, tp_size), replica_id=(0, 0, dp), prepend_axis_num=1)
+        sd[p + "proj"] = ShardedTensor.from_rank_offsets(
+            "decoder.layers.self_attention.linear_proj.weight", proj[i, :, tp * c:(tp + 1) * c].clone(),
+            (0, i, 2), (2, tp, tp_size), replica_id=(0, 0, dp), prepend_axis_num=1)
+        sd[p + "ln"] = ShardedTensor.from_rank_offsets(
+            "decoder.layers.self_attention.linear_qkv.layer_norm_weight", ln[i].clone(), (0, i, 2),
+            replica_id=(0, tp, dp), prepend_axis_num=1)
+        sd[p + "extra"] = ShardedObject("decoder.layers.self_attention.linear_proj._extra_state",
+                                        {"layer": i, "tp": tp}, (2, tp_size), (i, tp), replica_id=dp)
+    return sd
+
+
+def buckets(tp, dp, dp_size):
+    """Before 0.8: the DistributedOptimizer's fully_sharded_bucket_space entries on rank (tp, dp),
+    a bucket shard of 24 elements a data-parallel rank, in two flattened ranges of one key."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    out = {}
+    key = f"optimizer.distributed.dp_group_idx_{tp}.gbuf_idx_0.dtype_(torch.float32, torch.float32).bucket_idx_0"
+    for name, sign in (("exp_avg", 1), ("exp_avg_sq", -1)):
+        full = sign * torch.arange(dp_size * 24, dtype=torch.float32) / (tp + 3)
+        mine = full[dp * 24:(dp + 1) * 24]
+        for j, rng in enumerate((slice(0, 9), slice(9, 24))):
+            out[f"{name}.{j}"] = ShardedTensor(
+                f"{key}.{name}", mine[rng].clone(), torch.float32, (24,), (dp_size * 24,), (dp * 24,),
+                axis_fragmentations=(dp_size,), flattened_range=rng, allow_shape_mismatch=True)
+    return out
+
+
 def flattened(tp, dp):
     """The distributed optimizer's flattened_range tensors on rank (tp, dp)."""
     from megatron.core.dist_checkpointing import ShardedTensor
@@ -120,21 +212,35 @@ def worker(rank, world, port, tp, out):
     import torch.distributed as dist
     from megatron.core import dist_checkpointing, parallel_state
     init(rank, world, port, tp)
-    m = build()
-    sd = m.sharded_state_dict()
+    old = legacy()
+    sd = hand_made(rank % tp, tp, rank // tp) if old else build().sharded_state_dict()
     sd["iteration"] = 1000
     sd["notes"] = {"release": "test", "list": [1, 2, 3]}
     if rank == 0:
         os.makedirs(out)
     dist.barrier()
-    if world == 1:
-        dist_checkpointing.save(sd, out)
+    if old:   # before 0.7 the default backend is zarr
+        from megatron.core.dist_checkpointing.strategies.base import StrategyAction, get_default_strategy
+        strategy = get_default_strategy(StrategyAction.SAVE_SHARDED, "torch_dist", 1)
     else:
         from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
-        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
-        sd.update(flattened(rank % tp, rank // tp))
-        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        dist_checkpointing.save(sd, out, FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), group, True))
+        strategy = get_default_save_sharded_strategy()
+    if world == 1:
+        dist_checkpointing.save(sd, out, strategy)
+    else:
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+        if hasattr(ShardedTensor, "from_rank_offsets_flat"):
+            sd.update(flattened(rank % tp, rank // tp))
+        else:
+            sd.update(buckets(rank % tp, rank // tp, world // tp))
+        try:
+            from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+        except ImportError:   # 0.6
+            FullyParallelSaveStrategyWrapper = None
+        if FullyParallelSaveStrategyWrapper:
+            group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+            strategy = FullyParallelSaveStrategyWrapper(strategy, group, True)
+        dist_checkpointing.save(sd, out, strategy)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -172,16 +278,17 @@ def truth(ckpt, path):
 
 def save(out):
     import torch.multiprocessing as mp
-    import megatron.core
-    import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401 (imported once, before the forks)
-    import megatron.core.dist_checkpointing.strategies.fully_parallel  # noqa: F401
+    import megatron.core.package_info
+    if not legacy():
+        import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401 (imported once, before the forks)
+        import megatron.core.dist_checkpointing.strategies.fully_parallel  # noqa: F401
     os.makedirs(out, exist_ok=True)
     for case, world, tp in (("tp1", 1, 1), ("tp2dp2", 4, 2)):
         # fork: the children start with torch and megatron imported (spawn: 5-10 s an import)
         mp.start_processes(worker, args=(world, free_port(), tp, f"{out}/{case}"), nprocs=world, join=True,
                            start_method="fork")
         truth(f"{out}/{case}", f"{out}/{case}.truth")
-    print(f"megatron-core {getattr(megatron.core, '__version__', '?')}: tp1, tp2dp2 saved")
+    print(f"megatron-core {megatron.core.package_info.__version__}: tp1, tp2dp2 saved")
 
 
 if __name__ == "__main__":
