@@ -5,9 +5,13 @@
 # shape and dcp digest's XXH3-128 must equal PyTorch's own view of the checkpoint
 # (torch.distributed.checkpoint.load into a full tensor; a bytes item's stored bytes), first
 # parse and served from the catalog; dcp info names the layout and dcp verify passes; mounted
-# with dcpfs, every key's file holds the same bytes.
-. "$top_srcdir/tests/lib.sh"
+# with dcpfs, every key's file holds the same bytes; dcpload on 1 and 3 ranks, by rows and in
+# blocks, cuts each rank's region from those bytes and reads each stored byte once
+# (tests/load_check.py); dcpfs.torch.load and dcp.load with dcpfs.torch.Reader fill full
+# tensors with them (megatron_releases.py check).
+. "$top_srcdir/tests/python_lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
 need python3
 need getfattr
 need_fuse
@@ -77,7 +81,28 @@ for k in extra:
 sys.exit(1 if bad or extra else 0)
 PY
         unmount_dcpfs "$ck.mnt"
+        mkdir "$ck.runs"
+        for run in rows-1 rows-3 blocks-3; do
+            mpirun "${run#*-}" "$DCPLOAD" "$ck" --layout "${run%-*}" --json --staging 8192 \
+                >"$ck.runs/$run.json" 2>"$ck.err" ||
+                fail "megatron-core $v $case: dcpload -n ${run#*-} --layout ${run%-*} failed: $(cat "$ck.err")"
+        done
+        # Megatron's tensors are saved unshared (each chunk its own storage): every byte of
+        # every tensor is stored once, so the ranks must read exactly their sum
+        unique=$("$DCP" --no-catalog ls --json "$ck" | python3 -c '
+import json, sys
+print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))') ||
+            fail "megatron-core $v $case: dcp ls --json failed"
+        python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" "$ck.truth.json" "$ck.runs" "$unique" >"$ck.load" 2>&1 ||
+            { cat "$ck.load"; fail "megatron-core $v $case: dcpload's regions"; }
     done
-    echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's"
+    echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's, dcpload's regions too"
 done
+# After the saves and dcpload: in a sanitizer build the package's runtimes are preloaded from here on.
+use_python_package torch
+outs=
+for v in $releases; do outs="$outs $SCRATCH/$v"; done
+# shellcheck disable=SC2086
+python3 "$top_srcdir/tests/interop/megatron_releases.py" check $outs ||
+    fail "dcpfs.torch.load or dcp.load with dcpfs.torch.Reader differs from PyTorch's own load"
 echo ok

@@ -19,7 +19,13 @@ save OUT   (with one megatron-core release first on PYTHONPATH) writes, with tha
                has no fully parallel save, its replica ids alone decide who writes;
   OUT/CASE.truth  per key: "KEY<TAB>SHAPE<TAB>XXH3_128" of PyTorch's own view of the saved
                checkpoint (torch.distributed.checkpoint.load of every key into a full
-               tensor; a bytes item's stored bytes), shape "bytes" for bytes items.
+               tensor; a bytes item's stored bytes), shape "bytes" for bytes items;
+  OUT/CASE.truth.json  the same as tests/data/torch-releases' truth.json (per key: kind,
+               dtype, shape, sha256), for tests/load_check.py.
+
+check OUT...  (with the dcpfs package on PYTHONPATH) loads every tensor of every OUT/CASE with
+           dcpfs.torch.load (one process) and with torch.distributed.checkpoint.load through
+           dcpfs.torch.Reader, into full tensors, and compares their bytes with OUT/CASE.truth.
 
 The releases before 0.13 call PyTorch's private filesystem._write_item with the arguments of
 their time (no transforms, no serialization format), and 0.9-0.12 call numpy.product
@@ -247,6 +253,8 @@ def worker(rank, world, port, tp, out):
 
 def truth(ckpt, path):
     """PyTorch's own view of every key, as "KEY<TAB>SHAPE<TAB>XXH3_128" lines."""
+    import hashlib
+    import json
     import xxhash
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -258,7 +266,7 @@ def truth(ckpt, path):
         md = Unpickler(f).load()
     reader = dcp.FileSystemReader(ckpt)
     reader.read_metadata = lambda *a, **k: md
-    lines = []
+    lines, doc = [], {}
     for key, m in md.state_dict_metadata.items():
         if type(m).__name__ == "BytesStorageMetadata":
             si = md.storage_data[MetadataIndex(key)]
@@ -266,14 +274,20 @@ def truth(ckpt, path):
                 f.seek(si.offset)
                 raw = f.read(si.length)
             shape = "bytes"
+            doc[key] = {"kind": "bytes"}
         else:
             t = {key: torch.empty(tuple(m.size), dtype=m.properties.dtype)}
             dcp.load(t, storage_reader=reader, no_dist=True)
             raw = t[key].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
             shape = "[" + ",".join(str(s) for s in m.size) + "]"
+            doc[key] = {"kind": "tensor", "dtype": str(m.properties.dtype).removeprefix("torch."),
+                        "shape": list(m.size)}
+        doc[key]["sha256"] = hashlib.sha256(raw).hexdigest()
         lines.append(f"{key}\t{shape}\t{xxhash.xxh3_128_hexdigest(raw)}\n")
     with open(path, "w") as f:
         f.writelines(sorted(lines))
+    with open(path + ".json", "w") as f:
+        json.dump(doc, f, indent=0, sort_keys=True)
 
 
 def save(out):
@@ -291,5 +305,44 @@ def save(out):
     print(f"megatron-core {megatron.core.package_info.__version__}: tp1, tp2dp2 saved")
 
 
+def check(outs):
+    """dcpfs.torch.load and dcp.load with dcpfs.torch.Reader against OUT/CASE.truth."""
+    import json
+    import xxhash
+    import torch.distributed.checkpoint as dcp
+    import dcpfs.torch
+    bad = 0
+    for out in outs:
+        for case in ("tp1", "tp2dp2"):
+            ck = os.path.join(out, case)
+            want, sd = {}, {}
+            for line in open(ck + ".truth"):
+                key, shape, digest = line.rstrip("\n").split("\t")
+                if shape != "bytes":
+                    want[key] = digest
+            doc = json.load(open(ck + ".truth.json"))
+            for key in want:
+                sd[key] = (tuple(doc[key]["shape"]), dcpfs.torch.torch_dtype(doc[key]["dtype"]))
+            before = bad
+            for how in ("dcpfs.torch.load", "dcp.load with dcpfs.torch.Reader"):
+                got = {k: torch.full(shape, 7, dtype=dt) for k, (shape, dt) in sd.items()}
+                if how == "dcpfs.torch.load":
+                    dcpfs.torch.load(got, ck, catalog=False)
+                else:
+                    dcp.load(got, storage_reader=dcpfs.torch.Reader(ck, catalog=False), no_dist=True)
+                for key, digest in want.items():
+                    raw = got[key].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                    if xxhash.xxh3_128_hexdigest(raw) != digest:
+                        print(f"{ck}: {key}: {how} gives other bytes than PyTorch's own load")
+                        bad += 1
+            if bad == before:
+                print(f"{ck}: {len(want)} tensors: dcpfs.torch.load and dcp.load with dcpfs.torch.Reader "
+                      "give PyTorch's bytes")
+    sys.exit(1 if bad else 0)
+
+
 if __name__ == "__main__":
-    save(sys.argv[2])
+    if sys.argv[1] == "check":
+        check(sys.argv[2:])
+    else:
+        save(sys.argv[2])
