@@ -99,7 +99,7 @@ def init(rank, world, port, tp):
 
 
 def legacy():
-    """A release before 0.9: no GPTModel without TransformerEngine, the planner of PyTorch 2.3."""
+    """A release before 0.9: no GPTModel without TransformerEngine, a planner for PyTorch before 2.4."""
     from megatron.core.package_info import __version__
     return tuple(int(x) for x in __version__.split(".")[:2]) < (0, 9)
 
