@@ -26,6 +26,9 @@ extern const char *cli_catalog_path;
 dcp_checkpoint *cli_open(const char *path);
 /* Set by cli_open when it refused a partial checkpoint (dcp_probe_folder). */
 extern int cli_open_partial;
+/* After "not a checkpoint" for a folder: name on stderr the checkpoints one
+ * level below it (a run folder), if any (below.c). */
+void cli_hint_checkpoints_below(const char *folder);
 /* The exit status after cli_open failed: 3 for a partial checkpoint, else 1. */
 int cli_open_status(void);
 /* --dtype NAME of digest and diff: a floating dtype to compare values in

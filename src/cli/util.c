@@ -56,14 +56,19 @@ dcp_checkpoint *cli_open(const char *path)
     /* A save that did not finish is named as such, never read as a
      * checkpoint (nor called "not a checkpoint"). */
     dcp_folder_probe probe;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && dcp_probe_folder(path, &probe, &err) == 0 &&
-        probe.kind == DCP_FOLDER_PARTIAL) {
-        cli_error("%s: a partial checkpoint: %s", path, probe.reason);
-        cli_open_partial = 1;
-        return NULL;
+    int nothing_here = 0;   /* a folder without checkpoint files: maybe a run folder */
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && dcp_probe_folder(path, &probe, &err) == 0) {
+        if (probe.kind == DCP_FOLDER_PARTIAL) {
+            cli_error("%s: a partial checkpoint: %s", path, probe.reason);
+            cli_open_partial = 1;
+            return NULL;
+        }
+        nothing_here = probe.kind == DCP_FOLDER_NOT_CHECKPOINT;
     }
     if (dcp_open_ex(path, &o, &ck, &err) < 0) {
         cli_error("%s", err.msg);
+        if (nothing_here && err.code == ENOENT)
+            cli_hint_checkpoints_below(path);   /* name the checkpoints below it */
         return NULL;
     }
     return ck;
