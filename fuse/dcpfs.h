@@ -80,6 +80,7 @@ struct dfs_options {
     enum dfs_readmode readmode;
     char *catalog;          /* -o catalog=PATH: parsed metadata and recorded digests */
     int no_catalog;         /* -o no_catalog: parse .metadata on every open, write no catalog */
+    int megatron_fold;      /* -o megatron_fold: DCP_OPEN_MEGATRON_FOLD (original shapes) */
     int verify;             /* -o verify: check each chunk's recorded digest before serving it */
     int opendir;            /* -o opendir: answer opendir/releasedir (else ENOSYS, where the kernel allows it) */
 };

@@ -39,6 +39,7 @@ static const struct fuse_opt dfs_optspec[] = {
     OPT("catalog=%s", catalog),
     OPT("verify", verify),
     OPT("no_catalog", no_catalog),
+    OPT("megatron_fold", megatron_fold),
     OPT("opendir", opendir),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
     FUSE_OPT_END
@@ -80,6 +81,8 @@ static void usage(void)
            "    -o verify              check each chunk against the digest `dcp verify --record` stored\n"
            "    -o catalog=PATH        the catalog of parsed metadata and digests (default ~/.cache/dcpfs/catalog.sqlite)\n"
            "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n"
+           "    -o megatron_fold       Megatron-Core's reformulated optimizer states in their original\n"
+           "                           shapes (its own load's view; parsed at open, no catalog)\n"
            "    -o opendir             answer opendir and releasedir (default: the kernel opens directories itself)\n\n",
            DFS_SPLICE_MIN);
 }

@@ -729,7 +729,7 @@ static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
 {
     dcp_error err;
     dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
-    oo.flags = fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG;
+    oo.flags = (fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG) | (fs->opt.megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0);
     oo.catalog = fs->opt.catalog;
     if (dcp_open_ex(ck->path, &oo, &ck->ck, &err) < 0) {
         dfs_log(LOG_ERR, "%s", err.msg);

@@ -209,7 +209,19 @@ enum {
      * served from the catalog too (the parse's memory is freed). Trouble at
      * open falls back to parsing; the catalog is never trusted over the
      * checkpoint (a changed .metadata or shard size means parse again). */
-    DCP_OPEN_CATALOG = 1u << 0
+    DCP_OPEN_CATALOG = 1u << 0,
+    /* Show Megatron-Core's reformulated tensors in their original shapes.
+     * Its distributed optimizer's states (flattened ranges of tensor-parallel
+     * blocks) are stored as [X/x, Y/y, x*y] for a tensor [X, Y] split into
+     * [x, y] blocks, with [X, Y] in the .metadata's mcore_data; PyTorch's
+     * own load, and dcp_open without this flag, give the stored shape. With
+     * it those entries have the original shape and chunks in it (boxes of
+     * the original, each one run of a stored chunk's elements), so every
+     * reader gives Megatron-Core's own view. The .metadata is parsed: the
+     * catalog neither serves nor stores such a model (DCP_OPEN_CATALOG is
+     * ignored). An entry whose stored chunks are not what Megatron-Core
+     * writes keeps its stored shape; other checkpoints are not changed. */
+    DCP_OPEN_MEGATRON_FOLD = 1u << 1
 };
 
 typedef struct dcp_open_options {

@@ -63,7 +63,8 @@ int dcp_chunk_record(dcp_checkpoint *ck, const dcp_entry *e, size_t i,
      * answer, and the first one stored wins. */
     dcp_record rec;
     int64_t stride[DCPI_MAX_NDIM];
-    if (dcpi_locate_record(ck, e, chunk, i, &rec, stride, err) < 0)
+    if ((p->fold ? dcpi_fold_record(ck, e, p->fold, chunk, i, &rec, stride, err)
+                 : dcpi_locate_record(ck, e, chunk, i, &rec, stride, err)) < 0)
         return -1;
     pthread_mutex_lock(&ck->lock);
     if (slot->state != 1) {

@@ -19,6 +19,7 @@ libdcp_la_SOURCES = \
 	src/single_file.c src/single_file.h \
 	src/hf_index.c \
 	src/megatron_config.c \
+	src/megatron_fold.c \
 	src/rankfiles.c \
 	src/planner.c \
 	src/files.c src/files.h \

@@ -102,7 +102,17 @@ struct dcpi_entry_priv {
     size_t chunk_cap;
     dcpi_record_slot *records;  /* a parsed model's: nchunks slots, allocated on first use */
     dcpi_chunkset *set;        /* a served model's, while cached (under ck->lock) */
+    const struct dcpi_fold *fold;   /* megatron_fold.c: the entry shown in its original shape */
 };
+
+/* A Megatron-Core tensor stored reformulated, as the .metadata's mcore_data
+ * names it (metadata.c; megatron_fold.c folds it back on request). */
+typedef struct dcpi_reform {
+    const char *key;           /* arena-owned, NUL-terminated */
+    size_t keylen;
+    int ndim;
+    const int64_t *shape;      /* nd_reformulated_orig_global_shape */
+} dcpi_reform;
 
 /* Internal blob flag (beside the public DCP_TRANSFORM_*): the blob is the raw
  * C-contiguous bytes of exactly its chunk (safetensors data). */
@@ -153,6 +163,8 @@ struct dcp_checkpoint {
 
     dcp_info info;
     int from_catalog;              /* the model was rebuilt from the catalog (open.c) */
+    dcpi_reform *reform;           /* a parsed model's Megatron-Core mcore_data shapes (arena) */
+    size_t nreform;
     dcpi_metadata_id meta;         /* identity.c, integrity/modelcache.c */
 
     /* Guards the arena after open, the chunk-set cache below, priv[].set and
@@ -332,6 +344,17 @@ int dcpi_torch_rebuild_parse(const struct pk_node *n, dcpi_rebuild *r, char *why
 /* Check the view: sizes and strides non-negative, every element it
  * addresses inside the storage. 0, or -1 with a reason in why. */
 int dcpi_torch_rebuild_check_view(const dcpi_rebuild *r, char *why, size_t whylen);
+
+/* Megatron-Core's reformulated tensors in their original shapes
+ * (megatron_fold.c, DCP_OPEN_MEGATRON_FOLD): every entry ck->reform names
+ * and whose chunks allow it is given the original shape and chunks in it,
+ * each a box of the original whose elements are one run of a stored
+ * chunk's. A parsed, in-memory model only, before any record is located. */
+int dcpi_megatron_fold(dcp_checkpoint *ck, dcp_error *err);
+/* The record of chunk i of a folded entry (dcp_chunk_record): the stored
+ * chunk's, moved to the run and strided as the box. */
+int dcpi_fold_record(dcp_checkpoint *ck, const dcp_entry *e, const struct dcpi_fold *f, const dcp_chunk *c,
+                     size_t i, dcp_record *rec, int64_t *stride, dcp_error *err);
 
 /* Record locator (torchsave.c): parse the torch.save zip of chunk c (chunk
  * index `chunk` of e). rec->stride points at stride (room for e->ndim values). */

@@ -614,6 +614,46 @@ static void on_bytes(void *ctx, const void *p, size_t n)
     dcpi_identity_update(in->id, p, n);
 }
 
+/* Megatron-Core's mcore_data (an attribute its save sets on the Metadata):
+ * key -> {"nd_reformulated_orig_global_shape": shape or None}. Kept in
+ * ck->reform for megatron_fold.c; what is not that shape of ints is left
+ * out (the stored view needs none of it). */
+static int take_mcore_data(interp *in, const pk_node *md)
+{
+    dcp_checkpoint *ck = in->ck;
+    ck->reform = NULL;
+    ck->nreform = 0;
+    if (!md || !md->u.dict.n)
+        return 0;
+    dcpi_reform *r = dcpi_arena_alloc(&ck->arena, md->u.dict.n * sizeof *r);
+    if (!r)
+        return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+    size_t n = 0;
+    for (size_t i = 0; i < md->u.dict.n; i++) {
+        const char *key;
+        size_t klen;
+        const pk_node *v = pk_dict_get(pk_as_dict(md->u.dict.vals[i]), "nd_reformulated_orig_global_shape");
+        dcp_error ignored;
+        interp quiet = *in;
+        quiet.err = &ignored;
+        int64_t shape[DCPI_MAX_NDIM];
+        int nd;
+        if (!pk_str(md->u.dict.keys[i], &key, &klen) || !v || v->type == PK_NONE ||
+            int_vector(&quiet, v, shape, &nd, "mcore_data", "nd_reformulated_orig_global_shape") < 0)
+            continue;
+        r[n].key = dcpi_arena_strndup(&ck->arena, key, klen);
+        r[n].shape = nd ? dcpi_arena_memdup(&ck->arena, shape, (size_t)nd * sizeof *shape) : NULL;
+        if (!r[n].key || (nd && !r[n].shape))
+            return dcpi_err(in->err, ENOMEM, "%s: out of memory", in->what);
+        r[n].keylen = klen;
+        r[n].ndim = nd;
+        n++;
+    }
+    ck->reform = r;
+    ck->nreform = n;
+    return 0;
+}
+
 static int interpret(interp *in, const pk_node *root)
 {
     const pk_node *st = state_of(root);
@@ -634,6 +674,8 @@ static int interpret(interp *in, const pk_node *root)
     for (size_t i = 0; i < sd->u.dict.n; i++)
         if (add_storage(in, sd->u.dict.keys[i], sd->u.dict.vals[i]) < 0)
             return -1;
+    if (take_mcore_data(in, pk_as_dict(pk_dict_get(st, "mcore_data"))) < 0)
+        return -1;
     fill_info(in, root, st);
     return 0;
 }

@@ -226,6 +226,8 @@ int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err)
     ck->priv = NULL;
     ck->files = NULL;
     ck->nentries = ck->entry_cap = ck->nfiles = ck->file_cap = 0;
+    ck->reform = NULL;   /* arena-owned */
+    ck->nreform = 0;
     dcpi_strmap_free(&ck->keys);
     dcpi_strmap_free(&ck->file_index);
     dcpi_arena_free(&ck->arena);

@@ -145,7 +145,9 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
     dcp_checkpoint *ck = dcpi_ck_new(path, err);
     if (!ck)
         return -1;
-    int use_catalog = (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
+    /* A folded model is not the stored one: the catalog neither serves nor keeps it. */
+    int fold = (opts->flags & DCP_OPEN_MEGATRON_FOLD) != 0;
+    int use_catalog = !fold && (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
     if (use_catalog) {
         dcp_checkpoint *served = open_served(path, opts->catalog, ck);
         if (served) {
@@ -175,7 +177,7 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
         if (!(ck = dcpi_ck_new(path, err)))
             return -1;
     }
-    if (load(ck, err) < 0) {
+    if (load(ck, err) < 0 || (fold && dcpi_megatron_fold(ck, err) < 0)) {
         dcp_close(ck);
         return -1;
     }

@@ -12,6 +12,10 @@ EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
 TESTS += tests/interop-megatron-releases.sh
 dist_check_SCRIPTS += tests/interop-megatron-releases.sh
 EXTRA_DIST += tests/interop/megatron_releases.py tests/interop/megatron-releases.txt tests/interop/install-megatron-releases.sh
+# Megatron-Core's reformulated optimizer states folded back (DCP_OPEN_MEGATRON_FOLD), without megatron-core.
+TESTS += tests/interop-megatron-fold.sh
+dist_check_SCRIPTS += tests/interop-megatron-fold.sh
+EXTRA_DIST += tests/interop/save_reformulated.py tests/truth_check.py
 # PyTorch releases' own saves, 2.0 to 2.15 (tests/data/torch-releases, made once a release).
 TESTS += tests/interop-torch-releases.sh
 dist_check_SCRIPTS += tests/interop-torch-releases.sh

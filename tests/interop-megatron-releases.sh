@@ -8,7 +8,10 @@
 # with dcpfs, every key's file holds the same bytes; dcpload on 1 and 3 ranks, by rows and in
 # blocks, cuts each rank's region from those bytes and reads each stored byte once
 # (tests/load_check.py); dcpfs.torch.load and dcp.load with dcpfs.torch.Reader fill full
-# tensors with them (megatron_releases.py check).
+# tensors with them (megatron_releases.py check). All of it again with the reformulated
+# optimizer states folded back to their original shapes (dcp --megatron-fold, -o
+# megatron_fold, dcpload --megatron-fold, megatron_fold=True): Megatron-Core's own view, the
+# tensors as they were before the save (megatron_releases.py originals()).
 . "$top_srcdir/tests/python_lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
@@ -36,67 +39,73 @@ for v in $releases; do
         >"$SCRATCH/$v.log" 2>&1 || { tail -30 "$SCRATCH/$v.log"; fail "megatron-core $v: saving failed"; }
     for case in tp1 tp2dp2; do
         ck="$SCRATCH/$v/$case"
-        for how in parsed catalog-written catalog-served; do
-            if [ $how = parsed ]; then set -- --no-catalog; else set -- --catalog "$SCRATCH/catalog.sqlite"; fi
+        # folded: Megatron-Core's own view (--megatron-fold), which the catalog must not serve
+        # nor keep: the catalog-served open after it still gives PyTorch's
+        for how in parsed catalog-written catalog-served folded catalog-served-again; do
+            truth=$ck.truth
+            case $how in
+            parsed) set -- --no-catalog ;;
+            folded) set -- --megatron-fold --catalog "$SCRATCH/catalog.sqlite"; truth=$ck.folded.truth ;;
+            *) set -- --catalog "$SCRATCH/catalog.sqlite" ;;
+            esac
             "$DCP" "$@" digest --json "$ck" >"$ck.digest" || fail "megatron-core $v $case: dcp digest ($how) failed"
-            python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    shape = "bytes" if r["dtype"] == "bytes" else "[" + ",".join(map(str, r["shape"])) + "]"
-    print("%s\t%s\t%s" % (r["key"], shape, r["xxh3_128"]))' "$ck.digest" >"$ck.lines" ||
+            python3 "$top_srcdir/tests/truth_check.py" lines <"$ck.digest" >"$ck.lines" ||
                 fail "megatron-core $v $case: dcp digest --json ($how) printed something else"
             LC_ALL=C sort "$ck.lines" >"$ck.got"
-            LC_ALL=C sort "$ck.truth" >"$ck.want"
-            [ -s "$ck.want" ] || fail "megatron-core $v $case: no keys in PyTorch's view"
+            LC_ALL=C sort "$truth" >"$ck.want"
+            [ -s "$ck.want" ] || fail "megatron-core $v $case: no keys in $truth"
             diff "$ck.want" "$ck.got" >"$ck.diff" ||
-                { cat "$ck.diff"; fail "megatron-core $v $case: dcp digest ($how) differs from PyTorch's view (< PyTorch, > dcp)"; }
+                { cat "$ck.diff"; fail "megatron-core $v $case: dcp digest ($how) differs from $truth (< truth, > dcp)"; }
         done
+        # what the fold changes: the two N-D flattened optimizer states on 4 ranks from 0.8 on
+        # (0.6/0.7 store 1-D buckets, which need no fold), nothing on one rank
+        folded=$(diff "$ck.truth" "$ck.folded.truth" | grep -c '^>' || true)
+        case $case/$v in tp1/* | tp2dp2/0.6.* | tp2dp2/0.7.*) want=0 ;; *) want=2 ;; esac
+        [ "$folded" = "$want" ] || fail "megatron-core $v $case: the folded view changes $folded keys, not $want"
         "$DCP" --catalog "$SCRATCH/catalog.sqlite" info "$ck" | grep -q 'rebuilt from the catalog' ||
             fail "megatron-core $v $case: not served from the catalog"
         "$DCP" --no-catalog info "$ck" | grep -q 'Megatron-Core torch_dist' ||
             fail "megatron-core $v $case: dcp info does not name the Megatron-Core layout"
         "$DCP" --no-catalog verify "$ck" >"$ck.verify" 2>&1 || { cat "$ck.verify"; fail "megatron-core $v $case: dcp verify failed"; }
-        mount_dcpfs "$ck" "$ck.mnt" -o no_catalog
-        python3 - "$ck.mnt" "$ck.truth" <<'PY' || fail "megatron-core $v $case: the mount's files differ from PyTorch's view"
-import os, sys, xxhash
-mnt, truth = sys.argv[1], sys.argv[2]
-want = {line.split("\t")[0]: line.split("\t")[2].strip() for line in open(truth)}
-seen = {}
-for top, dirs, files in os.walk(mnt):
-    for name in files:
-        path = os.path.join(top, name)
-        try:
-            key = os.getxattr(path, "user.dcp.key").decode()
-        except OSError:
-            continue   # metadata.json, common.pt: Megatron's own files, as they are
-        with open(path, "rb") as f:
-            seen[key] = xxhash.xxh3_128_hexdigest(f.read())
-bad = sorted(k for k in want if seen.get(k) != want[k])
-extra = sorted(set(seen) - set(want))
-for k in bad:
-    print(f"{k}: mount {seen.get(k, 'missing')}, PyTorch {want[k]}")
-for k in extra:
-    print(f"{k}: on the mount, not in PyTorch's view")
-sys.exit(1 if bad or extra else 0)
-PY
+        for view in stored folded; do
+        [ $view = stored ] || [ "$case" = tp2dp2 ] || continue   # tp1 has nothing to fold
+        if [ $view = folded ]; then
+            mount_dcpfs "$ck" "$ck.mnt" -o no_catalog,megatron_fold
+            truth=$ck.folded.truth
+        else
+            mount_dcpfs "$ck" "$ck.mnt" -o no_catalog
+            truth=$ck.truth
+        fi
+        python3 "$top_srcdir/tests/truth_check.py" mount "$ck.mnt" "$truth" ||
+            fail "megatron-core $v $case: the mount's files differ from $truth"
         unmount_dcpfs "$ck.mnt"
-        mkdir "$ck.runs"
-        for run in rows-1 rows-3 blocks-3; do
-            mpirun "${run#*-}" "$DCPLOAD" "$ck" --layout "${run%-*}" --json --staging 8192 \
-                >"$ck.runs/$run.json" 2>"$ck.err" ||
-                fail "megatron-core $v $case: dcpload -n ${run#*-} --layout ${run%-*} failed: $(cat "$ck.err")"
         done
         # Megatron's tensors are saved unshared (each chunk its own storage): every byte of
-        # every tensor is stored once, so the ranks must read exactly their sum
+        # every tensor is stored once, so the ranks must read exactly their sum (folded too)
         unique=$("$DCP" --no-catalog ls --json "$ck" | python3 -c '
 import json, sys
 print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))') ||
             fail "megatron-core $v $case: dcp ls --json failed"
-        python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" "$ck.truth.json" "$ck.runs" "$unique" >"$ck.load" 2>&1 ||
-            { cat "$ck.load"; fail "megatron-core $v $case: dcpload's regions"; }
+        for view in stored folded; do
+            set --
+            truth=$ck.truth.json
+            if [ $view = folded ]; then
+                [ "$case" = tp2dp2 ] || continue   # tp1 has nothing to fold
+                set -- --megatron-fold
+                truth=$ck.folded.truth.json
+            fi
+            rm -rf "$ck.runs"
+            mkdir "$ck.runs"
+            for run in rows-1 rows-3 blocks-3; do
+                mpirun "${run#*-}" "$DCPLOAD" "$ck" "$@" --layout "${run%-*}" --json --staging 8192 \
+                    >"$ck.runs/$run.json" 2>"$ck.err" ||
+                    fail "megatron-core $v $case: dcpload -n ${run#*-} --layout ${run%-*} $* failed: $(cat "$ck.err")"
+            done
+            LOAD_CHECK_DCP_OPTS="$*" python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" "$truth" "$ck.runs" "$unique" \
+                >"$ck.load" 2>&1 || { cat "$ck.load"; fail "megatron-core $v $case: dcpload's regions ($view)"; }
+        done
     done
-    echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's, dcpload's regions too"
+    echo "megatron-core $v: tp1 $(wc -l <"$SCRATCH/$v/tp1.truth") keys, tp2dp2 $(wc -l <"$SCRATCH/$v/tp2dp2.truth") keys: dcp's view equals PyTorch's, dcpload's regions too; folded ($folded keys) Megatron-Core's"
 done
 # After the saves and dcpload: in a sanitizer build the package's runtimes are preloaded from here on.
 use_python_package torch

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check dcpload --json runs of one fixture against the ground truth.
 
-usage: load_check.py DCP CKPT TRUTH RUN_DIR [UNIQUE]
+usage: [LOAD_CHECK_DCP_OPTS=--megatron-fold] load_check.py DCP CKPT TRUTH RUN_DIR [UNIQUE]
 TRUTH is a fixture's expected/manifest.json or a truth.json written by
 tests/interop/save_dtensor.py. RUN_DIR holds <layout>-<nranks>.json, each the
 --json output of `mpiexec -n NRANKS dcpload CKPT --layout LAYOUT --json`.
@@ -19,13 +19,15 @@ import ctypes, ctypes.util, glob, hashlib, json, math, os, subprocess, sys
 import numpy as np
 
 dcp, ckpt, truth, rundir = sys.argv[1:5]
+# LOAD_CHECK_DCP_OPTS: dcp's global options for the runs' view (--megatron-fold)
+dcp = [dcp] + os.environ.get("LOAD_CHECK_DCP_OPTS", "").split()
 case = os.path.dirname(os.path.abspath(ckpt))
 doc = json.load(open(truth))
 if "entries" in doc:   # a fixture manifest
     tensors = [e for e in doc["entries"] if e["kind"] == "tensor"]
 else:                  # truth.json: itemsize from dcp ls, no record layout
     ls = {}
-    out = subprocess.run([dcp, "ls", "--json", ckpt], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(dcp + ["ls", "--json", ckpt], check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         row = json.loads(line)
         ls[row["key"]] = row
@@ -53,7 +55,7 @@ def fail(msg):
 # the whole tensors, as byte arrays of shape + (itemsize,)
 whole = {}
 for e in tensors:
-    data = subprocess.run([dcp, "cat", ckpt, e["key"]], check=True, capture_output=True).stdout
+    data = subprocess.run(dcp + ["cat", ckpt, e["key"]], check=True, capture_output=True).stdout
     if hashlib.sha256(data).hexdigest() != e["sha256"]:
         fail(f"{e['key']}: dcp cat does not match the manifest's sha256")
     whole[e["key"]] = np.frombuffer(data, dtype=np.uint8).reshape(list(e["shape"]) + [e["itemsize"]])

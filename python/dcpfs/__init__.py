@@ -540,7 +540,7 @@ def _pieces(offsets: list, lengths: list, esz: int, limit: int) -> Iterator[Tupl
 # ---------------------------------------------------------------- open
 
 def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
-         catalog_path: Optional[str] = None) -> Checkpoint:
+         catalog_path: Optional[str] = None, megatron_fold: bool = False) -> Checkpoint:
     """Open a checkpoint: a folder (global ``.metadata``, rank-local ``__R.metadata``
     files, a Hugging Face safetensors layout, a Megatron-Core folder) or a single
     torch.save (.pt/.pth) or safetensors file.
@@ -550,6 +550,12 @@ def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
         parses ``.metadata`` and writes nothing. Single files never use it.
     catalog_path: the catalog file (default $XDG_CACHE_HOME/dcpfs/catalog.sqlite,
         else ~/.cache/dcpfs/catalog.sqlite).
+    megatron_fold: show Megatron-Core's reformulated tensors (its distributed
+        optimizer's states, stored as ``[X/x, Y/y, x*y]`` for a tensor ``[X, Y]``
+        split into ``[x, y]`` blocks) in their original shapes, as Megatron-Core's
+        own load does (libdcp's DCP_OPEN_MEGATRON_FOLD); by default they have the
+        stored shape, as PyTorch's ``dcp.load`` sees them. The ``.metadata`` is
+        then parsed (the catalog is not used).
 
     Raises DcpError naming the file and the reason when it cannot be opened.
     """
@@ -565,7 +571,8 @@ def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
     else:
         opts = _ffi.new("dcp_open_options *")
         opts.size = _ffi.sizeof("dcp_open_options")   # DCP_OPEN_OPTIONS_INIT
-        opts.flags = _lib.DCP_OPEN_CATALOG if catalog else _lib.DCP_OPEN_DEFAULT
+        opts.flags = ((_lib.DCP_OPEN_CATALOG if catalog else _lib.DCP_OPEN_DEFAULT) |
+                      (_lib.DCP_OPEN_MEGATRON_FOLD if megatron_fold else 0))
         cat = _ffi.NULL
         if catalog_path is not None:
             cb = os.fsencode(os.fspath(catalog_path))

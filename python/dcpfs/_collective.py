@@ -260,7 +260,7 @@ class _Shm:
 def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
          plan_ops: int = 1 << 17, io_threads: int = 4, node_sharing: str = "page_cache",
-         catalog: bool = True, direct: bool = False) -> LoadStats:
+         catalog: bool = True, direct: bool = False, megatron_fold: bool = False) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
     Call it on every rank of ``process_group`` (default: the whole job, as set
@@ -314,6 +314,11 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             reads them into the shared staging the same way (its slots
             have room for whole blocks).
 
+        megatron_fold: Megatron-Core's reformulated tensors (its distributed
+            optimizer's states) in their original shapes, as its own load
+            gives them (see :func:`dcpfs.open`): the state dict's tensors
+            have those shapes.
+
     Returns:
         this rank's :class:`LoadStats`.
     """
@@ -340,11 +345,12 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
     # 1. Open, find this rank's requests, check them: any failure is agreed.
     ck = None
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct))}
+                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct),
+                                     bool(megatron_fold))}
     dests: List[_Dest] = []
     try:
         flat, mappings = _flatten(state_dict)
-        ck = _open(os.fspath(path), catalog=catalog)
+        ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
         dests, reqs = _regions(flat, ck)
         stored, sizes = _check_local(ck, dests, reqs)
         item["identity"] = _identity(ck)

@@ -71,6 +71,10 @@ class Reader(StorageReader):
             ``__R.metadata`` files, or anything else :func:`dcpfs.open` opens).
         catalog: use libdcp's catalog (a later open of the same unchanged
             checkpoint is served from it instead of parsing ``.metadata``).
+        megatron_fold: give Megatron-Core's reformulated tensors their
+            original shapes (see :func:`dcpfs.open`); the metadata handed
+            to ``dcp.load`` then describes them so, and the state dict's
+            tensors must have those shapes.
         threads: read the tensor items of a plan on this many threads
             (libdcp releases the GIL while it reads; the planner is only
             called on the calling thread); 1 reads them in order on the
@@ -83,10 +87,12 @@ class Reader(StorageReader):
     ``reset`` or :meth:`close`.
     """
 
-    def __init__(self, path: PathLike, *, catalog: bool = True, threads: Optional[int] = None) -> None:
+    def __init__(self, path: PathLike, *, catalog: bool = True, threads: Optional[int] = None,
+                 megatron_fold: bool = False) -> None:
         super().__init__()
         self.path: str = os.fspath(path)
         self.catalog = catalog
+        self.megatron_fold = megatron_fold
         self.threads = max(1, int(threads)) if threads is not None else _default_threads()
         self.load_id = uuid.uuid4().hex
         self.rank: Optional[int] = None
@@ -103,7 +109,7 @@ class Reader(StorageReader):
     def _open(self):
         with self._lock:
             if self._ck is None:
-                self._ck = dcpfs.open(self.path, catalog=self.catalog)
+                self._ck = dcpfs.open(self.path, catalog=self.catalog, megatron_fold=self.megatron_fold)
             return self._ck
 
     def close(self) -> None:

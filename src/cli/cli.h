@@ -22,6 +22,8 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* dcp [--catalog PATH | --no-catalog]: how cli_open uses the catalog. */
 extern int cli_catalog_enabled;
 extern const char *cli_catalog_path;
+/* dcp --megatron-fold: cli_open asks for DCP_OPEN_MEGATRON_FOLD. */
+extern int cli_megatron_fold;
 /* Open a checkpoint (through the catalog unless disabled) or print the error; NULL on failure. */
 dcp_checkpoint *cli_open(const char *path);
 /* Set by cli_open when it refused a partial checkpoint (dcp_probe_folder). */

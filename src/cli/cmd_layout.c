@@ -73,7 +73,10 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
             print_vec(c->sizes, e->ndim);
             printf("  %s @%" PRIu64 " +%" PRIu64, file, c->blob.offset, c->blob.length);
             if (r) {
-                printf("  data @%" PRIu64 " stride ", r->data_offset);
+                printf("  data @%" PRIu64, r->data_offset);
+                if (r->storage_offset)   /* a view into its storage (a folded Megatron run, a shared storage) */
+                    printf(" +%" PRId64 " elements", r->storage_offset);
+                fputs(" stride ", stdout);
                 print_vec(r->stride, e->ndim);
                 if (r->flags & DCP_RECORD_DECODED)
                     fputs(" (in decoded zstd blob)", stdout);

@@ -22,11 +22,13 @@ static const struct command {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dcp [--catalog PATH | --no-catalog] COMMAND [ARGS]\n\ncommands:\n");
+    fprintf(f, "usage: dcp [--catalog PATH | --no-catalog] [--megatron-fold] COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nThe catalog (default $XDG_CACHE_HOME/dcpfs/catalog.sqlite) remembers parsed metadata so\n"
                "later opens skip it; --no-catalog parses every time and writes nothing.\n"
+               "--megatron-fold shows Megatron-Core's reformulated optimizer states in their original\n"
+               "shapes (as its own load does; PyTorch's shows the stored [X/x, Y/y, x*y]).\n"
                "'dcp COMMAND --help' describes one command; man dcp describes them all.\n");
 }
 
@@ -36,6 +38,8 @@ int main(int argc, char **argv)
     while (argc >= 2 && argv[1][0] == '-' && argv[1][1] == '-') {
         if (!strcmp(argv[1], "--no-catalog")) {
             cli_catalog_enabled = 0;
+        } else if (!strcmp(argv[1], "--megatron-fold")) {
+            cli_megatron_fold = 1;
         } else if (!strcmp(argv[1], "--catalog") && argc >= 3) {
             cli_catalog_path = argv[2];
             argv++;

@@ -20,6 +20,7 @@ void cli_error(const char *fmt, ...)
 }
 
 int cli_catalog_enabled = 1;
+int cli_megatron_fold;
 int cli_open_partial;
 
 int cli_open_status(void)
@@ -42,7 +43,7 @@ dcp_checkpoint *cli_open(const char *path)
     dcp_checkpoint *ck;
     dcp_error err;
     dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
-    o.flags = cli_catalog_enabled ? DCP_OPEN_CATALOG : 0;
+    o.flags = (cli_catalog_enabled ? DCP_OPEN_CATALOG : 0) | (cli_megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0);
     o.catalog = cli_catalog_path;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {

@@ -9,7 +9,8 @@
  * torch.save or safetensors file. Options for comparisons and tests are
  * documented in dcpload(1): --strategy, --staging, --buffers, --no-bcast,
  * --bcast-local, --shm, --host-delivery, --device-delivery, --direct, --touch,
- * --no-digests, --map. Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
+ * --no-digests, --map, --megatron-fold (Megatron-Core's reformulated tensors in their original
+ * shapes: DCP_OPEN_MEGATRON_FOLD). Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
  * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
  * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
@@ -100,6 +101,7 @@ struct opts {
     int touch;               /* fill large destinations before the clock (--touch) */
     int no_digests;          /* --json without the per-tensor lines (--no-digests) */
     int map;                 /* --map: DCP_LOAD_MAP */
+    int fold;                /* --megatron-fold: DCP_OPEN_MEGATRON_FOLD */
     int gpu;                 /* --device cuda on a real GPU (not libdcpload's fake device) */
     size_t staging;
     unsigned buffers;
@@ -111,7 +113,7 @@ static void usage(FILE *f)
                "                                [--device host|cuda] [--json]\n"
                "       [--strategy collective|independent] [--staging BYTES] [--no-bcast] [--bcast-local]\n"
                "       [--shm] [--host-delivery | --device-delivery] [--buffers N] [--direct]\n"
-               "       [--touch] [--no-digests] [--map]\n");
+               "       [--touch] [--no-digests] [--map] [--megatron-fold]\n");
 }
 
 /* numpy.array_split: the first n mod parts parts get one more. */
@@ -268,6 +270,7 @@ static int parse(int argc, char **argv, struct opts *o)
         {"device-delivery", no_argument, 0, 'D'}, {"direct", no_argument, 0, 'O'},
         {"buffers", required_argument, 0, 'N'},   {"touch", no_argument, 0, 'T'},
         {"no-digests", no_argument, 0, 'G'},      {"map", no_argument, 0, 'P'},
+        {"megatron-fold", no_argument, 0, 'F'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -328,6 +331,7 @@ static int parse(int argc, char **argv, struct opts *o)
         case 'T': o->touch = 1; break;
         case 'G': o->no_digests = 1; break;
         case 'P': o->map = 1; break;
+        case 'F': o->fold = 1; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -572,7 +576,7 @@ int main(int argc, char **argv)
     dcp_checkpoint *ck = NULL;
     struct job job = {0};
     int rc = 1;
-    if (dcp_load_open(comm, o.path, DCP_OPEN_DEFAULT, &ck, &err) < 0) {
+    if (dcp_load_open(comm, o.path, o.fold ? DCP_OPEN_MEGATRON_FOLD : DCP_OPEN_DEFAULT, &ck, &err) < 0) {
         fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }

@@ -10,7 +10,9 @@
  *               open of a large checkpoint: src/store_spill.c), stored,
  *               then served from the catalog; the catalog is removed
  *               after each input
- *   megatron    .metadata (MCoreMetadata) next to fixture 09's shards
+ *   megatron    .metadata (MCoreMetadata) next to fixture 09's shards, opened
+ *               as stored and with DCP_OPEN_MEGATRON_FOLD (mcore_data's
+ *               original shapes: src/megatron_fold.c)
  *   ranklocal   __0.metadata of a rank-local (__R.metadata) save
  *   shard       __0_0.distcp of fixture 01: torch.save zip records
  *               (central directory, zip64, local headers, data.pkl)
@@ -43,7 +45,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
-enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE, AS_SPILLED };
+enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE, AS_SPILLED, AS_FOLDED };
 
 static const struct target {
     const char *name;
@@ -53,7 +55,7 @@ static const struct target {
 } targets[] = {
     {"metadata", "tests/fixtures/05_mixed_2ranks/ckpt", ".metadata", AS_FOLDER},
     {"spilled", "tests/fixtures/05_mixed_2ranks/ckpt", ".metadata", AS_SPILLED},
-    {"megatron", "tests/fixtures/09_megatron_torch_dist/ckpt", ".metadata", AS_FOLDER},
+    {"megatron", "tests/fixtures/09_megatron_torch_dist/ckpt", ".metadata", AS_FOLDED},
     {"ranklocal", "tests/data/metadata/pt_ranklocal", "__0.metadata", AS_FOLDER},
     {"shard", "tests/fixtures/01_single_plain/ckpt", "__0_0.distcp", AS_FOLDER},
     {"zstd", "tests/data/metadata/pt_zstd", "__0_0.distcp", AS_FOLDER},
@@ -195,6 +197,10 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     }
     if (tg->how != AS_FILE)
         walk_opened("folder", dcp_open(dir, 0, &ck, &err), &ck, &err, verbose);
+    if (tg->how == AS_FOLDED) {
+        walk_opened("folded", dcp_open(dir, DCP_OPEN_MEGATRON_FOLD, &ck, &err), &ck, &err, verbose);
+        return 0;
+    }
     if (tg->how != AS_FOLDER)
         walk_opened("file", dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err), &ck, &err, verbose);
     return 0;

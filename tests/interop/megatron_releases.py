@@ -21,11 +21,15 @@ save OUT   (with one megatron-core release first on PYTHONPATH) writes, with tha
                checkpoint (torch.distributed.checkpoint.load of every key into a full
                tensor; a bytes item's stored bytes), shape "bytes" for bytes items;
   OUT/CASE.truth.json  the same as tests/data/torch-releases' truth.json (per key: kind,
-               dtype, shape, sha256), for tests/load_check.py.
+               dtype, shape, sha256), for tests/load_check.py;
+  OUT/CASE.folded.truth, .folded.truth.json  the same for Megatron-Core's own view
+               (dcp --megatron-fold): the tensors mcore_data names reformulated in their
+               original shapes and values (originals(), what was saved), the rest as above.
 
 check OUT...  (with the dcpfs package on PYTHONPATH) loads every tensor of every OUT/CASE with
            dcpfs.torch.load (one process) and with torch.distributed.checkpoint.load through
-           dcpfs.torch.Reader, into full tensors, and compares their bytes with OUT/CASE.truth.
+           dcpfs.torch.Reader, into full tensors, and compares their bytes with OUT/CASE.truth;
+           then again with megatron_fold=True, against OUT/CASE.folded.truth.
 
 The releases before 0.13 call PyTorch's private filesystem._write_item with the arguments of
 their time (no transforms, no serialization format), and 0.9-0.12 call numpy.product
@@ -36,6 +40,7 @@ does, so each would be written twice and the global plan refuses it): all bridge
 changes nothing of what is written. 0.5 and older have no torch_dist backend (zarr only).
 """
 import inspect
+import itertools
 import os
 import pickle
 import sys
@@ -197,16 +202,23 @@ def buckets(tp, dp, dp_size):
     return out
 
 
+def originals():
+    """The distributed optimizer's tensors of flattened() in their original shapes: what
+    Megatron-Core's own load folds them back to (dcp --megatron-fold must give these)."""
+    return {"optimizer.state.exp_avg.w2d": torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6) / 7,
+            "optimizer.state.exp_avg_sq.w3d": torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6) - 17}
+
+
 def flattened(tp, dp):
     """The distributed optimizer's flattened_range tensors on rank (tp, dp)."""
     from megatron.core.dist_checkpointing import ShardedTensor
     out = {}
-    full = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6) / 7
+    full = originals()["optimizer.state.exp_avg.w2d"]
     block = full[tp * 4:(tp + 1) * 4].reshape(-1)                  # local [4, 6]: 24 elements
     rng = slice(0, 10) if dp == 0 else slice(10, 24)
     out["optimizer.state.exp_avg.w2d"] = ShardedTensor.from_rank_offsets_flat(
         "optimizer.state.exp_avg.w2d", block[rng].clone(), (4, 6), (0, tp, 2), replica_id=0, flattened_range=rng)
-    full3 = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6) - 17
+    full3 = originals()["optimizer.state.exp_avg_sq.w3d"]
     b3 = full3[:, :, tp * 3:(tp + 1) * 3].reshape(-1)               # local [2, 4, 3]: 24 elements
     r3 = slice(0, 7) if dp == 0 else slice(7, 24)
     out["optimizer.state.exp_avg_sq.w3d"] = ShardedTensor.from_rank_offsets_flat(
@@ -288,6 +300,22 @@ def truth(ckpt, path):
         f.writelines(sorted(lines))
     with open(path + ".json", "w") as f:
         json.dump(doc, f, indent=0, sort_keys=True)
+    # The folded view (dcp --megatron-fold): the reformulated tensors (those mcore_data
+    # gives an original shape) in their original shapes, every other key as above.
+    reform = {k: v.get("nd_reformulated_orig_global_shape") for k, v in getattr(md, "mcore_data", {}).items()}
+    fold = {k: t for k, t in originals().items() if reform.get(k) is not None}
+    for key, t in fold.items():
+        assert tuple(reform[key]) == tuple(t.shape), (key, reform[key], t.shape)
+        raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        doc[key] = {"kind": "tensor", "dtype": "float32", "shape": list(t.shape),
+                    "sha256": hashlib.sha256(raw).hexdigest()}
+        lines = [ln for ln in lines if ln.split("\t")[0] != key]
+        lines.append(f"{key}\t[{','.join(map(str, t.shape))}]\t{xxhash.xxh3_128_hexdigest(raw)}\n")
+    with open(path.removesuffix(".truth") + ".folded.truth", "w") as f:
+        f.writelines(sorted(lines))
+    with open(path.removesuffix(".truth") + ".folded.truth.json", "w") as f:
+        json.dump(doc, f, indent=0, sort_keys=True)
+    return sorted(fold)
 
 
 def save(out):
@@ -301,7 +329,8 @@ def save(out):
         # fork: the children start with torch and megatron imported (spawn: 5-10 s an import)
         mp.start_processes(worker, args=(world, free_port(), tp, f"{out}/{case}"), nprocs=world, join=True,
                            start_method="fork")
-        truth(f"{out}/{case}", f"{out}/{case}.truth")
+        folded = truth(f"{out}/{case}", f"{out}/{case}.truth")
+        print(f"{case}: {len(folded)} reformulated: {' '.join(folded)}")
     print(f"megatron-core {megatron.core.package_info.__version__}: tp1, tp2dp2 saved")
 
 
@@ -313,31 +342,34 @@ def check(outs):
     import dcpfs.torch
     bad = 0
     for out in outs:
-        for case in ("tp1", "tp2dp2"):
+        for case, fold in itertools.product(("tp1", "tp2dp2"), (False, True)):
             ck = os.path.join(out, case)
+            truth = ck + (".folded.truth" if fold else ".truth")
+            view = "Megatron-Core's own view (megatron_fold)" if fold else "PyTorch's own view"
             want, sd = {}, {}
-            for line in open(ck + ".truth"):
+            for line in open(truth):
                 key, shape, digest = line.rstrip("\n").split("\t")
                 if shape != "bytes":
                     want[key] = digest
-            doc = json.load(open(ck + ".truth.json"))
+            doc = json.load(open(truth + ".json"))
             for key in want:
                 sd[key] = (tuple(doc[key]["shape"]), dcpfs.torch.torch_dtype(doc[key]["dtype"]))
             before = bad
             for how in ("dcpfs.torch.load", "dcp.load with dcpfs.torch.Reader"):
                 got = {k: torch.full(shape, 7, dtype=dt) for k, (shape, dt) in sd.items()}
                 if how == "dcpfs.torch.load":
-                    dcpfs.torch.load(got, ck, catalog=False)
+                    dcpfs.torch.load(got, ck, catalog=False, megatron_fold=fold)
                 else:
-                    dcp.load(got, storage_reader=dcpfs.torch.Reader(ck, catalog=False), no_dist=True)
+                    dcp.load(got, storage_reader=dcpfs.torch.Reader(ck, catalog=False, megatron_fold=fold),
+                             no_dist=True)
                 for key, digest in want.items():
                     raw = got[key].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
                     if xxhash.xxh3_128_hexdigest(raw) != digest:
-                        print(f"{ck}: {key}: {how} gives other bytes than PyTorch's own load")
+                        print(f"{ck}: {key}: {how} gives other bytes than {view}")
                         bad += 1
             if bad == before:
                 print(f"{ck}: {len(want)} tensors: dcpfs.torch.load and dcp.load with dcpfs.torch.Reader "
-                      "give PyTorch's bytes")
+                      f"give {view}")
     sys.exit(1 if bad else 0)
 
 

@@ -1,0 +1,118 @@
+# Megatron-Core's reformulated tensors folded back to their original shapes
+# (DCP_OPEN_MEGATRON_FOLD; src/megatron_fold.c), over checkpoints stored the way
+# Megatron-Core stores its distributed optimizer's states but written by PyTorch alone
+# (tests/interop/save_reformulated.py: 1-D to 4-D, random cuts of the flattened ranges, two
+# seeds), beside keys the fold must leave stored. Every reader must give the originals for
+# the folded keys and the stored tensors for the rest: dcp digest (--megatron-fold, with the
+# catalog asked for and not used: a later served open still gives the stored view), a dcpfs
+# mount with -o megatron_fold, dcpload --megatron-fold on 1 and 3 ranks (each stored byte
+# read once), and dcpfs.open / dcpfs.torch.load / dcp.load with dcpfs.torch.Reader with
+# megatron_fold=True. tests/interop-megatron-releases.sh does the same on the releases' saves.
+. "$top_srcdir/tests/python_lib.sh"
+. "$top_srcdir/tests/fuse_lib.sh"
+. "$top_srcdir/tests/load_lib.sh"
+need python3
+python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_python_module xxhash
+need_python_module numpy
+fuse_scratch
+export XDG_CACHE_HOME="$SCRATCH/cache"
+
+# KEY<TAB>[SHAPE]<TAB>XXH3 lines of `dcp ARGS`, sorted
+digest_lines() {
+    "$DCP" "$@" >"$SCRATCH/digest.json" || return 1
+    python3 "$top_srcdir/tests/truth_check.py" lines <"$SCRATCH/digest.json" | LC_ALL=C sort
+}
+
+for seed in 1 2; do
+    out=$SCRATCH/seed$seed
+    mkdir "$out"
+    timeout 300 python3 "$top_srcdir/tests/interop/save_reformulated.py" "$out" $seed >"$out/save.log" 2>&1 ||
+        { cat "$out/save.log"; fail "seed $seed: the save failed"; }
+    ck=$out/ckpt
+    LC_ALL=C sort "$out/folded.truth" >"$out/folded.want"
+    LC_ALL=C sort "$out/stored.truth" >"$out/stored.want"
+    nfold=$(diff "$out/stored.want" "$out/folded.want" | grep -c '^>' || true)
+    [ "$nfold" = 10 ] || fail "seed $seed: the truths differ in $nfold keys, not the 10 reformulated ones"
+
+    # dcp: folded; the catalog is not used for it (nor filled by it); stored before and after
+    cat=$SCRATCH/catalog.sqlite
+    digest_lines --catalog "$cat" digest --json "$ck" >"$out/got" || fail "seed $seed: dcp digest failed"
+    diff "$out/stored.want" "$out/got" || fail "seed $seed: dcp digest differs from PyTorch's view"
+    digest_lines --catalog "$cat" --megatron-fold digest --json "$ck" >"$out/got" ||
+        fail "seed $seed: dcp --megatron-fold digest failed"
+    diff "$out/folded.want" "$out/got" || fail "seed $seed: dcp --megatron-fold digest differs from the originals"
+    "$DCP" --catalog "$cat" --megatron-fold info "$ck" | grep -q 'rebuilt from the catalog' &&
+        fail "seed $seed: the folded model was served from the catalog"
+    digest_lines --catalog "$cat" digest --json "$ck" >"$out/got" || fail "seed $seed: dcp digest (served) failed"
+    diff "$out/stored.want" "$out/got" || fail "seed $seed: after the fold, the catalog serves another view"
+    "$DCP" --catalog "$cat" info "$ck" | grep -q 'rebuilt from the catalog' || fail "seed $seed: not served from the catalog"
+    "$DCP" --megatron-fold --no-catalog verify "$ck" >"$out/verify" 2>&1 ||
+        { cat "$out/verify"; fail "seed $seed: dcp --megatron-fold verify failed"; }
+    # a box of a folded tensor: rows 1 to 3 of d2 (START:COUNT) ([8, 6] from blocks [4, 6] in two ranges each)
+    "$DCP" --megatron-fold --no-catalog cat --box 1:3,0:6 "$ck" optimizer.state.exp_avg.d2 >"$out/box" ||
+        fail "seed $seed: dcp --megatron-fold cat --box failed"
+    "$DCP" --megatron-fold --no-catalog cat "$ck" optimizer.state.exp_avg.d2 | head -c 96 | tail -c 72 |
+        cmp - "$out/box" || fail "seed $seed: a box of a folded tensor is not the same rows of the whole"
+
+    # the mount
+    mount_dcpfs "$ck" "$out/mnt" -o no_catalog,megatron_fold
+    python3 "$top_srcdir/tests/truth_check.py" mount "$out/mnt" "$out/folded.truth" ||
+        fail "seed $seed: the folded mount's files differ from the originals"
+    shape=$(getfattr --only-values -n user.dcp.shape "$out/mnt/optimizer/state/exp_avg/d4" 2>/dev/null ||
+            getfattr --only-values -n user.dcp.shape "$out/mnt/optimizer.state.exp_avg.d4")
+    case $shape in *2*4*6*4*) ;; *) fail "seed $seed: the mount's d4 has shape '$shape', not [2,4,6,4]" ;; esac
+    unmount_dcpfs "$out/mnt"
+
+    # dcpload: each rank's region of the originals, each stored byte read once
+    unique=$("$DCP" --no-catalog ls --json "$ck" | python3 -c '
+import json, sys
+print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))')
+    mkdir "$out/runs"
+    for run in rows-1 rows-3 blocks-3 cols-2; do
+        mpirun "${run#*-}" "$DCPLOAD" "$ck" --megatron-fold --layout "${run%-*}" --json --staging 8192 \
+            >"$out/runs/$run.json" 2>"$out/err" ||
+            fail "seed $seed: dcpload -n ${run#*-} --layout ${run%-*} --megatron-fold failed: $(cat "$out/err")"
+    done
+    LOAD_CHECK_DCP_OPTS=--megatron-fold python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" \
+        "$out/folded.truth.json" "$out/runs" "$unique" >"$out/load" 2>&1 ||
+        { cat "$out/load"; fail "seed $seed: dcpload --megatron-fold's regions"; }
+    echo "seed $seed: $nfold tensors folded: dcp, the mount and dcpload give the originals"
+done
+
+# Python: dcpfs.open, dcpfs.torch.load and dcp.load with dcpfs.torch.Reader
+use_python_package torch
+python3 - "$SCRATCH/seed1" "$SCRATCH/seed2" <<'PY' || fail "the Python package's folded view differs from the originals"
+import json, sys, hashlib
+import torch
+import torch.distributed.checkpoint as dcp
+import dcpfs, dcpfs.torch
+bad = 0
+for out in sys.argv[1:]:
+    ck = out + "/ckpt"
+    for fold, truth in ((False, "stored"), (True, "folded")):
+        doc = json.load(open(f"{out}/{truth}.truth.json"))
+        c = dcpfs.open(ck, catalog=False, megatron_fold=fold)
+        for key, d in doc.items():
+            if list(c.info(key).shape) != d["shape"]:
+                print(f"{key}: dcpfs.open(megatron_fold={fold}) gives shape {c.info(key).shape}, not {d['shape']}")
+                bad += 1
+        for how in ("read", "dcpfs.torch.load", "Reader"):
+            sd = {k: torch.zeros(d["shape"], dtype=getattr(torch, d["dtype"])) for k, d in doc.items()}
+            if how == "read":
+                for k, t in sd.items():
+                    c.read(k, out=t)
+            elif how == "dcpfs.torch.load":
+                dcpfs.torch.load(sd, ck, catalog=False, megatron_fold=fold)
+            else:
+                dcp.load(sd, storage_reader=dcpfs.torch.Reader(ck, catalog=False, megatron_fold=fold), no_dist=True)
+            for k, t in sd.items():
+                got = hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                if got != doc[k]["sha256"]:
+                    print(f"{out}: {k}: {how} (megatron_fold={fold}) gives other bytes than the {truth} truth")
+                    bad += 1
+        c.close()
+print("python: dcpfs.open, dcpfs.torch.load and dcp.load with the Reader: both views" if not bad else "")
+sys.exit(1 if bad else 0)
+PY
+echo ok
