@@ -67,7 +67,10 @@ enum {
                                        False); torch.load does not check them */
     DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync: of the data files and .metadata (DCP,
                                        sync_files=False), before the final rename, nor of the folder */
-    DCP_WRITE_NO_REPLACE = 1u << 3  /* single-file writers: fail with EEXIST rather than replace path */
+    DCP_WRITE_NO_REPLACE = 1u << 3, /* single-file writers: fail with EEXIST rather than replace path */
+    DCP_WRITE_MEGATRON_FOLD = 1u << 4 /* dcp_convert_files: a checkpoint folder is read with
+                                       DCP_OPEN_MEGATRON_FOLD (Megatron-Core's reformulated
+                                       tensors written in their original shapes) */
 };
 
 /* The DCP writer's flags of 0.1, kept as aliases of the one family. With

@@ -4,10 +4,12 @@
 # (tests/interop/save_reformulated.py: 1-D to 4-D, random cuts of the flattened ranges, two
 # seeds), beside keys the fold must leave stored. Every reader must give the originals for
 # the folded keys and the stored tensors for the rest: dcp digest (--megatron-fold, with the
-# catalog asked for and not used: a later served open still gives the stored view), a dcpfs
-# mount with -o megatron_fold, dcpload --megatron-fold on 1 and 3 ranks (each stored byte
-# read once), and dcpfs.open / dcpfs.torch.load / dcp.load with dcpfs.torch.Reader with
-# megatron_fold=True. tests/interop-megatron-releases.sh does the same on the releases' saves.
+# catalog asked for and not used: a later served open still gives the stored view), dcp
+# --megatron-fold convert (to safetensors; to a plain DCP folder, which PyTorch's own
+# dcp.load reads as the originals), a dcpfs mount with -o megatron_fold, dcpload
+# --megatron-fold on 1 to 3 ranks (each stored byte read once), and dcpfs.open /
+# dcpfs.torch.load / dcp.load with dcpfs.torch.Reader with megatron_fold=True.
+# tests/interop-megatron-releases.sh does the same on the releases' own saves.
 . "$top_srcdir/tests/python_lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
@@ -54,6 +56,16 @@ for seed in 1 2; do
         fail "seed $seed: dcp --megatron-fold cat --box failed"
     "$DCP" --megatron-fold --no-catalog cat "$ck" optimizer.state.exp_avg.d2 | head -c 96 | tail -c 72 |
         cmp - "$out/box" || fail "seed $seed: a box of a folded tensor is not the same rows of the whole"
+
+    # dcp convert: the originals written out (a safetensors file; a DCP folder, read plainly)
+    "$DCP" --megatron-fold convert --quiet --no-sync "$ck" "$out/folded.safetensors" ||
+        fail "seed $seed: dcp --megatron-fold convert to safetensors failed"
+    "$DCP" --megatron-fold convert --quiet --no-sync "$ck" "$out/folded-dcp" ||
+        fail "seed $seed: dcp --megatron-fold convert to DCP failed"
+    for conv in folded.safetensors folded-dcp; do
+        digest_lines --no-catalog digest --json "$out/$conv" >"$out/got" || fail "seed $seed: dcp digest $conv failed"
+        diff "$out/folded.want" "$out/got" || fail "seed $seed: $conv differs from the originals"
+    done
 
     # the mount
     mount_dcpfs "$ck" "$out/mnt" -o no_catalog,megatron_fold
@@ -112,7 +124,16 @@ for out in sys.argv[1:]:
                     print(f"{out}: {k}: {how} (megatron_fold={fold}) gives other bytes than the {truth} truth")
                     bad += 1
         c.close()
-print("python: dcpfs.open, dcpfs.torch.load and dcp.load with the Reader: both views" if not bad else "")
+    # what dcp --megatron-fold convert wrote: a plain DCP of the originals, for PyTorch itself
+    doc = json.load(open(f"{out}/folded.truth.json"))
+    sd = {k: torch.zeros(d["shape"], dtype=getattr(torch, d["dtype"])) for k, d in doc.items()}
+    dcp.load(sd, storage_reader=dcp.FileSystemReader(f"{out}/folded-dcp"), no_dist=True)
+    for k, t in sd.items():
+        if hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest() != doc[k]["sha256"]:
+            print(f"{out}: {k}: PyTorch's own load of the folded conversion gives other bytes than the originals")
+            bad += 1
+print("python: dcpfs.open, dcpfs.torch.load and dcp.load with the Reader: both views; "
+      "PyTorch's own load of the folded conversion: the originals" if not bad else "")
 sys.exit(1 if bad else 0)
 PY
 echo ok

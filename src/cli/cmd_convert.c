@@ -135,6 +135,8 @@ int cmd_convert(int argc, char **argv)
     }
     if (hf || x.recipe || x.config || x.dtype || x.flags)
         return export_hf(argv, hf, &x, &o, quiet);
+    if (cli_megatron_fold)   /* dcp --megatron-fold convert: the original shapes written */
+        o.flags |= DCP_WRITE_MEGATRON_FOLD;
     if (o.max_shard_size && o.to == DCP_FORMAT_AUTO)
         o.to = DCP_FORMAT_SAFETENSORS;   /* a shard size only means something for safetensors */
     o.progress = cli_progress;

@@ -444,7 +444,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     int rc;
     if (src_is_dir) {
         dcp_checkpoint *ck;
-        rc = dcp_open(srcp, 0, &ck, err);
+        rc = dcp_open(srcp, opt->flags & DCP_WRITE_MEGATRON_FOLD ? DCP_OPEN_MEGATRON_FOLD : 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
         if (rc == 0 && to == DCP_FORMAT_DCP && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)
             dcp_close(ck);
