@@ -27,7 +27,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 def gather(q, procs, timeout: float = 1800):
     """One result per process from q. A process that died (its traceback
     printed above) or no results in timeout seconds end the launch: the
-    others are killed and the script exits non-zero, never waits on."""
+    others are killed and the script exits non-zero, never waits on. A
+    process that put its result and then failed (in destroy_process_group,
+    say) fails the launch too: its numbers are not trusted."""
     res = []
     deadline = time.time() + timeout
     while len(res) < len(procs):
@@ -43,6 +45,10 @@ def gather(q, procs, timeout: float = 1800):
                           else f"no result in {timeout:.0f} s"))
     for p in procs:
         p.join()
+    dead = [i for i, p in enumerate(procs) if p.exitcode != 0]
+    if dead:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: rank {dead[0]} exited with {procs[dead[0]].exitcode} "
+                 "after its result")
     return res
 
 
