@@ -5,6 +5,7 @@
 # seeds), beside keys the fold must leave stored. Every reader must give the originals for
 # the folded keys and the stored tensors for the rest: dcp digest (--megatron-fold, with the
 # catalog asked for and not used: a later served open still gives the stored view), dcp
+# --megatron-fold diff (the same tensors stored under other blocks: equal), dcp
 # --megatron-fold convert (to safetensors; to a plain DCP folder, which PyTorch's own
 # dcp.load reads as the originals), a dcpfs mount with -o megatron_fold, dcpload
 # --megatron-fold on 1 to 3 ranks (each stored byte read once), and dcpfs.open /
@@ -56,6 +57,16 @@ for seed in 1 2; do
         fail "seed $seed: dcp --megatron-fold cat --box failed"
     "$DCP" --megatron-fold --no-catalog cat "$ck" optimizer.state.exp_avg.d2 | head -c 96 | tail -c 72 |
         cmp - "$out/box" || fail "seed $seed: a box of a folded tensor is not the same rows of the whole"
+
+    # dcp diff: the same tensors under other blocks (another TP size) differ in shape as
+    # stored, and are equal folded
+    rc=0; "$DCP" --no-catalog diff "$ck" "$out/alt" >"$out/diff" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "^shape: optimizer.state.exp_avg.d3: \[2,3,2,20\] -> \[1,1,1,240\]" "$out/diff" ||
+        fail "seed $seed: dcp diff of two block layouts: exit $rc: $(cat "$out/diff")"
+    "$DCP" --no-catalog --megatron-fold diff --content "$ck" "$out/alt" >"$out/diff" 2>&1 || rc=$?
+    grep -v '^only in A: optimizer.state.exp_avg_sq\.\|^only in A: plain$' "$out/diff" >"$out/diff.rest" || true
+    [ ! -s "$out/diff.rest" ] && grep -q "^only in A: plain$" "$out/diff" ||
+        fail "seed $seed: dcp --megatron-fold diff --content: $(cat "$out/diff")"
 
     # dcp convert: the originals written out (a safetensors file; a DCP folder, read plainly)
     "$DCP" --megatron-fold convert --quiet --no-sync "$ck" "$out/folded.safetensors" ||

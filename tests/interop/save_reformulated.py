@@ -19,6 +19,9 @@ dimensions do not divide, one whose block product is not the last dimension, a n
 shape, None, a key that is no tensor, a key not in the checkpoint, and a stored tensor
 whose chunks span several blocks.
 
+OUT/alt: the reformulated tensors alone, the same originals stored as one block each (as
+another tensor-parallel size would store them): other stored shapes, the same folded view.
+
 OUT/folded.truth: per key "KEY<TAB>SHAPE<TAB>XXH3_128" of Megatron-Core's view (the
 originals for the folded keys, the stored tensor for the others); OUT/stored.truth the
 same of the stored view (what PyTorch's own load gives); each also as .json (per key:
@@ -132,14 +135,22 @@ def main(out, seed):
     mcore["decoder.layers.weight"] = {}                              # what model tensors have
     ckpt = os.path.join(out, "ckpt")
     dcp.save(sd, checkpoint_id=ckpt)
+    # OUT/alt: the same originals saved as one block each (another tensor-parallel size):
+    # other stored shapes, the same folded tensors
+    alt = {}
+    for key, orig in folded.items():
+        one = reformulate(orig, (1,) * orig.dim())
+        alt[key] = sharded(one, lambda b: cuts(rng, one.shape[-1], "random"))
+    dcp.save(alt, checkpoint_id=os.path.join(out, "alt"))
     dist.destroy_process_group()
     if os.path.exists(f"{out}/.pg"):
         os.unlink(f"{out}/.pg")
-    with open(os.path.join(ckpt, ".metadata"), "rb") as f:
-        md = pickle.load(f)
-    md.mcore_data = mcore
-    with open(os.path.join(ckpt, ".metadata"), "wb") as f:
-        pickle.dump(md, f)
+    for folder, shapes in ((ckpt, mcore), (os.path.join(out, "alt"), {k: mcore[k] for k in alt})):
+        with open(os.path.join(folder, ".metadata"), "rb") as f:
+            md = pickle.load(f)
+        md.mcore_data = shapes
+        with open(os.path.join(folder, ".metadata"), "wb") as f:
+            pickle.dump(md, f)
     for fname, view in (("stored.truth", stored_truth), ("folded.truth", {**stored_truth, **folded})):
         with open(os.path.join(out, fname), "w") as f:
             for key in sorted(view):
