@@ -31,9 +31,18 @@
 #include "internal.h"
 #include "store.h"
 
+/* A stored chunk's record, located once for the up to 2n-1 folded chunks
+ * that read from it (under ck->lock). */
+typedef struct located {
+    int state;                 /* 0 not yet, 1 rec and step hold */
+    dcp_record rec;            /* without its strides: only step is needed */
+    int64_t step;              /* elements between the chunk's consecutive elements */
+} located;
+
 struct dcpi_fold {
     dcp_entry stored;          /* the entry as stored: its shape, chunks and key */
     const dcp_chunk *parents;  /* the stored chunks (arena) */
+    located *records;          /* per stored chunk (arena) */
     const size_t *parent;      /* per folded chunk: its stored chunk */
     const uint64_t *skip;      /* per folded chunk: elements of the stored chunk before its run */
 };
@@ -147,11 +156,12 @@ static int fold_entry(dcp_checkpoint *ck, size_t idx, const dcpi_reform *r, dcp_
     }
     struct dcpi_fold *f = dcpi_arena_alloc(&ck->arena, sizeof *f);
     dcp_chunk *parents = dcpi_arena_memdup(&ck->arena, c, (e->nchunks ? e->nchunks : 1) * sizeof *c);
+    located *records = dcpi_arena_alloc(&ck->arena, (e->nchunks ? e->nchunks : 1) * sizeof *records);
     size_t *pidx = dcpi_arena_alloc(&ck->arena, (total ? total : 1) * sizeof *pidx);
     uint64_t *skips = dcpi_arena_alloc(&ck->arena, (total ? total : 1) * sizeof *skips);
     int64_t *shape = dcpi_arena_memdup(&ck->arena, r->shape, (size_t)n * sizeof *shape);
     dcp_chunk *out = malloc((total ? total : 1) * sizeof *out);
-    if (!f || !parents || !pidx || !skips || !shape || !out) {
+    if (!f || !parents || !records || !pidx || !skips || !shape || !out) {
         free(out);
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     }
@@ -167,6 +177,7 @@ static int fold_entry(dcp_checkpoint *ck, size_t idx, const dcpi_reform *r, dcp_
     }
     f->stored = *e;
     f->parents = parents;
+    f->records = records;
     f->parent = pidx;
     f->skip = skips;
     free(p->chunks);
@@ -197,12 +208,27 @@ int dcpi_fold_record(dcp_checkpoint *ck, const dcp_entry *e, const struct dcpi_f
 {
     size_t pi = f->parent[i];
     const dcp_chunk *pc = &f->parents[pi];
-    int64_t pstride[DCPI_MAX_NDIM];
+    located *lr = &f->records[pi];
     int n = e->ndim;
-    if (dcpi_locate_record(ck, &f->stored, pc, pi, rec, pstride, err) < 0)
-        return -1;
-    /* The stored chunk [1, ..., 1, len]: its k-th element at storage_offset + k * step. */
-    int64_t step = pc->sizes[n] > 1 ? pstride[n] : 1, s, at;
+    pthread_mutex_lock(&ck->lock);
+    located got = *lr;
+    pthread_mutex_unlock(&ck->lock);
+    if (!got.state) {
+        /* Locate without the lock (it does I/O); a racing thread finds the same. */
+        int64_t pstride[DCPI_MAX_NDIM];
+        if (dcpi_locate_record(ck, &f->stored, pc, pi, &got.rec, pstride, err) < 0)
+            return -1;
+        /* The stored chunk [1, ..., 1, len]: its k-th element at storage_offset + k * step. */
+        got.step = pc->sizes[n] > 1 ? pstride[n] : 1;
+        got.rec.stride = NULL;
+        got.state = 1;
+        pthread_mutex_lock(&ck->lock);
+        if (!lr->state)
+            *lr = got;
+        pthread_mutex_unlock(&ck->lock);
+    }
+    *rec = got.rec;
+    int64_t step = got.step, s, at;
     if (step < 0 || __builtin_mul_overflow((int64_t)f->skip[i], step, &s) ||
         __builtin_add_overflow(rec->storage_offset, s, &at))
         return dcpi_err(err, EOVERFLOW, "%s: %s: chunk %zu: its storage offset overflows", ck->path, e->key, i);
