@@ -2,7 +2,8 @@
 # suites. `make check` builds the package against this build tree (libdcp-uninstalled.pc)
 # into $(abs_top_builddir)/python-pkg; tests/python_build.sh records why when it cannot
 # (no python3, numpy, cffi or setuptools), and the tests then skip with that reason.
-PYTHON_TESTS = tests/python-open.sh tests/python-reader.sh tests/python-load.sh tests/python-types.sh
+PYTHON_TESTS = tests/python-open.sh tests/python-reader.sh tests/python-load.sh tests/python-types.sh \
+	tests/python-megatron-fold.sh
 TESTS += $(PYTHON_TESTS)
 EXTRA_DIST += $(PYTHON_TESTS) tests/python_lib.sh tests/python_build.sh
 
