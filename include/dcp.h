@@ -195,6 +195,14 @@ typedef struct dcp_info {
     int has_planner_data;
     int megatron;               /* metadata.json names a Megatron-Core backend */
     uint64_t metadata_bytes;    /* size of the metadata file(s) */
+    /* Since 0.2 (appended: the struct is the library's): Megatron-Core
+     * tensors stored reformulated, i.e. the keys whose original shape the
+     * .metadata's mcore_data names and whose stored shape is its
+     * [F_0..F_{n-1}, P] form; and of those, how many this open shows in the
+     * original shape (DCP_OPEN_MEGATRON_FOLD; 0 without it, and fewer where
+     * an entry's chunks are not one block's range each). */
+    size_t megatron_reformulated;
+    size_t megatron_folded;
 } dcp_info;
 
 typedef struct dcp_checkpoint dcp_checkpoint;

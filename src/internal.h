@@ -351,6 +351,9 @@ int dcpi_torch_rebuild_check_view(const dcpi_rebuild *r, char *why, size_t whyle
  * each a box of the original whose elements are one run of a stored
  * chunk's. A parsed, in-memory model only, before any record is located. */
 int dcpi_megatron_fold(dcp_checkpoint *ck, dcp_error *err);
+/* ck->info.megatron_reformulated: the entries ck->reform names whose stored
+ * shape is a reformulation of the original (chunks not looked at). */
+void dcpi_megatron_count(dcp_checkpoint *ck);
 /* The record of chunk i of a folded entry (dcp_chunk_record): the stored
  * chunk's, moved to the run and strided as the box. */
 int dcpi_fold_record(dcp_checkpoint *ck, const dcp_entry *e, const struct dcpi_fold *f, const dcp_chunk *c,

@@ -47,9 +47,10 @@ struct dcpi_fold {
     const uint64_t *skip;      /* per folded chunk: elements of the stored chunk before its run */
 };
 
-/* The block shape l of entry e folded to g (n dims), or 0 when e is not a
- * reformulation of g that the fold takes. */
-static int block_shape(const dcp_entry *e, const dcp_chunk *c, const int64_t *g, int n, int64_t *l)
+/* The block shape l of entry e as a reformulation of g (n dims): 1 when
+ * e's stored shape is [F_0..F_{n-1}, P] with g_i a multiple of F_i and P the
+ * product of l_i = g_i / F_i, else 0. */
+static int block_shape(const dcp_entry *e, const int64_t *g, int n, int64_t *l)
 {
     if (e->kind != DCP_KIND_TENSOR || n < 1 || e->ndim != n + 1)
         return 0;
@@ -61,8 +62,13 @@ static int block_shape(const dcp_entry *e, const dcp_chunk *c, const int64_t *g,
         if (!dcpi_mul_u64(p, (uint64_t)l[d], &p))
             return 0;
     }
-    if (p != (uint64_t)e->shape[n])
-        return 0;
+    return p == (uint64_t)e->shape[n];
+}
+
+/* Whether every chunk is one block's range ([1, ..., 1, len]): what the
+ * fold takes. */
+static int block_ranges(const dcp_entry *e, const dcp_chunk *c, int n)
+{
     for (size_t i = 0; i < e->nchunks; i++)
         for (int d = 0; d < n; d++)
             if (c[i].sizes[d] != 1)
@@ -147,7 +153,7 @@ static int fold_entry(dcp_checkpoint *ck, size_t idx, const dcpi_reform *r, dcp_
     const dcp_chunk *c = p->chunks;
     int n = r->ndim;
     int64_t l[DCPI_MAX_NDIM];
-    if (p->records || p->fold || !block_shape(e, c, r->shape, n, l))
+    if (p->records || p->fold || !block_shape(e, r->shape, n, l) || !block_ranges(e, c, n))
         return 0;   /* not what Megatron-Core writes: the stored view stays */
     size_t total = 0;
     for (size_t i = 0; i < e->nchunks; i++) {
@@ -190,6 +196,24 @@ static int fold_entry(dcp_checkpoint *ck, size_t idx, const dcpi_reform *r, dcp_
     return 0;
 }
 
+void dcpi_megatron_count(dcp_checkpoint *ck)
+{
+    /* mcore_data is a dict, but a hostile pickle may name a key twice */
+    unsigned char *seen = ck->nreform ? calloc(ck->nentries ? ck->nentries : 1, 1) : NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < ck->nreform && seen; i++) {
+        uint64_t idx;
+        int64_t l[DCPI_MAX_NDIM];
+        if (dcpi_strmap_get(&ck->keys, ck->reform[i].key, ck->reform[i].keylen, &idx) && !seen[idx] &&
+            block_shape(&ck->entries[idx], ck->reform[i].shape, ck->reform[i].ndim, l)) {
+            seen[idx] = 1;
+            n++;
+        }
+    }
+    free(seen);
+    ck->info.megatron_reformulated = n;   /* (0 if out of memory: a count for people) */
+}
+
 int dcpi_megatron_fold(dcp_checkpoint *ck, dcp_error *err)
 {
     if (dcpi_store_sets(ck) || ck->spill)
@@ -200,6 +224,10 @@ int dcpi_megatron_fold(dcp_checkpoint *ck, dcp_error *err)
             fold_entry(ck, (size_t)idx, &ck->reform[i], err) < 0)
             return -1;
     }
+    size_t folded = 0;
+    for (size_t i = 0; i < ck->nentries; i++)
+        folded += ck->priv[i].fold != NULL;
+    ck->info.megatron_folded = folded;
     return 0;
 }
 

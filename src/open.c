@@ -109,9 +109,10 @@ static dcp_checkpoint *open_served(const char *path, const char *catalog, dcp_ch
 static int load(dcp_checkpoint *ck, dcp_error *err)
 {
     /* Megatron-Core writes metadata.json next to its data: which backend */
-    return dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0
-               ? -1
-               : 0;
+    if (dcpi_megatron_config(ck, err) < 0 || detect_and_load(ck, err) < 0 || dcpi_ck_files_ready(ck, err) < 0)
+        return -1;
+    dcpi_megatron_count(ck);
+    return 0;
 }
 
 /* Whether ck's .metadata is large enough to spill its chunks while parsing:

@@ -50,6 +50,17 @@ for seed in 1 2; do
     digest_lines --catalog "$cat" digest --json "$ck" >"$out/got" || fail "seed $seed: dcp digest (served) failed"
     diff "$out/stored.want" "$out/got" || fail "seed $seed: after the fold, the catalog serves another view"
     "$DCP" --catalog "$cat" info "$ck" | grep -q 'rebuilt from the catalog' || fail "seed $seed: not served from the catalog"
+    # dcp info counts them: 11 stored so (the 10, and the one whose chunks span blocks), 10 folded;
+    # the catalog keeps the count
+    for how in --no-catalog "--catalog $cat" --megatron-fold; do
+        line=$("$DCP" $how info "$ck" | grep '^reformulated:') || line=
+        case $how in --megatron-fold) want="11 tensors, 10 shown in their original shapes (--megatron-fold; 1 kept stored" ;;
+                     *) want="11 tensors stored as Megatron-Core's distributed optimizer stores them" ;; esac
+        case $line in "reformulated:   $want"*) ;; *) fail "seed $seed: dcp $how info says '$line', not '$want'" ;; esac
+    done
+    line=$("$DCP" --no-catalog --megatron-fold info "$out/alt" | grep '^reformulated:') || line=
+    [ "$line" = "reformulated:   10 tensors, shown in their original shapes (--megatron-fold)" ] ||
+        fail "seed $seed: dcp --megatron-fold info of one block each says '$line'"
     "$DCP" --megatron-fold --no-catalog verify "$ck" >"$out/verify" 2>&1 ||
         { cat "$out/verify"; fail "seed $seed: dcp --megatron-fold verify failed"; }
     # a box of a folded tensor: rows 1 to 3 of d2 (START:COUNT) ([8, 6] from blocks [4, 6] in two ranges each)
@@ -116,6 +127,10 @@ for out in sys.argv[1:]:
     for fold, truth in ((False, "stored"), (True, "folded")):
         doc = json.load(open(f"{out}/{truth}.truth.json"))
         c = dcpfs.open(ck, catalog=False, megatron_fold=fold)
+        counts = (c.meta["megatron_reformulated"], c.meta["megatron_folded"])
+        if counts != ((11, 10) if fold else (11, 0)):
+            print(f"{out}: dcpfs.open(megatron_fold={fold}).meta counts {counts} reformulated, folded")
+            bad += 1
         for key, d in doc.items():
             if list(c.info(key).shape) != d["shape"]:
                 print(f"{key}: dcpfs.open(megatron_fold={fold}) gives shape {c.info(key).shape}, not {d['shape']}")

@@ -62,6 +62,15 @@ for v in $releases; do
         folded=$(diff "$ck.truth" "$ck.folded.truth" | grep -c '^>' || true)
         case $case/$v in tp1/* | tp2dp2/0.6.* | tp2dp2/0.7.*) want=0 ;; *) want=2 ;; esac
         [ "$folded" = "$want" ] || fail "megatron-core $v $case: the folded view changes $folded keys, not $want"
+        # dcp info counts them (parsed, served by the catalog, folded)
+        for how in --no-catalog "--catalog $SCRATCH/catalog.sqlite" --megatron-fold; do
+            line=$("$DCP" $how info "$ck" | grep '^reformulated:') || line=
+            case $want/$how in
+            0/*) [ -z "$line" ] ;;
+            */--megatron-fold) [ "$line" = "reformulated:   $want tensors, shown in their original shapes (--megatron-fold)" ] ;;
+            *) case $line in "reformulated:   $want tensors stored as Megatron-Core's"*) ;; *) false ;; esac ;;
+            esac || fail "megatron-core $v $case: dcp $how info says '$line' of $want reformulated tensors"
+        done
         "$DCP" --catalog "$SCRATCH/catalog.sqlite" info "$ck" | grep -q 'rebuilt from the catalog' ||
             fail "megatron-core $v $case: not served from the catalog"
         "$DCP" --no-catalog info "$ck" | grep -q 'Megatron-Core torch_dist' ||

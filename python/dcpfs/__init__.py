@@ -277,8 +277,11 @@ class Checkpoint:
     def meta(self) -> dict:
         """What libdcp recognised (dcp_info): generation, serialization, layout,
         version, checkpoint_id, save_id (str or None), has_planner_data, megatron
-        (bool), metadata_bytes (int), from_catalog (bool: the model was served by
-        the catalog) and files (the data files, relative paths)."""
+        (bool), metadata_bytes (int), megatron_reformulated (int: tensors stored as
+        Megatron-Core's distributed optimizer stores them), megatron_folded (int: of
+        those, shown in their original shapes: ``megatron_fold=True``), from_catalog
+        (bool: the model was served by the catalog) and files (the data files,
+        relative paths)."""
         with self._use() as ck:
             info = _lib.dcp_get_info(ck)
             out: dict = {}
@@ -288,6 +291,8 @@ class Checkpoint:
                 out["has_planner_data"] = bool(info.has_planner_data)
                 out["megatron"] = bool(info.megatron)
                 out["metadata_bytes"] = int(info.metadata_bytes)
+                out["megatron_reformulated"] = int(info.megatron_reformulated)
+                out["megatron_folded"] = int(info.megatron_folded)
             out["from_catalog"] = bool(_lib.dcp_from_catalog(ck))
             out["files"] = [_text(_lib.dcp_file_name(ck, i)) for i in range(_lib.dcp_num_files(ck))]
             return out

@@ -95,6 +95,8 @@ typedef struct dcp_info {
     int has_planner_data;
     int megatron;
     uint64_t metadata_bytes;
+    size_t megatron_reformulated;
+    size_t megatron_folded;
     ...;
 } dcp_info;
 

@@ -82,6 +82,15 @@ int cmd_info(int argc, char **argv)
            dcp_from_catalog(ck) ? " (model rebuilt from the catalog, not parsed)" : "");
     printf("keys:           %zu (%zu tensors, %zu bytes items)\n", n, tensors, bytes_items);
     printf("chunks:         %zu\n", chunks);
+    if (in->megatron_reformulated && !in->megatron_folded)
+        printf("reformulated:   %zu tensors stored as Megatron-Core's distributed optimizer stores them"
+               " (--megatron-fold shows them in their original shapes)\n", in->megatron_reformulated);
+    else if (in->megatron_reformulated == in->megatron_folded && in->megatron_folded)
+        printf("reformulated:   %zu tensors, shown in their original shapes (--megatron-fold)\n", in->megatron_folded);
+    else if (in->megatron_reformulated)
+        printf("reformulated:   %zu tensors, %zu shown in their original shapes (--megatron-fold; %zu kept"
+               " stored: chunks that are not one block's range each)\n", in->megatron_reformulated,
+               in->megatron_folded, in->megatron_reformulated - in->megatron_folded);
     printf("shard files:    %zu, %s", nfiles, cli_human_bytes(file_bytes, h));
     if (missing)
         printf(", %zu MISSING", missing);

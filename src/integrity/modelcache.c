@@ -43,9 +43,10 @@
 #include "integrity.h"
 #include "../store.h"
 
-#define MAGIC "DCPMODL4"   /* little-endian varints; see put_head(). Bump when
+#define MAGIC "DCPMODL5"   /* little-endian varints; see put_head(). Bump when
                             * parsing changes what a model holds (3: generation
-                            * strings, rank-local file names; 4: rows per entry) */
+                            * strings, rank-local file names; 4: rows per entry;
+                            * 5: the count of Megatron-Core reformulated keys) */
 #define SEED_HEAD 0x68656164u       /* "head": the checksum of an entry's header */
 #define SEED_CHUNKS 0x63686b73u     /* "chks": the checksum of its chunk list */
 #define LAZY_CACHE_KIB 4096         /* SQLite page cache of a served model's connection */
@@ -145,6 +146,7 @@ static int put_head(dcp_checkpoint *ck, dcpi_wbuf *w, uint64_t nchunks)
     put_str(w, in->save_id);
     dcpi_put_u64(w, (uint64_t)in->has_planner_data | (uint64_t)in->megatron << 1);
     dcpi_put_u64(w, in->metadata_bytes);
+    dcpi_put_u64(w, in->megatron_reformulated);
     dcpi_put_u64(w, ck->nentries);
     dcpi_put_u64(w, nchunks);
     return w->oom ? -1 : 0;
@@ -248,12 +250,14 @@ static int get_head(dcp_checkpoint *ck, const unsigned char *data, size_t len, u
     in->has_planner_data = (int)(flags & 1);
     in->megatron = (int)((flags >> 1) & 1);
     in->metadata_bytes = dcpi_get_u64(&r);
+    uint64_t reformulated = dcpi_get_u64(&r);
     uint64_t nentries = dcpi_get_u64(&r);
     *nchunks = dcpi_get_u64(&r);
     /* Every entry and chunk takes bytes of the catalog file: that bounds the
      * tables allocated here (calloc: pages are touched as entries are read). */
-    if (r.bad || r.p != r.end || nentries > db_bytes / 8 || *nchunks > db_bytes)
+    if (r.bad || r.p != r.end || nentries > db_bytes / 8 || *nchunks > db_bytes || reformulated > nentries)
         return -1;
+    in->megatron_reformulated = (size_t)reformulated;
     if (nentries) {
         ck->entries = calloc((size_t)nentries, sizeof *ck->entries);
         ck->priv = calloc((size_t)nentries, sizeof *ck->priv);
