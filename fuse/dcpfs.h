@@ -92,7 +92,8 @@ enum dfs_ntype {
     DFS_N_CKPT,          /* a checkpoint's root folder */
     DFS_N_DIR,           /* a directory of a key tree */
     DFS_N_ENTRY,         /* a tensor or bytes item */
-    DFS_N_PASSTHRU,      /* a plain file of the checkpoint folder (Megatron metadata.json, common.pt) */
+    DFS_N_PASSTHRU,      /* a plain file of the checkpoint folder (Megatron metadata.json, common.pt),
+                          * or of a scan folder (ck NULL: latest_checkpointed_iteration.txt) */
     DFS_N_VIRTUAL,       /* a computed file: the safetensors view of a checkpoint */
     DFS_N_PARTDIR,       /* DFS_PARTIAL_NAME in a scan folder: its subfolders whose save did not finish */
     DFS_N_PARTIAL        /* one of those (a directory that answers EIO, logged, with the reason) */
@@ -261,6 +262,9 @@ const struct stat *dfs_scan_stat(const struct dfs_scan *s);
  * to the mtime, which is what tells the kernel that its cached listing is stale. */
 unsigned dfs_scan_version(const struct dfs_scan *s);
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
+/* A scan folder's plain file n (DFS_N_PASSTHRU without a checkpoint): its
+ * stat now into *st and/or an fd open for reading into *fd; 0 or -errno. */
+int dfs_scan_file(struct dfs *fs, const struct dfs_node *n, struct stat *st, int *fd);
 void dfs_scan_free(struct dfs_scan *s);
 /* Does this folder hold a checkpoint (.metadata)? Fills *st with its stat. */
 int dfs_has_metadata(int dirfd, const char *rel, struct stat *st);

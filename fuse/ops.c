@@ -84,10 +84,12 @@ static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino
 
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
 {
-    (void)fs;
     memset(st, 0, sizeof *st);
     const struct stat *src = NULL;
-    if (n->type == DFS_N_PASSTHRU || n->type == DFS_N_PARTIAL)
+    struct stat now;
+    if (n->type == DFS_N_PASSTHRU && !n->ck && dfs_scan_file(fs, n, &now, NULL) == 0)
+        src = &now;   /* a scan folder's file changes in place */
+    else if (n->type == DFS_N_PASSTHRU || n->type == DFS_N_PARTIAL)
         src = n->pst;
     else if (n->type == DFS_N_SCANDIR)
         src = dfs_scan_stat(n->scan);
@@ -133,16 +135,17 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
         struct dfs_layout lay;
         size = n->vops && n->vops->layout((struct dfs_node *)n, &lay) == 0 ? lay.size : 0;
     } else {
-        size = n->pst ? (uint64_t)n->pst->st_size : 0;
+        size = src ? (uint64_t)src->st_size : 0;
     }
     st->st_size = (off_t)size;
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
 }
 
-/* Scan folders, their .partial folders and what these list change as training writes. */
+/* Scan folders, their .partial folders and files, and what these list change as training writes. */
 static int changing(const struct dfs_node *n)
 {
-    return n->type == DFS_N_SCANDIR || n->type == DFS_N_PARTDIR || n->type == DFS_N_PARTIAL;
+    return n->type == DFS_N_SCANDIR || n->type == DFS_N_PARTDIR || n->type == DFS_N_PARTIAL ||
+           (n->type == DFS_N_PASSTHRU && !n->ck);
 }
 
 static double attr_timeout(const struct dfs_node *n)
@@ -313,7 +316,13 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     /* No per-open allocation (a release the kernel never sends after an
      * unmount would leak it): fi->fh is a passthrough file's fd + 1, else 0. */
     int fd = -1;
-    if (n->type == DFS_N_PASSTHRU) {
+    if (n->type == DFS_N_PASSTHRU && !n->ck) {
+        int e = dfs_scan_file(fs, n, NULL, &fd);
+        if (e < 0) {
+            fuse_reply_err(req, -e);
+            return;
+        }
+    } else if (n->type == DFS_N_PASSTHRU) {
         char *p = malloc(strlen(n->ck->path) + strlen(n->name) + 2);
         int e = ENOMEM;
         if (p) {
@@ -328,7 +337,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         }
     }
     fi->fh = (uint64_t)(fd + 1);
-    fi->keep_cache = 1;
+    fi->keep_cache = n->type != DFS_N_PASSTHRU || n->ck;   /* a scan folder's file: read it afresh */
     fi->noflush = 1;
     if (fuse_reply_open(req, fi) == -ENOENT && fd >= 0)   /* interrupted: the kernel will not release it */
         close(fd);
@@ -346,9 +355,13 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     case DFS_N_ENTRY:
         dfs_read_entry(req, fs, n, size, off);
         break;
-    case DFS_N_PASSTHRU:
-        dfs_read_fd(req, fs, (int)fi->fh - 1, (uint64_t)n->pst->st_size, size, off);
+    case DFS_N_PASSTHRU: {
+        struct stat now;   /* a scan folder's file: its size now */
+        int fd = (int)fi->fh - 1;
+        dfs_read_fd(req, fs, fd, !n->ck && fstat(fd, &now) == 0 ? (uint64_t)now.st_size : (uint64_t)n->pst->st_size,
+                    size, off);
         break;
+    }
     case DFS_N_VIRTUAL:
         dfs_read_virtual(req, fs, n, size, off);
         break;

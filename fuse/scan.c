@@ -12,6 +12,12 @@
  * (one fstatat each), because a .metadata appearing in a subfolder does not
  * touch the parent's mtime. Symbolic links and dot-folders are not followed.
  *
+ * The plain files of a scan folder (Megatron-LM's
+ * latest_checkpointed_iteration.txt, a run's config) appear as they are,
+ * dot-files aside. Unlike a checkpoint's they change in place (the tracker
+ * file is rewritten at every save): their attributes are taken afresh at
+ * each stat (dfs_scan_file) and kept a second, their pages are not kept.
+ *
  * A subfolder whose save did not finish (dcp_probe_folder: shard files
  * without .metadata, a .metadata.tmp, a Megatron folder without
  * metadata.json, a tmp-/tmp_/.tmp staging folder) is never shown as a
@@ -139,6 +145,37 @@ static int is_subdir(DIR *d, const struct dirent *de)
     return fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode);
 }
 
+static int is_plain_file(DIR *d, const struct dirent *de, struct stat *st)
+{
+    if (de->d_name[0] == '.' || (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+        return 0;
+    return fstatat(dirfd(d), de->d_name, st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st->st_mode);
+}
+
+int dfs_scan_file(struct dfs *fs, const struct dfs_node *n, struct stat *st, int *fd)
+{
+    char *rel = join(n->parent->scan->rel, n->name);
+    if (!rel)
+        return -ENOMEM;
+    int rc = 0;
+    if (st && fstatat(fs->srcfd, rel, st, AT_SYMLINK_NOFOLLOW) < 0)
+        rc = -errno;
+    else if (st && !S_ISREG(st->st_mode))
+        rc = -ENOENT;   /* replaced by a folder: the next scan shows it */
+    /* O_NONBLOCK: a FIFO put in its place must not hang the open (regular
+     * files ignore it) */
+    if (rc == 0 && fd && (*fd = openat(fs->srcfd, rel, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)) < 0)
+        rc = -errno;
+    struct stat fst;
+    if (rc == 0 && fd && (fstat(*fd, &fst) < 0 || !S_ISREG(fst.st_mode))) {
+        close(*fd);
+        *fd = -1;
+        rc = -ENOENT;
+    }
+    free(rel);
+    return rc;
+}
+
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
@@ -226,6 +263,20 @@ static struct dfs_node *make_ckpt(struct dfs *fs, struct dfs_node *parent, const
         return NULL;
     n->ck = ck;
     ck->root = n;
+    return n;
+}
+
+/* A node for the plain file `name` of dir (st: its stat now). */
+static struct dfs_node *make_file(struct dfs *fs, struct dfs_node *dir, const char *name, const struct stat *st,
+                                  int *rc)
+{
+    struct dfs_node *n = dfs_node_new(fs, dir, name, strlen(name), DFS_N_PASSTHRU);
+    if (!n || !(n->pst = malloc(sizeof *n->pst))) {
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    *n->pst = *st;   /* what a stat shows while the file cannot be found */
+    atomic_store(&n->size, (int64_t)st->st_size);
     return n;
 }
 
@@ -470,11 +521,17 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
         clear_partial(s);
         struct dirent *de;
         while (d && rc == 0 && (de = readdir(d))) {
-            if (!is_subdir(d, de))
-                continue;
+            struct stat fst;
             struct dfs_node *k = dfs_child(dir, de->d_name);
-            if (!k)
-                k = probe(fs, dir, de->d_name, &rc);
+            if (is_subdir(d, de)) {
+                if (!k || k->type == DFS_N_PASSTHRU)
+                    k = probe(fs, dir, de->d_name, &rc);
+            } else if (is_plain_file(d, de, &fst)) {
+                if (!k || k->type != DFS_N_PASSTHRU)
+                    k = make_file(fs, dir, de->d_name, &fst, &rc);
+            } else {
+                continue;
+            }
             if (!k)
                 continue;
             if (n == cap) {

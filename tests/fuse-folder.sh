@@ -1,6 +1,8 @@
 # SOURCE as a folder of checkpoints: nested checkpoints appear at their relative
 # paths, a folder without .metadata is not shown, a checkpoint copied in while
-# mounted appears without a remount, and SIGTERM unmounts cleanly.
+# mounted appears without a remount, a run folder's plain files (Megatron-LM's
+# latest_checkpointed_iteration.txt) appear as they are and follow rewrites in
+# place, and SIGTERM unmounts cleanly.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -12,10 +14,15 @@ cp -r "$FIXTURES/02_rowwise_4ranks/ckpt" "$src/run_a/step_100"
 cp -r "$FIXTURES/05_mixed_2ranks/ckpt" "$src/run_a/step_200"
 cp -r "$FIXTURES/08_single_file_per_rank/ckpt" "$src/run_b/nested/final"
 cp "$FIXTURES/05_mixed_2ranks/ckpt/__0_0.distcp" "$src/run_a/step_300/"   # still being written
+printf 200 >"$src/run_a/latest_checkpointed_iteration.txt"   # what Megatron-LM writes beside its saves
+touch "$src/run_a/.lock"                                      # dot-files stay hidden
+mkfifo "$src/run_b/fifo"                                      # not a plain file: not shown
 mnt="$SCRATCH/mnt"
 mount_dcpfs "$src" "$mnt"
 [ "$(ls "$mnt")" = "$(printf 'run_a\nrun_b')" ] || fail "root lists: $(ls "$mnt" | tr '\n' ' ')"
-[ "$(ls "$mnt/run_a")" = "$(printf 'step_100\nstep_200')" ] || fail "run_a lists: $(ls "$mnt/run_a" | tr '\n' ' ')"
+[ "$(ls -A "$mnt/run_a")" = "$(printf '.partial\nlatest_checkpointed_iteration.txt\nstep_100\nstep_200')" ] ||
+    fail "run_a lists: $(ls -A "$mnt/run_a" | tr '\n' ' ')"
+[ "$(ls "$mnt/run_b")" = nested ] || fail "run_b lists: $(ls "$mnt/run_b" | tr '\n' ' ')"
 [ -e "$mnt/run_a/step_300" ] && fail "a checkpoint without .metadata is shown"
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_100" "$FIXTURES/02_rowwise_4ranks/expected/manifest.json"
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_200" "$FIXTURES/05_mixed_2ranks/expected/manifest.json"
@@ -33,6 +40,33 @@ ls "$mnt/run_b" | grep -qx added || fail "readdir does not list the added checkp
 python3 "$FUSE_CHECK" tree "$mnt/run_b/added" "$FIXTURES/04_block_4ranks/expected/manifest.json"
 ls "$mnt/run_a" | grep -qx step_300 || fail "a checkpoint whose .metadata arrived later does not appear"
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_300" "$FIXTURES/05_mixed_2ranks/expected/manifest.json"
+
+# The tracker file, rewritten in place by the next save (a longer number: the
+# size changes, the folder's mtime does not), then replaced by rename; a file
+# added and one removed (seen within the one-second timeouts)
+tracker="$mnt/run_a/latest_checkpointed_iteration.txt"
+[ "$(cat "$tracker")" = 200 ] || fail "the tracker file reads '$(cat "$tracker")', not 200"
+exec 3<"$tracker"   # a reader holding it open across the rewrite
+printf 300 >"$src/run_a/latest_checkpointed_iteration.txt"
+printf 1000000 >"$src/run_a/latest_checkpointed_iteration.txt"
+sleep 1.2
+[ "$(cat "$tracker")" = 1000000 ] || fail "after a rewrite in place the tracker file reads '$(cat "$tracker")'"
+[ "$(stat -c %s "$tracker")" = 7 ] || fail "after a rewrite in place the tracker file has size $(stat -c %s "$tracker")"
+exec 3<&-
+printf 400 >"$src/run_a/tracker.tmp" && mv "$src/run_a/tracker.tmp" "$src/run_a/latest_checkpointed_iteration.txt"
+echo "lr: 3e-4" >"$src/run_a/config.yaml"
+sleep 1.2
+[ "$(cat "$tracker")" = 400 ] || fail "after a rename over it the tracker file reads '$(cat "$tracker")'"
+[ "$(cat "$mnt/run_a/config.yaml")" = "lr: 3e-4" ] || fail "a file added while mounted: '$(cat "$mnt/run_a/config.yaml")'"
+rm "$src/run_a/config.yaml"
+sleep 1.2
+[ -e "$mnt/run_a/config.yaml" ] && fail "a removed file is still shown"
+ls "$mnt/run_a" | grep -qx config.yaml && fail "a removed file is still listed"
+echo 'a plain file' >"$src/top.txt"
+sleep 1.2
+[ "$(cat "$mnt/top.txt")" = 'a plain file' ] || fail "a plain file of SOURCE reads '$(cat "$mnt/top.txt")'"
+touch "$mnt/run_a/x" 2>/dev/null && fail "a file could be created in a scan folder"
+echo x 2>/dev/null >>"$tracker" && fail "a scan folder's file could be written"
 
 # A whole new run folder, nested two levels.
 mkdir -p "$src/run_c/x"
