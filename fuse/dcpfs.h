@@ -288,6 +288,9 @@ int dfs_hfview_add_files(struct dfs *fs, struct dfs_node *root, struct dfs_node 
 /* read.c */
 void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);
 void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t size, off_t off);
+/* A plain file opened for reading (path relative to dirfd, or absolute): the
+ * fd, or -errno (-ENOENT when it is no longer a regular file). */
+int dfs_open_regular(int dirfd, const char *path);
 void dfs_read_virtual(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off);
 int dfs_entry_size(struct dfs_node *n, uint64_t *size);
 int dfs_read_init(void);

@@ -324,15 +324,14 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         }
     } else if (n->type == DFS_N_PASSTHRU) {
         char *p = malloc(strlen(n->ck->path) + strlen(n->name) + 2);
-        int e = ENOMEM;
+        fd = -ENOMEM;
         if (p) {
             sprintf(p, "%s/%s", n->ck->path, n->name);
-            fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-            e = errno;
+            fd = dfs_open_regular(AT_FDCWD, p);
             free(p);
         }
         if (fd < 0) {
-            fuse_reply_err(req, e);
+            fuse_reply_err(req, -fd);
             return;
         }
     }

@@ -18,8 +18,10 @@
  * answered with EIO (ENOMEM stays ENOMEM).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dcpfs.h"
@@ -508,6 +510,21 @@ void dfs_read_entry(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t s
     struct dfs_layout lay = {.hdr = (const unsigned char *)n->npy_hdr, .hdr_len = n->npy_hdr_len,
                              .segs = &seg, .nsegs = 1, .size = fsize};
     read_layout(req, fs, n->ck, &lay, size, off);
+}
+
+int dfs_open_regular(int dirfd, const char *path)
+{
+    /* O_NONBLOCK: a FIFO put in the file's place must not hang a worker
+     * (regular files ignore it) */
+    int fd = openat(dirfd, path, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return -ENOENT;   /* no longer the file that was listed */
+    }
+    return fd;
 }
 
 void dfs_read_fd(fuse_req_t req, struct dfs *fs, int fd, uint64_t fsize, size_t size, off_t off)

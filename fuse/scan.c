@@ -162,16 +162,8 @@ int dfs_scan_file(struct dfs *fs, const struct dfs_node *n, struct stat *st, int
         rc = -errno;
     else if (st && !S_ISREG(st->st_mode))
         rc = -ENOENT;   /* replaced by a folder: the next scan shows it */
-    /* O_NONBLOCK: a FIFO put in its place must not hang the open (regular
-     * files ignore it) */
-    if (rc == 0 && fd && (*fd = openat(fs->srcfd, rel, O_RDONLY | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK | O_CLOEXEC)) < 0)
-        rc = -errno;
-    struct stat fst;
-    if (rc == 0 && fd && (fstat(*fd, &fst) < 0 || !S_ISREG(fst.st_mode))) {
-        close(*fd);
-        *fd = -1;
-        rc = -ENOENT;
-    }
+    if (rc == 0 && fd && (*fd = dfs_open_regular(fs->srcfd, rel)) < 0)
+        rc = *fd;
     free(rel);
     return rc;
 }

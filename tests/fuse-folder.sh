@@ -16,13 +16,15 @@ cp -r "$FIXTURES/08_single_file_per_rank/ckpt" "$src/run_b/nested/final"
 cp "$FIXTURES/05_mixed_2ranks/ckpt/__0_0.distcp" "$src/run_a/step_300/"   # still being written
 printf 200 >"$src/run_a/latest_checkpointed_iteration.txt"   # what Megatron-LM writes beside its saves
 touch "$src/run_a/.lock"                                      # dot-files stay hidden
+cp -r "$FIXTURES/01_single_plain/ckpt" "$src/run_b/noted"
+echo 'beside the data' >"$src/run_b/noted/notes.txt"          # a checkpoint's plain file
 mkfifo "$src/run_b/fifo"                                      # not a plain file: not shown
 mnt="$SCRATCH/mnt"
 mount_dcpfs "$src" "$mnt"
 [ "$(ls "$mnt")" = "$(printf 'run_a\nrun_b')" ] || fail "root lists: $(ls "$mnt" | tr '\n' ' ')"
 [ "$(ls -A "$mnt/run_a")" = "$(printf '.partial\nlatest_checkpointed_iteration.txt\nstep_100\nstep_200')" ] ||
     fail "run_a lists: $(ls -A "$mnt/run_a" | tr '\n' ' ')"
-[ "$(ls "$mnt/run_b")" = nested ] || fail "run_b lists: $(ls "$mnt/run_b" | tr '\n' ' ')"
+[ "$(ls "$mnt/run_b")" = "$(printf 'nested\nnoted')" ] || fail "run_b lists: $(ls "$mnt/run_b" | tr '\n' ' ')"
 [ -e "$mnt/run_a/step_300" ] && fail "a checkpoint without .metadata is shown"
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_100" "$FIXTURES/02_rowwise_4ranks/expected/manifest.json"
 python3 "$FUSE_CHECK" tree "$mnt/run_a/step_200" "$FIXTURES/05_mixed_2ranks/expected/manifest.json"
@@ -65,6 +67,16 @@ ls "$mnt/run_a" | grep -qx config.yaml && fail "a removed file is still listed"
 echo 'a plain file' >"$src/top.txt"
 sleep 1.2
 [ "$(cat "$mnt/top.txt")" = 'a plain file' ] || fail "a plain file of SOURCE reads '$(cat "$mnt/top.txt")'"
+# A FIFO put in a listed file's place (the run's, a checkpoint's) fails the open, never hangs it
+[ "$(cat "$mnt/run_b/noted/notes.txt")" = 'beside the data' ] || fail "a checkpoint's plain file reads otherwise"
+for f in run_a/latest_checkpointed_iteration.txt run_b/noted/notes.txt; do
+    mkfifo "$src/$f.fifo" && mv "$src/$f.fifo" "$src/$f"
+    rc=0; timeout -k 2 10 cat "$mnt/$f" >/dev/null 2>&1 || rc=$?
+    exec 4<>"$src/$f"; exec 4<&-   # a writer that lets a daemon stuck in open(2) go
+    [ $rc != 0 ] && [ $rc != 124 ] && [ $rc != 137 ] || fail "$f replaced by a FIFO: cat exited $rc (124, 137: it hung)"
+    rm "$src/$f"
+done
+printf 400 >"$src/run_a/latest_checkpointed_iteration.txt"
 touch "$mnt/run_a/x" 2>/dev/null && fail "a file could be created in a scan folder"
 echo x 2>/dev/null >>"$tracker" && fail "a scan folder's file could be written"
 
