@@ -35,7 +35,7 @@
 
 #define OUTPUTS_MAX (1u << 22)       /* output tensors of one export */
 #define CONFIG_MAX (16u << 20)       /* bytes of a config.json */
-#define ARGS_PKL_MAX (64u << 20)     /* bytes of common.pt's data.pkl */
+#define ARGS_PKL_MAX (64u << 20)     /* bytes of the Megatron common state's data.pkl */
 #define NAME_MAX_LEN 1024
 
 typedef struct hf {
@@ -263,51 +263,79 @@ static int read_config(const char *path, json_t **obj, char **bytes, size_t *len
 /* ------------------------------------------------ Megatron's arguments */
 
 /* Megatron-Core's training arguments: the "args" (an argparse.Namespace) of
- * SRC/common.pt, read through the torch.save zip reader and the pickle
- * parser (nothing is executed). *args is the Namespace's attribute dict, or
- * NULL when the source has no common.pt or it holds no args. */
+ * the checkpoint's common state, read through the torch.save zip reader and
+ * the pickle parser (nothing is executed). Before Megatron-Core 0.19 the
+ * common state is SRC/common.pt ({"args": ...}); from 0.19 it is a bytes item
+ * of the checkpoint itself, "common_state/shard_0_1", torch.save bytes of
+ * [{"args": ...}]. *args is the Namespace's attribute dict, or NULL when the
+ * source has neither or its common state holds no args; `where` names the
+ * common state in messages. */
+#define COMMON_STATE_ITEM "common_state/shard_0_1"
+
 typedef struct mg_args {
     pk_doc *doc;
     void *buf;
     const pk_node *args;
+    char where[4200];
 } mg_args;
 
-static int megatron_args(const char *srcp, mg_args *a, dcp_error *err)
+/* The root of a torch.save blob's data.pkl (a->doc, a->buf keep it). */
+static int common_pickle(dcp_checkpoint *ck, const dcp_blob *b, mg_args *a, const pk_node **root, dcp_error *err)
+{
+    dcpi_zip z = {0};
+    const dcpi_zip_entry *ze = NULL;
+    uint64_t len, off;
+    int rc = dcpi_blob_size(ck, b, &len, a->where, err);
+    if (rc == 0)
+        rc = dcpi_zip_open(ck, b, a->where, &z, err);
+    if (rc == 0 && !(ze = dcpi_zip_find(&z, "data.pkl")))
+        rc = dcpi_err(err, EIO, "%s: no data.pkl record", a->where);
+    if (rc == 0)
+        rc = dcpi_zip_data(ck, b, a->where, ze, len, &off, err);
+    if (rc == 0 && (ze->size > ARGS_PKL_MAX || ze->method != 0))
+        rc = dcpi_err(err, EIO, "%s: data.pkl is compressed or over 64 MiB", a->where);
+    if (rc == 0 && !(a->buf = malloc(ze->size ? (size_t)ze->size : 1)))
+        rc = dcpi_err(err, ENOMEM, "%s: out of memory", a->where);
+    if (rc == 0)
+        rc = dcpi_blob_read(ck, b, a->buf, (size_t)ze->size, off, "data.pkl", err);
+    if (rc == 0)
+        rc = pk_parse(a->buf, (size_t)ze->size, a->where, &a->doc, root, err);
+    dcpi_zip_close(&z);
+    return rc;
+}
+
+/* The Namespace's attribute dict under "args" of a common-state dict. */
+static const pk_node *args_of(const pk_node *common)
+{
+    const pk_node *ns = pk_dict_get(pk_as_dict(common), "args");
+    return ns && ns->type == PK_CALL && ns->u.call.state ? pk_as_dict(ns->u.call.state) : NULL;
+}
+
+static int megatron_args(dcp_checkpoint *src, const char *srcp, mg_args *a, dcp_error *err)
 {
     char path[4200];
     struct stat st;
-    memset(a, 0, sizeof *a);
-    if ((size_t)snprintf(path, sizeof path, "%s/common.pt", srcp) >= sizeof path || stat(path, &st) < 0 ||
-        !S_ISREG(st.st_mode))
-        return 0;
-    dcp_checkpoint *ck;
-    if (dcp_open_file(path, DCP_FORMAT_TORCH_SAVE, &ck, NULL, err) < 0)
-        return -1;
-    dcpi_zip z = {0};
-    dcp_blob b = {.file = 0, .offset = 0, .length = (uint64_t)st.st_size};
-    const dcpi_zip_entry *ze;
-    uint64_t off;
-    int fd, rc = dcpi_zip_open(ck, &b, "common.pt", &z, err);
-    if (rc == 0 && !(ze = dcpi_zip_find(&z, "data.pkl")))
-        rc = dcpi_err(err, EIO, "%s: no data.pkl record", path);
-    if (rc == 0)
-        rc = dcpi_zip_data(ck, &b, "common.pt", ze, b.length, &off, err);
-    if (rc == 0 && (ze->size > ARGS_PKL_MAX || ze->method != 0))
-        rc = dcpi_err(err, EIO, "%s: data.pkl is compressed or over 64 MiB", path);
-    if (rc == 0)
-        rc = dcp_file_fd(ck, 0, &fd, err);
-    if (rc == 0 && !(a->buf = malloc(ze->size ? ze->size : 1)))
-        rc = dcpi_err(err, ENOMEM, "%s: out of memory", path);
-    if (rc == 0 && pread(fd, a->buf, ze->size, (off_t)off) != (ssize_t)ze->size)
-        rc = dcpi_err(err, EIO, "%s: short read of data.pkl", path);
     const pk_node *root;
-    if (rc == 0 && (rc = pk_parse(a->buf, ze->size, path, &a->doc, &root, err)) == 0) {
-        const pk_node *ns = pk_dict_get(pk_as_dict(root), "args");
-        if (ns && ns->type == PK_CALL && ns->u.call.state)
-            a->args = pk_as_dict(ns->u.call.state);
+    int rc;
+    memset(a, 0, sizeof *a);
+    if ((size_t)snprintf(path, sizeof path, "%s/common.pt", srcp) < sizeof path && stat(path, &st) == 0 &&
+        S_ISREG(st.st_mode)) {
+        dcp_checkpoint *ck;
+        snprintf(a->where, sizeof a->where, "%s", path);
+        if (dcp_open_file(path, DCP_FORMAT_TORCH_SAVE, &ck, NULL, err) < 0)
+            return -1;
+        dcp_blob b = {.file = 0, .offset = 0, .length = (uint64_t)st.st_size};
+        if ((rc = common_pickle(ck, &b, a, &root, err)) == 0)
+            a->args = args_of(root);
+        dcp_close(ck);
+        return rc;
     }
-    dcpi_zip_close(&z);
-    dcp_close(ck);
+    const dcp_entry *e = dcp_find(src, COMMON_STATE_ITEM);
+    if (!e || e->kind != DCP_KIND_BYTES)
+        return 0;
+    snprintf(a->where, sizeof a->where, "%s's %s item", srcp, COMMON_STATE_ITEM);
+    if ((rc = common_pickle(src, &e->blob, a, &root, err)) == 0)
+        a->args = args_of(root->type == PK_LIST && pk_len(root) == 1 ? pk_item(root, 0) : root);
     return rc;
 }
 
@@ -361,7 +389,7 @@ static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
         json_t *names = json_object_get(v, "$megatron");
         if (!json_is_object(v) || !names)
             continue;
-        if (!loaded++ && megatron_args(h->srcp, &a, err) < 0) {
+        if (!loaded++ && megatron_args(h->ck, h->srcp, &a, err) < 0) {
             rc_ = dcpi_err_prefix(err, "recipe %s: config.json's %s", rc->name, k);
             break;
         }
@@ -378,24 +406,28 @@ static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
         } else if (json_is_true(json_object_get(v, "$optional"))) {
             json_object_del(c, k);
         } else {
-            rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s (Megatron's args.%s) is not in "
-                           "%s/common.pt: give --config FILE", h->srcp, rc->name, k,
-                           json_string_value(names) ? json_string_value(names)
-                                                    : json_string_value(json_array_get(names, 0)),
-                           h->srcp);
+            const char *arg = json_string_value(names) ? json_string_value(names)
+                                                       : json_string_value(json_array_get(names, 0));
+            if (a.where[0])
+                rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s (Megatron's args.%s) is not "
+                               "in %s: give --config FILE", h->srcp, rc->name, k, arg, a.where);
+            else
+                rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s is Megatron's args.%s, and "
+                               "the checkpoint has no common state (no common.pt, no %s item): give --config FILE",
+                               h->srcp, rc->name, k, arg, COMMON_STATE_ITEM);
             break;
         }
     }
     json_t *expect = json_object_get(rc->doc, "megatron_expect");
     if (rc_ == 0 && json_is_object(expect) && json_object_size(expect)) {
-        if (!loaded++ && megatron_args(h->srcp, &a, err) < 0)
+        if (!loaded++ && megatron_args(h->ck, h->srcp, &a, err) < 0)
             rc_ = -1;
         json_object_foreach(expect, k, v) {
             json_t *got = a.args ? mg_value(a.args, k) : NULL;
             if (rc_ == 0 && got && !json_equal(got, v)) {
                 char *gs = json_dumps(got, JSON_ENCODE_ANY), *ws = json_dumps(v, JSON_ENCODE_ANY);
-                rc_ = dcpi_err(err, EINVAL, "%s: common.pt: args.%s is %s, recipe %s expects %s: give --config FILE "
-                               "if the model is still what the recipe writes", h->srcp, k, gs ? gs : "?", rc->name,
+                rc_ = dcpi_err(err, EINVAL, "%s: args.%s is %s, recipe %s expects %s: give --config FILE "
+                               "if the model is still what the recipe writes", a.where, k, gs ? gs : "?", rc->name,
                                ws ? ws : "?");
                 free(gs);
                 free(ws);

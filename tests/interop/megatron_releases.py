@@ -2,8 +2,10 @@
 
 save OUT   (with one megatron-core release first on PYTHONPATH) writes, with that release's
            own dist_checkpointing.save (the torch_dist backend):
-  OUT/tp1      a tiny GPTModel (local layer spec, 2 layers) from one gloo rank, plus a
-               common item and bytes items (releases before 0.9 cannot build a GPTModel
+  OUT/tp1      a tiny GPTModel (local layer spec, 2 layers) from one gloo rank, plus
+               common items (Megatron-LM's training arguments among them: common.pt, from
+               0.19 the checkpoint's common_state bytes item) and bytes items (releases
+               before 0.9 cannot build a GPTModel
                without TransformerEngine: for them, the sharded state dict such a model
                gives, made by hand with the same key names, layer-stacked tensors split along
                rows and columns, replicated norms and _extra_state objects);
@@ -16,7 +18,9 @@ save OUT   (with one megatron-core release first on PYTHONPATH) writes, with tha
                takes flattened ranges of 1-D tensors only, the optimizer's buckets as those
                releases' DistributedOptimizer saves them (fully_sharded_bucket_space: each
                data-parallel rank's bucket shard in two flattened ranges of one key); 0.6
-               has no fully parallel save, its replica ids alone decide who writes;
+               has no fully parallel save, its replica ids alone decide who writes; from
+               0.16 ShardedTensor refuses flattened ranges: no reformulated tensors; from
+               0.15 the dp_reshardable buckets too (dp_reshardable());
   OUT/CASE.truth  per key: "KEY<TAB>SHAPE<TAB>XXH3_128" of PyTorch's own view of the saved
                checkpoint (torch.distributed.checkpoint.load of every key into a full
                tensor; a bytes item's stored bytes), shape "bytes" for bytes items;
@@ -103,10 +107,15 @@ def init(rank, world, port, tp):
         bridge_planner()
 
 
+def release():
+    """The megatron-core release on the path, as (major, minor)."""
+    from megatron.core.package_info import __version__
+    return tuple(int(x) for x in __version__.split(".")[:2])
+
+
 def legacy():
     """A release before 0.9: no GPTModel without TransformerEngine, a planner for PyTorch before 2.4."""
-    from megatron.core.package_info import __version__
-    return tuple(int(x) for x in __version__.split(".")[:2]) < (0, 9)
+    return release() < (0, 9)
 
 
 def bridge_planner():
@@ -150,6 +159,18 @@ def build():
         for p in m.parameters():
             p.copy_(torch.randn_like(p))
     return m
+
+
+def training_args(old):
+    """Megatron-LM's training arguments (an argparse.Namespace in the common state) for the
+    model of build(): dcp convert --to hf writes config.json from them."""
+    import argparse
+    return argparse.Namespace(
+        num_layers=2, hidden_size=64, ffn_hidden_size=96, num_attention_heads=4, group_query_attention=True,
+        num_query_groups=2, kv_channels=16, norm_epsilon=1e-5, normalization="LayerNorm" if old else "RMSNorm",
+        swiglu=True, position_embedding_type="rope", rotary_base=10000, max_position_embeddings=256,
+        seq_length=256, add_bias_linear=False, untie_embeddings_and_output_weights=True, use_rope_scaling=False,
+        rotary_interleaved=False, apply_query_key_layer_scaling=False, qk_layernorm=False)
 
 
 def hand_made(tp, tp_size, dp):
@@ -202,6 +223,33 @@ def buckets(tp, dp, dp_size):
     return out
 
 
+def dp_reshardable(tp, dp, dp_size):
+    """From 0.15: the DistributedOptimizer's dp_reshardable entries on rank (tp, dp), as
+    sharded_param_state_dp_reshardable makes them: a bucket of 24 elements a data-parallel
+    rank (two parameters, padding between them) saved as a 1-D key of its unpadded length,
+    each rank's part in several ShardedTensors of that key (a parameter's piece, the padding,
+    the last padding dropped), and the bucket sizes as ShardedObjects of the first data-parallel
+    rank."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    local, unpadded = 24, dp_size * 24 - 3
+    # world ranges: parameter [0, 13), padding [13, 16), parameter [16, unpadded)
+    cuts = [c for c in (0, 13, 16, unpadded) if dp * local <= c < (dp + 1) * local] + [(dp + 1) * local]
+    cuts = sorted(set([dp * local] + cuts))
+    key = f"optimizer.distributed.dp_group_idx_{tp}.gbuf_idx_0.dtype_(torch.float32, torch.float32).bucket_idx_0"
+    out = {f"optimizer.distributed.dp_group_idx_{tp}.per_bucket_numel": ShardedObject(
+        f"optimizer.distributed.dp_group_idx_{tp}.per_bucket_numel", {0: {"float32": [dp_size * local]}},
+        (1,), (0,), replica_id=(0, 0, dp))}
+    for name, sign in (("exp_avg", 1), ("exp_avg_sq", -1)):
+        full = sign * torch.arange(dp_size * local, dtype=torch.float32) / (tp + 5)
+        for a, b in zip(cuts, cuts[1:]):
+            if a >= unpadded:
+                continue   # the last padding, which resharding would change, is not saved
+            out[f"{key}.{name}.{a}"] = ShardedTensor(
+                f"{key}.{name}", full[a:b].clone(), torch.float32, (b - a,), (unpadded,), (a,),
+                axis_fragmentations=None, replica_id=(0, 0, 0))
+    return out
+
+
 def originals():
     """The distributed optimizer's tensors of flattened() in their original shapes: what
     Megatron-Core's own load folds them back to (dcp --megatron-fold must give these)."""
@@ -233,6 +281,7 @@ def worker(rank, world, port, tp, out):
     old = legacy()
     sd = hand_made(rank % tp, tp, rank // tp) if old else build().sharded_state_dict()
     sd["iteration"] = 1000
+    sd["args"] = training_args(old)
     sd["notes"] = {"release": "test", "list": [1, 2, 3]}
     if rank == 0:
         os.makedirs(out)
@@ -247,7 +296,11 @@ def worker(rank, world, port, tp, out):
         dist_checkpointing.save(sd, out, strategy)
     else:
         from megatron.core.dist_checkpointing.mapping import ShardedTensor
-        if hasattr(ShardedTensor, "from_rank_offsets_flat"):
+        if release() >= (0, 15):
+            sd.update(dp_reshardable(rank % tp, rank // tp, world // tp))
+        if release() >= (0, 16):
+            pass   # ShardedTensor refuses flattened_range: nothing is saved reformulated
+        elif hasattr(ShardedTensor, "from_rank_offsets_flat"):
             sd.update(flattened(rank % tp, rank // tp))
         else:
             sd.update(buckets(rank % tp, rank // tp, world // tp))
