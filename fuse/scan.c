@@ -557,6 +557,17 @@ out:
     return rc;
 }
 
+/* A regular file, or a link to one: a folder or a dangling link whose name
+ * ends in .safetensors is not a checkpoint's file. */
+static int regular(int dirfd, const struct dirent *de)
+{
+    struct stat st;
+    if (de->d_type == DT_REG)
+        return 1;
+    return (de->d_type == DT_LNK || de->d_type == DT_UNKNOWN) && fstatat(dirfd, de->d_name, &st, 0) == 0 &&
+           S_ISREG(st.st_mode);
+}
+
 /* SOURCE is one checkpoint when it has .metadata, or the files of another
  * layout libdcp reads (rank-local metadata, safetensors, per-rank torch.save
  * files of DTensors, or bare .distcp files, for which dcp_open explains what
@@ -572,8 +583,9 @@ static int source_is_checkpoint(struct dfs *fs, struct stat *meta)
     struct dirent *de;
     while (!yes && (de = readdir(d))) {
         const char *nm = de->d_name;
-        if (ends_with(nm, ".distcp") || ends_with(nm, ".safetensors") ||
-            (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")) || dcp_is_rank_file(nm))
+        if ((ends_with(nm, ".distcp") || ends_with(nm, ".safetensors") ||
+             (strncmp(nm, "__", 2) == 0 && ends_with(nm, ".metadata")) || dcp_is_rank_file(nm)) &&
+            regular(dirfd(d), de))
             yes = 1;
     }
     closedir(d);

@@ -6,6 +6,7 @@ libdcp_la_SOURCES = \
 	src/util.c \
 	src/keys.c \
 	src/dtype.c \
+	src/cast.c \
 	src/model.c src/store.h src/store_mem.c src/store_spill.c src/chunk_record.c \
 	src/open.c src/probe.c src/probe.h \
 	src/identity.c \
@@ -21,6 +22,7 @@ libdcp_la_SOURCES = \
 	src/megatron_config.c \
 	src/megatron_fold.c \
 	src/rankfiles.c \
+	src/tiling.c \
 	src/planner.c \
 	src/files.c src/files.h \
 	src/reader.c \

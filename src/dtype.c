@@ -18,7 +18,8 @@ static const struct dtype_row rows[DCP_DTYPE_COUNT] = {
     [DCP_FLOAT32] = {"float32", 4, 4, "FloatStorage", "F32", "<f4"},
     [DCP_FLOAT16] = {"float16", 2, 2, "HalfStorage", "F16", "<f2"},
     [DCP_BFLOAT16] = {"bfloat16", 2, 2, "BFloat16Storage", "BF16", NULL},
-    [DCP_COMPLEX128] = {"complex128", 16, 8, "ComplexDoubleStorage", "C128", "<c16"},
+    /* safetensors names complex64 (C64) only: a "C128" header fails its load */
+    [DCP_COMPLEX128] = {"complex128", 16, 8, "ComplexDoubleStorage", NULL, "<c16"},
     [DCP_COMPLEX64] = {"complex64", 8, 4, "ComplexFloatStorage", "C64", "<c8"},
     [DCP_COMPLEX32] = {"complex32", 4, 2, NULL, NULL, NULL},
     [DCP_INT64] = {"int64", 8, 8, "LongStorage", "I64", "<i8"},

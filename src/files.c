@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "files.h"
@@ -163,6 +165,26 @@ static size_t evict_idle(dcp_checkpoint *ck, struct dcpi_files *t)
     return closed;
 }
 
+/* The name of the kernel's pseudo-filesystem fd is on, else NULL. Their files
+ * are "regular" and of size 0, yet read the reader's own state: a link in a
+ * checkpoint folder to /proc/self/mem or /proc/self/environ would serve the
+ * reading process's memory (a dcpfs daemon's, to whoever reads the mount). */
+static const char *kernel_fs(int fd)
+{
+    static const struct { long magic; const char *name; } fs[] = {
+        {PROC_SUPER_MAGIC, "procfs"}, {SYSFS_MAGIC, "sysfs"}, {DEBUGFS_MAGIC, "debugfs"},
+        {TRACEFS_MAGIC, "tracefs"}, {SECURITYFS_MAGIC, "securityfs"}, {CGROUP_SUPER_MAGIC, "cgroupfs"},
+        {CGROUP2_SUPER_MAGIC, "cgroup2"}, {BPF_FS_MAGIC, "bpffs"}, {EFIVARFS_MAGIC, "efivarfs"},
+    };
+    struct statfs sf;
+    if (fstatfs(fd, &sf) < 0)
+        return NULL;
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
+        if ((long)sf.f_type == fs[i].magic)
+            return fs[i].name;
+    return NULL;
+}
+
 /* Under ck->lock: open data file `file` into t->fds and record its size. */
 static int open_file(dcp_checkpoint *ck, struct dcpi_files *t, uint32_t file, const char *key,
                      dcp_error *err)
@@ -197,6 +219,12 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_files *t, uint32_t file, co
         close(fd);
         return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is not a regular file", ck->path, rel,
                        k, sep);
+    }
+    const char *kfs = kernel_fs(fd);
+    if (kfs) {
+        close(fd);
+        return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is a kernel file (%s), not checkpoint data", ck->path,
+                        rel, k, sep, kfs);
     }
     if (t->seen[file] && (t->dev[file] != (uint64_t)st.st_dev || t->ino[file] != (uint64_t)st.st_ino)) {
         close(fd);

@@ -20,6 +20,14 @@ int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
 /* Prefix an existing message: "<prefix>: <old message>". Returns -1. */
 int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* 1 when the file at path (existing or not) would be inside ck's folder,
+ * which nothing may write into (util.c). */
+int dcpi_path_inside(const char *path, dcp_checkpoint *ck);
+/* 1 when a folder's entry is a regular file or a link to one (util.c): what
+ * names a checkpoint's files by their endings is never a folder, a FIFO or a
+ * dangling link ("old.safetensors/" beside a run's checkpoints). */
+struct dirent;
+int dcpi_dirent_regular(int dirfd, const struct dirent *de);
 
 /* ------------------------------------------------------- checked arithmetic */
 
@@ -103,6 +111,8 @@ struct dcpi_entry_priv {
     dcpi_record_slot *records;  /* a parsed model's: nchunks slots, allocated on first use */
     dcpi_chunkset *set;        /* a served model's, while cached (under ck->lock) */
     const struct dcpi_fold *fold;   /* megatron_fold.c: the entry shown in its original shape */
+    int tiling;                /* planner.c, atomically: 0 not known yet, 1 the chunks tile the
+                                  tensor exactly, 2 not (overlaps or holes) */
 };
 
 /* A Megatron-Core tensor stored reformulated, as the .metadata's mcore_data
@@ -241,6 +251,14 @@ int dcpi_check_relpath(const char *rel, size_t len, dcp_error *err);
 const char *dcpi_model_strdup(dcp_checkpoint *ck, const char *s);
 /* The index of e in ck's entries, or SIZE_MAX when it is not one of them. */
 size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e);
+/* cast.c: whether dcpi_cast reads dtype dt (float64/32/16, bfloat16,
+ * float8 e4m3fn and e5m2), and n elements of src (dtype from) written to dst
+ * (float64/32/16 or bfloat16) as torch's CPU .to() writes them. */
+int dcpi_castable(dcp_dtype dt);
+void dcpi_cast(const void *src, dcp_dtype from, void *dst, dcp_dtype to, size_t n);
+/* tiling.c: 1 when chunks[idx[0..m)] (none of them empty) tile e exactly
+ * once, 0 when not (or past 6 cut dimensions), -1 out of memory. */
+int dcpi_chunks_tile(const dcp_entry *e, const dcp_chunk *chunks, const size_t *idx, size_t m);
 /* An empty chunk set of entry idx for n chunks of nd dimensions, in one
  * allocation (model.c): the chunks, their record slots, then offsets and
  * sizes (2*nd a chunk, offsets first) and strides (nd a chunk). NULL on

@@ -52,6 +52,8 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t n = strlen(de->d_name);
+        if (!dcpi_dirent_regular(dirfd(d), de))
+            continue;
         if (n > 11 && strncmp(de->d_name, "__", 2) == 0 && strcmp(de->d_name + n - 9, ".metadata") == 0)
             rank_local = 1;
         else if (n > 12 && strcmp(de->d_name + n - 12, ".safetensors") == 0)

@@ -243,6 +243,40 @@ static int plan_chunk(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c
 
 /* ------------------------------------------------------------ boxes */
 
+/* 1 when e's chunks may not tile it exactly once. A box's count of covered
+ * elements then proves nothing (chunks that overlap by as many elements as a
+ * hole has cancel it out), so every region of such an entry is zero-filled
+ * before its chunks are placed: no byte of a hole is left to what the buffer
+ * held. Decided once an entry (the first plan of it; a race computes the same
+ * answer twice). */
+static int inexact(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks)
+{
+    size_t i = dcpi_entry_index(ck, e);
+    int t = i == SIZE_MAX ? 0 : __atomic_load_n(&ck->priv[i].tiling, __ATOMIC_RELAXED);
+    if (t)
+        return t == 2;
+    uint64_t vol = 0;
+    size_t m = 0, *idx = malloc((e->nchunks ? e->nchunks : 1) * sizeof *idx);
+    if (!idx)
+        return 1;   /* zero-filling is never wrong */
+    for (size_t c = 0; c < e->nchunks; c++) {
+        uint64_t v = 1;
+        for (int d = 0; d < e->ndim; d++)
+            v *= (uint64_t)chunks[c].sizes[d];   /* <= numel: chunks lie inside the tensor */
+        if (v)
+            idx[m++] = c;
+        vol = dcpi_add_u64(vol, v, &vol) ? vol : UINT64_MAX;
+    }
+    int r = vol == dcp_entry_numel(e) ? dcpi_chunks_tile(e, chunks, idx, m) : 0;
+    free(idx);
+    if (r < 0)
+        return 1;
+    t = r ? 1 : 2;
+    if (i != SIZE_MAX)
+        __atomic_store_n(&ck->priv[i].tiling, t, __ATOMIC_RELAXED);
+    return t == 2;
+}
+
 /* Append the ops of box [off, off+len) (already validated) placed in C order
  * at dest_base; *covered gets the number of box elements some chunk covers. */
 static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks, const int64_t *off, const int64_t *len,
@@ -276,7 +310,7 @@ static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chu
         if (plan_chunk(ck, e, c, ci, lo, hi, off, dstr, dest_base, p, err) < 0)
             return -1;
         if (!dcpi_add_u64(*covered, ov, covered))
-            *covered = UINT64_MAX;   /* overlapping chunks: only "!= vol" matters */
+            *covered = UINT64_MAX;   /* overlapping chunks: inexact() says so */
     }
     return 0;
 }
@@ -322,6 +356,7 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
         return -1;
     }
     int rc = plan_box(ck, e, chunks, offsets, lengths, 0, plan, &covered, err);
+    int zero_all = rc == 0 && vol && inexact(ck, e, chunks);
     dcp_release_chunks(ck, e);
     if (rc < 0) {
         dcp_plan_reset(plan);
@@ -329,7 +364,7 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
     }
     if (plan->dtype == DCP_DTYPE_INVALID)
         plan->dtype = e->dtype;
-    plan->zero_fill = covered != vol;
+    plan->zero_fill = covered != vol || zero_all;
     return 0;
 }
 
@@ -461,6 +496,8 @@ int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t offset, uint
     }
     int rc = plan_range(ck, e, chunks, 0, off, len, block, a0, end / esz, (uint64_t)0 - a0, esz, plan, &partial,
                         err);
+    if (rc == 0 && end > offset && inexact(ck, e, chunks))
+        partial = 1;
     dcp_release_chunks(ck, e);
     if (rc < 0) {
         dcp_plan_reset(plan);

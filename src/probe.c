@@ -131,6 +131,10 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
     while ((de = readdir(d))) {
         const char *nm = de->d_name;
         size_t n = strlen(nm);
+        if (!dcpi_dirent_regular(fd, de)) {
+            errno = 0;
+            continue;
+        }
         if (!strcmp(nm, ".metadata"))
             metadata = 1;
         else if (!strcmp(nm, ".metadata.tmp"))

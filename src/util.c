@@ -1,8 +1,12 @@
 /* The library's version, errors as values, an arena for open-time data, and a string hash map. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "internal.h"
 
@@ -234,4 +238,38 @@ bool dcpi_strmap_get(const dcpi_strmap *m, const char *key, size_t len, uint64_t
     if (value)
         *value = s->value;
     return true;
+}
+
+int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
+{
+    char dir[PATH_MAX], real[PATH_MAX], folder[PATH_MAX];
+    if (!strcmp(path, ":memory:"))
+        return 0;
+    /* The deepest existing ancestor decides: folders that do not exist yet
+     * would be created under it. */
+    snprintf(dir, sizeof dir, "%s", path);
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) {
+            snprintf(dir, sizeof dir, ".");
+            break;
+        }
+        *(slash == dir ? slash + 1 : slash) = 0;
+        if (slash == dir || realpath(dir, real))
+            break;
+    }
+    if (!realpath(dir, real) || !realpath(ck->path, folder))
+        return 0;
+    size_t n = strlen(folder);
+    return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
+}
+
+int dcpi_dirent_regular(int dirfd, const struct dirent *de)
+{
+    if (de->d_type == DT_REG)
+        return 1;
+    if (de->d_type != DT_LNK && de->d_type != DT_UNKNOWN)
+        return 0;
+    struct stat st;   /* a link counts by what it names (the Hugging Face cache links its blobs) */
+    return fstatat(dirfd, de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode);
 }

@@ -46,10 +46,39 @@ expect_fail "enc.weight" "$DCP" cat "$SCRATCH/ck" enc.weight
 fresh; truncate -s 600 "$SCRATCH/ck/__0_0.distcp"
 expect_fail "__0_0.distcp" "$DCP" cat "$SCRATCH/ck" enc.weight
 
+# A data file that is a link into /proc (or /sys): "regular" files of size 0 that read the
+# reading process's own environment or memory. Refused, naming the file and the filesystem.
+for target in /proc/self/environ /proc/self/maps /sys/kernel/mm/transparent_hugepage/enabled; do
+    [ -e "$target" ] || continue
+    fresh; rm "$SCRATCH/ck/__1_0.distcp"; ln -s "$target" "$SCRATCH/ck/__1_0.distcp"
+    expect_fail "__1_0.distcp: " "$DCP" --no-catalog digest "$SCRATCH/ck"
+    out=$("$DCP" --no-catalog digest "$SCRATCH/ck" 2>&1 >/dev/null) || true
+    case "$out" in *"the data file is a kernel file (procfs), not checkpoint data"* | \
+                   *"the data file is a kernel file (sysfs), not checkpoint data"*) ;;
+        *) fail "a data file linked to $target: $out" ;; esac
+done
+
 # Unknown key, bad box.
 expect_fail "no such key" "$DCP" cat "$src" no.such.key
 expect_fail "--box" "$DCP" cat --box 0:1 "$src" enc.weight
 expect_fail "enc.weight" "$DCP" cat --box 0:41,0:24 "$src" enc.weight
+# The whole box is checked before a byte is written: a count past the end of dimension 0 (a
+# slab at a time, the first slabs were written), a negative or wrapping count (rows of
+# 2^64-4 bytes), an offset near INT64_MAX (an overflowing end).
+for box in 0:41,0:24 0:40,0:-1 0:1,0:2305843009213693952 9223372036854775807:9223372036854775807,0:1 40:0,25:0; do
+    expect_fail "enc.weight: --box" "$DCP" cat --box "$box" "$src" enc.weight
+    [ "$("$DCP" cat --box "$box" "$src" enc.weight 2>/dev/null | wc -c)" = 0 ] || fail "--box $box: bytes written before the error"
+done
+[ "$("$DCP" cat --box 40:0,24:0 "$src" enc.weight | wc -c)" = 0 ] || fail "an empty box at the end"
+# A pattern that matches no key is an error (a typo must not read as an empty checkpoint).
+expect_fail "no key matches 'enc.wieght'" "$DCP" digest --keys enc.wieght "$src"
+expect_fail "no key matches 'enc.wieght'" "$DCP" ls --keys enc.wieght "$src"
+# synth's numbers are decimal: 010 is ten keys, not octal eight; a sign or a space is refused.
+"$DCP" synth "$SCRATCH/ten" --keys 010 --shape 2 >/dev/null || fail "synth --keys 010"
+[ "$("$DCP" ls --json "$SCRATCH/ten" | wc -l)" = 10 ] || fail "synth --keys 010 is not ten keys"
+expect_fail "bad value ' 5' for --keys" "$DCP" synth "$SCRATCH/sp" --keys ' 5'
+expect_fail "bad value '+5' for --keys" "$DCP" synth "$SCRATCH/sp" --keys +5
+expect_fail "bad value '0x10' for --keys" "$DCP" synth "$SCRATCH/sp" --keys 0x10
 
 # Megatron's metadata.json: a finished save in a backend without DCP files is
 # named; beside a .metadata, an unknown backend or a damaged file changes
@@ -67,6 +96,54 @@ for cfg in '{"sharded_backend": "some_future_backend"}' 'not json {' '' '[1,2]';
     got=$("$DCP" --no-catalog digest "$SCRATCH/mg") || fail "metadata.json '$cfg' beside .metadata: no longer opens"
     [ "$got" = "$want" ] || fail "metadata.json '$cfg' beside .metadata: other values"
 done
+
+# convert and export never write into the source checkpoint folder: not beside its shards, not
+# into a safetensors folder (the copy would join it: every key two overlapping chunks), not
+# through a path that only resolves inside it.
+fresh
+"$DCP" convert -q "$src" "$SCRATCH/one.safetensors" || fail "convert to safetensors"
+mkdir "$SCRATCH/hfdir"; cp "$SCRATCH/one.safetensors" "$SCRATCH/hfdir/model.safetensors"
+ln -s "$SCRATCH/ck" "$SCRATCH/cklink"
+before=$(ls -lAR --time-style=full-iso "$SCRATCH/ck" "$SCRATCH/hfdir" | sha256sum)
+for dst in "$SCRATCH/ck/x.pt" "$SCRATCH/ck/sub" "$SCRATCH/ck/new/deeper.safetensors" "$SCRATCH/cklink/x.safetensors" \
+           "$SCRATCH/ck/../ck/y.pt"; do
+    expect_fail "lies inside the source checkpoint $SCRATCH/ck, which convert never writes into" \
+        "$DCP" convert "$SCRATCH/ck" "$dst"
+done
+expect_fail "lies inside the source checkpoint $SCRATCH/hfdir" "$DCP" convert "$SCRATCH/hfdir" "$SCRATCH/hfdir/copy.safetensors"
+export DCP_RECIPE_PATH="$top_srcdir/recipes"
+expect_fail "which an export never writes into" \
+    "$DCP" convert --to hf --recipe llama-megatron "$SCRATCH/ck" "$SCRATCH/ck/hf"
+after=$(ls -lAR --time-style=full-iso "$SCRATCH/ck" "$SCRATCH/hfdir" | sha256sum)
+[ "$before" = "$after" ] || fail "convert wrote into a source folder"
+"$DCP" --no-catalog verify "$SCRATCH/hfdir" >/dev/null || fail "the safetensors folder no longer verifies"
+"$DCP" convert -q "$SCRATCH/ck" "$SCRATCH/ck/../beside.pt" || fail "a path that leaves the folder is refused"
+# A shard size for an output without shards is a usage error, not a folder of safetensors named
+# like a .pt file nor silently ignored; an empty path is named before anything is written.
+expect_fail "which has no shards" "$DCP" convert --max-shard-size 2K "$src" "$SCRATCH/shards.pt"
+expect_fail "which has no shards" "$DCP" convert --to dcp --max-shard-size 2K "$src" "$SCRATCH/shards-dcp"
+[ ! -e "$SCRATCH/shards.pt" ] && [ ! -e "$SCRATCH/shards-dcp" ] || fail "a refused convert wrote its DST"
+expect_fail "convert: an empty DST path" "$DCP" convert "$src" ""
+
+# Control characters in a key are escaped in text output (a newline would forge a digest line,
+# an ESC reach the terminal); --json gives the key exactly.
+if python3 -c 'import torch' 2>/dev/null; then
+    python3 - "$SCRATCH/ctl" <<'PY'
+import sys, torch, torch.distributed.checkpoint as dcp
+dcp.save({"w\n0123456789abcdef0123456789abcdef  forged.key": torch.ones(2), "e\x1b[31m\x7f": torch.zeros(2)},
+         checkpoint_id=sys.argv[1], no_dist=True)
+PY
+    "$DCP" --no-catalog digest "$SCRATCH/ctl" >"$SCRATCH/ctl.txt" || fail "digest of control-character keys"
+    [ "$(wc -l <"$SCRATCH/ctl.txt")" = 2 ] || fail "dcp digest printed other than 2 lines: $(cat "$SCRATCH/ctl.txt")"
+    grep -qF '  w\n0123456789abcdef0123456789abcdef  forged.key' "$SCRATCH/ctl.txt" &&
+        grep -qF '  e\x1b[31m\x7f' "$SCRATCH/ctl.txt" || fail "dcp digest's escapes: $(cat "$SCRATCH/ctl.txt")"
+    [ "$("$DCP" --no-catalog ls "$SCRATCH/ctl" | wc -l)" = 3 ] || fail "dcp ls: a key's newline broke its table"
+    "$DCP" --no-catalog ls --json "$SCRATCH/ctl" | python3 -c '
+import json, sys
+keys = sorted(json.loads(line)["key"] for line in sys.stdin)
+assert keys == ["e\x1b[31m\x7f", "w\n0123456789abcdef0123456789abcdef  forged.key"], keys' ||
+        fail "dcp ls --json does not give the keys exactly"
+fi
 
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)

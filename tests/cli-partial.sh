@@ -79,6 +79,11 @@ mkdir "$S/run"
 for d in iter_0000010 iter_0000009 iter_0000100; do cp -r "$M" "$S/run/$d"; done
 cp -r "$S/step_200" "$S/run/iter_0000200"   # .metadata.tmp: partial
 echo 100 >"$S/run/latest_checkpointed_iteration.txt"
+# Names alone do not make files: a folder, a dangling link and a FIFO whose names end like a
+# checkpoint's files leave the run folder a run folder (they made it "cannot open: Invalid argument").
+mkdir "$S/run/old_export.safetensors" "$S/run/stale.distcp"
+ln -s "$S/nowhere" "$S/run/broken.safetensors"
+mkfifo "$S/run/__0.metadata"
 rc=0; "$DCP" info "$S/run" 2>"$S/err" || rc=$?
 [ $rc = 1 ] || fail "a run folder: exit $rc: $(cat "$S/err")"
 grep -qxF "dcp: $S/run: not a checkpoint: no .metadata, __R.metadata or .safetensors files" "$S/err" &&

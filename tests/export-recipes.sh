@@ -7,6 +7,7 @@
 . "$top_srcdir/tests/lib.sh"
 scratch
 export DCP_RECIPE_PATH="$top_srcdir/recipes"
+need python3
 D="$DCP --no-catalog"
 # 4 keys of 128x16 float32 over 2 ranks, by columns: every row a strided read.
 $D synth "$SCRATCH/s" --keys 4 --shape 128,16 --dtype float32 --ranks 2 --shard cols --seed 5 >/dev/null
@@ -123,6 +124,18 @@ $D convert -q --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/c.json" --dt
 n=$(ls "$SCRATCH/h"/model-*-of-*.safetensors | wc -l)
 [ "$n" -ge 3 ] || fail "--max-shard-size 4K: $n shards"
 grep -q '"total_size": 16384' "$SCRATCH/h/model.safetensors.index.json" || fail "index total_size"
+# The export's casts are dcp digest --dtype's (torch's .to()), NaNs included: synth's random
+# float32 bit patterns hold some (the export wrote bfloat16 0x7FC0 where torch writes 0xFFFF,
+# and dropped float16 payloads).
+nans=$($D cat "$SCRATCH/s" model.layers.0.weight | python3 -c '
+import sys, numpy
+print(int(numpy.isnan(numpy.frombuffer(sys.stdin.buffer.read(), "<f4")).sum()))') || fail "counting NaNs"
+[ "$nans" -gt 0 ] || fail "the source holds no NaN: the cast check would prove nothing"
+for c in bfloat16:b float16:h; do
+    [ "$($D digest --dtype "${c%:*}" --keys model.layers.0.weight "$SCRATCH/s" | cut -d' ' -f1)" = \
+      "$($D digest --keys a.weight "$SCRATCH/${c#*:}" | cut -d' ' -f1)" ] ||
+        fail "--dtype ${c%:*}: the export's a.weight is not dcp digest --dtype ${c%:*}'s cast ($nans NaNs)"
+done
 # The template: shapes, counts and dtypes of the output.
 $D convert -q --to hf --recipe "$SCRATCH/r.json" --keys model.layers.2.weight "$SCRATCH/s" "$SCRATCH/t" 2>/dev/null &&
     fail "no --config and a rule needing num_attention_heads: must fail"

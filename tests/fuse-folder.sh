@@ -19,6 +19,7 @@ touch "$src/run_a/.lock"                                      # dot-files stay h
 cp -r "$FIXTURES/01_single_plain/ckpt" "$src/run_b/noted"
 echo 'beside the data' >"$src/run_b/noted/notes.txt"          # a checkpoint's plain file
 mkfifo "$src/run_b/fifo"                                      # not a plain file: not shown
+mkdir "$src/old_export.safetensors"                           # a folder: SOURCE stays a folder of runs
 mnt="$SCRATCH/mnt"
 mount_dcpfs "$src" "$mnt"
 [ "$(ls "$mnt")" = "$(printf 'run_a\nrun_b')" ] || fail "root lists: $(ls "$mnt" | tr '\n' ' ')"

@@ -21,7 +21,7 @@ import hashlib, json, os, random, subprocess, sys
 
 VIEW = "all.safetensors"   # the virtual file of dcpfs(1) in every checkpoint root
 # torch dtype -> safetensors dtype (those the view holds; the others are left out)
-ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "complex128": "C128",
+ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
              "complex64": "C64", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
              "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
              "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4"}

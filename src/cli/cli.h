@@ -38,6 +38,10 @@ int cli_open_status(void);
 int cli_float_dtype(const char *name, dcp_dtype *as);
 /* Write s as a JSON string (with quotes). */
 void cli_json_string(FILE *f, const char *s);
+/* s for a line of text output: s itself, or (when it holds control bytes,
+ * which would forge lines or reach the terminal) a copy with them written as
+ * \n, \t, \r, \xHH, valid until the call after next. --json gives names exactly. */
+const char *cli_text(const char *s);
 /* Write a shape as a JSON array "[a,b]". */
 void cli_json_shape(FILE *f, const int64_t *v, int n);
 /* Human-readable byte count ("1.5 MiB"). buf must hold 32 bytes. */

@@ -61,6 +61,16 @@ static int stream_bytes(dcp_checkpoint *ck, const dcp_entry *e, void *buf, dcp_p
 static int stream_box(dcp_checkpoint *ck, const dcp_entry *e, int64_t *off, int64_t *len,
                       void **buf, dcp_plan *plan, dcp_error *err)
 {
+    /* The whole box first: a bad count found at a later slab would come after
+     * earlier slabs were written, and the slab sizes below must not wrap. */
+    for (int d = 0; d < e->ndim; d++)
+        if (off[d] < 0 || len[d] < 0 || off[d] > e->shape[d] || len[d] > e->shape[d] - off[d]) {
+            err->code = EINVAL;
+            snprintf(err->msg, sizeof err->msg,
+                     "%s: --box %" PRId64 ":%" PRId64 " lies outside dimension %d (size %" PRId64 ")", e->key, off[d],
+                     len[d], d, e->shape[d]);
+            return -1;
+        }
     /* Slabs along dimension 0 of at most PIECE bytes (at least one row). */
     uint64_t row = dcp_dtype_size(e->dtype);
     for (int d = 1; d < e->ndim; d++)
@@ -83,9 +93,7 @@ static int stream_box(dcp_checkpoint *ck, const dcp_entry *e, int64_t *off, int6
         }
         *buf = big;
     }
-    int64_t start = off[0], end = off[0] + len[0];
-    if (len[0] < 0 || end < start) /* let the planner report the bad box */
-        return dcp_plan_region(ck, e, off, len, plan, err);
+    int64_t start = off[0], end = off[0] + len[0];   /* both within shape[0] */
     for (int64_t r = start; r < end; r += rows) {
         off[0] = r;
         int64_t saved = len[0];

@@ -133,12 +133,24 @@ int cmd_convert(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!*argv[optind] || !*argv[optind + 1]) {   /* "" would be found out only at the final rename */
+        cli_error("convert: an empty %s path", *argv[optind] ? "DST" : "SRC");
+        return 2;
+    }
     if (hf || x.recipe || x.config || x.dtype || x.flags)
         return export_hf(argv, hf, &x, &o, quiet);
     if (cli_megatron_fold)   /* dcp --megatron-fold convert: the original shapes written */
         o.flags |= DCP_WRITE_MEGATRON_FOLD;
+    /* A shard size only means something for safetensors: never silently
+     * ignored, nor a folder of safetensors shards named like a .pt file. */
+    dcp_format to = o.to != DCP_FORMAT_AUTO ? o.to : dcp_format_guess(argv[optind + 1]);
+    if (o.max_shard_size && to != DCP_FORMAT_SAFETENSORS && (o.to != DCP_FORMAT_AUTO || to != DCP_FORMAT_DCP)) {
+        cli_error("convert: --max-shard-size: %s is written as %s, which has no shards (safetensors output: "
+                  "--to safetensors, or DST a folder)", argv[optind + 1], dcp_format_name(to));
+        return 2;
+    }
     if (o.max_shard_size && o.to == DCP_FORMAT_AUTO)
-        o.to = DCP_FORMAT_SAFETENSORS;   /* a shard size only means something for safetensors */
+        o.to = DCP_FORMAT_SAFETENSORS;
     o.progress = cli_progress;
     o.progress_ctx = "convert";
     o.skipped = report_skip;

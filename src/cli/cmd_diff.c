@@ -131,21 +131,21 @@ int cmd_diff(int argc, char **argv)
             cli_error("%s", err.msg);
             trouble = 1;
         } else if (!eb) {
-            printf("only in A: %s\n", ea->key);
+            printf("only in A: %s\n", cli_text(ea->key));
             differences++;
         } else if (ea->kind != eb->kind) {
-            printf("kind: %s: %s -> %s\n", ea->key, ea->kind == DCP_KIND_TENSOR ? "tensor" : "bytes",
+            printf("kind: %s: %s -> %s\n", cli_text(ea->key), ea->kind == DCP_KIND_TENSOR ? "tensor" : "bytes",
                    eb->kind == DCP_KIND_TENSOR ? "tensor" : "bytes");
             differences++;
         } else if (ea->kind == DCP_KIND_TENSOR && ea->dtype != eb->dtype &&
                    !(as != DCP_DTYPE_INVALID && castable(ea->dtype) && castable(eb->dtype))) {
-            printf("dtype: %s: %s -> %s\n", ea->key, dcp_dtype_name(ea->dtype), dcp_dtype_name(eb->dtype));
+            printf("dtype: %s: %s -> %s\n", cli_text(ea->key), dcp_dtype_name(ea->dtype), dcp_dtype_name(eb->dtype));
             differences++;
         } else if (ea->kind == DCP_KIND_TENSOR &&
                    (ea->ndim != eb->ndim || memcmp(ea->shape, eb->shape, (size_t)ea->ndim * sizeof(int64_t)))) {
             shape(ea, sa, sizeof sa);
             shape(eb, sb, sizeof sb);
-            printf("shape: %s: %s -> %s\n", ea->key, sa, sb);
+            printf("shape: %s: %s -> %s\n", cli_text(ea->key), sa, sb);
             differences++;
         } else if (content && !(as == DCP_DTYPE_INVALID && same_by_digest(cat, a, ea, b, eb))) {
             int d = values_differ(a, ea, b, eb, as, &err);
@@ -153,7 +153,7 @@ int cmd_diff(int argc, char **argv)
                 cli_error("%s", err.msg);
                 trouble = 1;
             } else if (d) {
-                printf("values: %s differ\n", ea->key);
+                printf("values: %s differ\n", cli_text(ea->key));
                 differences++;
             }
         }
@@ -164,7 +164,7 @@ int cmd_diff(int argc, char **argv)
             cli_error("%s", err.msg);
             trouble = 1;
         } else if (!ea) {
-            printf("only in B: %s\n", eb->key);
+            printf("only in B: %s\n", cli_text(eb->key));
             differences++;
         }
     }

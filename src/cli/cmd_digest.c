@@ -45,7 +45,7 @@ int cmd_digest(int argc, char **argv)
     if (!ck)
         return cli_open_status();
     int status = 0;
-    size_t n = dcp_num_entries(ck);
+    size_t n = dcp_num_entries(ck), matched = 0;
     for (size_t i = 0; i < n; i++) {
         const dcp_entry *e;
         dcp_error err;
@@ -56,6 +56,7 @@ int cmd_digest(int argc, char **argv)
         }
         if (!dcp_key_matches(pattern, e->key))
             continue;
+        matched++;
         unsigned char d[16];
         int cast = 0;
         if (dcp_value_digest_as(ck, e, as, d, &cast, &err) < 0) {
@@ -80,8 +81,12 @@ int cmd_digest(int argc, char **argv)
                 printf(",\"cast_from\":\"%s\"", dcp_dtype_name(e->dtype));
             printf(",\"xxh3_128\":\"%s\"}\n", hex);
         } else {
-            printf("%s  %s\n", hex, e->key);
+            printf("%s  %s\n", hex, cli_text(e->key));
         }
+    }
+    if (pattern && !matched && status == 0) {   /* a typo must not read as "nothing there" */
+        cli_error("%s: no key matches '%s'", argv[optind], pattern);
+        status = 1;
     }
     if (fflush(stdout) != 0) {
         cli_error("stdout: write failed");

@@ -29,7 +29,7 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
             printf(",\"offset\":%" PRIu64 ",\"length\":%" PRIu64 "%s}\n", e->blob.offset,
                    e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? ",\"zstd\":true" : "");
         } else {
-            printf("%s  bytes  %s @%" PRIu64 " +%" PRIu64 "%s\n", e->key, file, e->blob.offset,
+            printf("%s  bytes  %s @%" PRIu64 " +%" PRIu64 "%s\n", cli_text(e->key), cli_text(file), e->blob.offset,
                    e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? " zstd" : "");
         }
         return 0;
@@ -67,11 +67,11 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
             }
             fputs("}\n", stdout);
         } else {
-            printf("%s  chunk %zu  offsets ", e->key, i);
+            printf("%s  chunk %zu  offsets ", cli_text(e->key), i);
             print_vec(c->offsets, e->ndim);
             fputs(" sizes ", stdout);
             print_vec(c->sizes, e->ndim);
-            printf("  %s @%" PRIu64 " +%" PRIu64, file, c->blob.offset, c->blob.length);
+            printf("  %s @%" PRIu64 " +%" PRIu64, cli_text(file), c->blob.offset, c->blob.length);
             if (r) {
                 printf("  data @%" PRIu64, r->data_offset);
                 if (r->storage_offset)   /* a view into its storage (a folded Megatron run, a shared storage) */

@@ -42,7 +42,7 @@ int cmd_ls(int argc, char **argv)
     if (!ck)
         return cli_open_status();
     int status = 0;
-    size_t n = dcp_num_entries(ck);
+    size_t n = dcp_num_entries(ck), matched = 0;
     if (!json)
         printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
     for (size_t i = 0; i < n; i++) {
@@ -55,6 +55,7 @@ int cmd_ls(int argc, char **argv)
         }
         if (!dcp_key_matches(pattern, e->key))
             continue;
+        matched++;
         uint64_t nbytes = 0;
         if (dcp_entry_nbytes(ck, e, &nbytes, &err) < 0) {
             cli_error("%s", err.msg);
@@ -78,10 +79,14 @@ int cmd_ls(int argc, char **argv)
                 shape_text(e, shape, sizeof shape);
             else
                 snprintf(shape, sizeof shape, "-");
-            printf("%-48s %-10s %-20s %s\n", e->key,
+            printf("%-48s %-10s %-20s %s\n", cli_text(e->key),
                    e->kind == DCP_KIND_TENSOR ? dcp_dtype_name(e->dtype) : "bytes", shape,
                    cli_human_bytes(nbytes, human));
         }
+    }
+    if (pattern && !matched && status == 0) {   /* a typo must not read as "nothing there" */
+        cli_error("%s: no key matches '%s'", argv[optind], pattern);
+        status = 1;
     }
     if (fflush(stdout) != 0) {
         cli_error("writing the listing: %m");

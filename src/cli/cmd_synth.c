@@ -18,12 +18,13 @@ static void usage(FILE *f)
                "defaults: --keys 4 --shape 1024,1024 --dtype float32 --ranks 1 --shard rows --seed 0\n");
 }
 
+/* Decimal, as the man page writes them ("010" is ten, not octal eight). */
 static int parse_u64(const char *s, uint64_t *v)
 {
     char *end;
     errno = 0;
-    unsigned long long x = strtoull(s, &end, 0);
-    if (end == s || *end || errno || s[0] == '-')
+    unsigned long long x = strtoull(s, &end, 10);
+    if (end == s || *end || errno || s[0] < '0' || s[0] > '9')   /* no sign, no space */
         return -1;
     *v = x;
     return 0;

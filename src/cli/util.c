@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -93,6 +94,40 @@ void cli_json_string(FILE *f, const char *s)
         }
     }
     fputc('"', f);
+}
+
+const char *cli_text(const char *s)
+{
+    static char *buf[2];
+    static size_t cap[2];
+    static int turn;
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = 0, ctl = 0;
+    for (; p[n]; n++)
+        ctl += p[n] < 0x20 || p[n] == 0x7f;
+    if (!ctl)
+        return s;
+    int t = turn ^= 1;
+    if (cap[t] < n + 3 * ctl + 1) {   /* each control byte grows to at most 4 */
+        char *nb = realloc(buf[t], n + 3 * ctl + 1);
+        if (!nb)
+            return "(a name with control characters)";
+        buf[t] = nb;
+        cap[t] = n + 3 * ctl + 1;
+    }
+    char *o = buf[t];
+    for (; *p; p++) {
+        if (*p == '\n' || *p == '\t' || *p == '\r') {
+            *o++ = '\\';
+            *o++ = *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r';
+        } else if (*p < 0x20 || *p == 0x7f) {
+            o += sprintf(o, "\\x%02x", *p);
+        } else {
+            *o++ = (char)*p;
+        }
+    }
+    *o = 0;
+    return buf[t];
 }
 
 void cli_json_shape(FILE *f, const int64_t *v, int n)

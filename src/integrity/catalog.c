@@ -264,30 +264,6 @@ void dcp_catalog_close(dcp_catalog *cat)
 const char *dcp_catalog_path(const dcp_catalog *cat) { return cat->path; }
 
 
-int dcpi_path_inside(const char *catpath, dcp_checkpoint *ck)
-{
-    char dir[PATH_MAX], real[PATH_MAX], folder[PATH_MAX];
-    if (!strcmp(catpath, ":memory:"))
-        return 0;
-    /* The deepest existing ancestor decides: folders that do not exist yet
-     * would be created under it. */
-    snprintf(dir, sizeof dir, "%s", catpath);
-    for (;;) {
-        char *slash = strrchr(dir, '/');
-        if (!slash) {
-            snprintf(dir, sizeof dir, ".");
-            break;
-        }
-        *(slash == dir ? slash + 1 : slash) = 0;
-        if (slash == dir || realpath(dir, real))
-            break;
-    }
-    if (!realpath(dir, real) || !realpath(ck->path, folder))
-        return 0;
-    size_t n = strlen(folder);
-    return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
-}
-
 /* Entry i's key for a message. dcpi_collect_blobs has read every entry, so
  * dcp_entry_at cannot fail here; the check costs nothing. */
 static const char *key_of(dcp_checkpoint *ck, size_t i)
@@ -451,6 +427,11 @@ int dcp_digests_export(dcp_catalog *cat, dcp_checkpoint *ck, const char *path, d
     if (dcpi_path_inside(path, ck))
         return dcpi_err(err, EPERM, "%s: will not write into the checkpoint folder %s (keep the sidecar next to it)",
                         path, ck->path);
+    /* An empty list would replace a good sidecar (the one made where the
+     * digests were recorded) with nothing. */
+    if (!row)
+        return dcpi_err(err, ENOENT, "%s: no digests recorded for %s in this catalog (dcp verify --record first); "
+                        "%s left as it is", path, ck->path, path);
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f)
@@ -489,7 +470,7 @@ int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar
     FILE *f = fopen(sidecar, "r");
     if (!f)
         return dcpi_err(err, errno, "%s: %s", sidecar, strerror(errno));
-    if (!fgets(line, sizeof line, f) || strncmp(line, SIDECAR_MAGIC, strlen(SIDECAR_MAGIC))) {
+    if (!fgets(line, sizeof line, f) || strcmp(line, SIDECAR_MAGIC "\n")) {
         fclose(f);
         return dcpi_err(err, EINVAL, "%s: not a dcpfs digest file", sidecar);
     }
@@ -515,8 +496,12 @@ int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar
             rc = dcpi_err(err, EINVAL, "%s:%u: line too long", sidecar, lineno);
             break;
         }
-        if (sscanf(line, "%16" SCNx64 " %" SCNu64 " %" SCNu64 " %4096s", &h, &off, &len, file) != 4 ||
-            off > INT64_MAX || len > INT64_MAX || dcpi_check_relpath(file, strlen(file), err) < 0) {
+        /* exactly what export writes: 16 hex digits, two decimals, a relative path, nothing after */
+        int end = 0;
+        if (strspn(line, "0123456789abcdef") != 16 || line[16] != ' ' ||
+            sscanf(line, "%16" SCNx64 " %" SCNu64 " %" SCNu64 " %4096s%n", &h, &off, &len, file, &end) != 4 ||
+            strcmp(line + end, "\n") || line[17] < '0' || line[17] > '9' || off > INT64_MAX || len > INT64_MAX ||
+            dcpi_check_relpath(file, strlen(file), err) < 0) {
             rc = dcpi_err(err, EINVAL, "%s:%u: malformed line", sidecar, lineno);
             break;
         }

@@ -47,123 +47,6 @@ static int overlaps(const dcp_entry *e, const dcp_chunk *a, const dcp_chunk *b)
     return 1;
 }
 
-/* Exact cover in O(n 2^k) for k "cut" dimensions (those some chunk does
- * not span entirely). Take f = (sum of the chunks' indicator functions) -
- * (the tensor's). Chunks tile the tensor exactly once iff f = 0, and f is the
- * k-fold prefix sum of its mixed finite difference, which is +-1 at each
- * box's 2^k corners. So: add every chunk's signed corners to a hash map,
- * subtract the tensor's, and the tiling is exact iff every count is zero.
- * Returns 1 exact, 0 not exact, -1 out of memory. */
-typedef struct corners {
-    int64_t *pts;      /* cap * k coordinates */
-    int32_t *count;    /* cap counts; INT32_MIN marks an empty slot */
-    size_t cap, used;
-    int k;
-} corners;
-
-static uint64_t pt_hash(const int64_t *p, int k)
-{
-    uint64_t h = 0x9e3779b97f4a7c15u;
-    for (int i = 0; i < k; i++) {
-        h ^= (uint64_t)p[i];
-        h *= 0xff51afd7ed558ccdu;
-        h ^= h >> 33;
-    }
-    return h;
-}
-
-static int corners_grow(corners *c)
-{
-    size_t ncap = c->cap ? c->cap * 2 : 1024;
-    int64_t *np = malloc(ncap * (size_t)c->k * sizeof *np);
-    int32_t *nc = malloc(ncap * sizeof *nc);
-    if (!np || !nc) {
-        free(np);
-        free(nc);
-        return -1;
-    }
-    for (size_t i = 0; i < ncap; i++)
-        nc[i] = INT32_MIN;
-    for (size_t i = 0; i < c->cap; i++) {
-        if (c->count[i] == INT32_MIN)
-            continue;
-        size_t j = pt_hash(c->pts + i * (size_t)c->k, c->k) & (ncap - 1);
-        while (nc[j] != INT32_MIN)
-            j = (j + 1) & (ncap - 1);
-        memcpy(np + j * (size_t)c->k, c->pts + i * (size_t)c->k, (size_t)c->k * sizeof *np);
-        nc[j] = c->count[i];
-    }
-    free(c->pts);
-    free(c->count);
-    c->pts = np;
-    c->count = nc;
-    c->cap = ncap;
-    return 0;
-}
-
-static int corners_add(corners *c, const int64_t *p, int32_t v)
-{
-    if (2 * (c->used + 1) > c->cap && corners_grow(c) < 0)
-        return -1;
-    size_t j = pt_hash(p, c->k) & (c->cap - 1);
-    while (c->count[j] != INT32_MIN && memcmp(c->pts + j * (size_t)c->k, p, (size_t)c->k * sizeof *p))
-        j = (j + 1) & (c->cap - 1);
-    if (c->count[j] == INT32_MIN) {
-        memcpy(c->pts + j * (size_t)c->k, p, (size_t)c->k * sizeof *p);
-        c->count[j] = 0;
-        c->used++;
-    }
-    c->count[j] += v;   /* |count| <= chunks sharing a corner: no overflow for < 2^31 chunks */
-    return 0;
-}
-
-/* The 2^k signed corners of box [lo, lo+size) over dims[0..k). */
-static int add_box(corners *c, const int *dims, const int64_t *lo, const int64_t *size, int32_t sign)
-{
-    int64_t p[6];
-    for (unsigned m = 0; m < (1u << c->k); m++) {
-        int32_t s = sign;
-        for (int i = 0; i < c->k; i++) {
-            int upper = (m >> i) & 1;
-            p[i] = lo[dims[i]] + (upper ? size[dims[i]] : 0);
-            if (upper)
-                s = -s;
-        }
-        if (corners_add(c, p, s) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-static int exact_cover(const dcp_entry *e, const dcp_chunk *chunks, const size_t *idx, size_t m)
-{
-    int dims[DCPI_MAX_NDIM], k = 0;
-    for (int d = 0; d < e->ndim; d++)
-        for (size_t i = 0; i < m; i++)
-            if (chunks[idx[i]].offsets[d] != 0 || chunks[idx[i]].sizes[d] != e->shape[d]) {
-                dims[k++] = d;
-                break;
-            }
-    if (k == 0)
-        return m == 1;   /* every chunk spans the whole tensor */
-    if (k > 6 || m >= INT32_MAX)
-        return 0;        /* not worth it: the sweep decides */
-    corners c = {NULL, NULL, 0, 0, k};
-    static const int64_t zero[DCPI_MAX_NDIM];
-    int rc = 1;
-    for (size_t i = 0; i < m && rc == 1; i++)
-        if (add_box(&c, dims, chunks[idx[i]].offsets, chunks[idx[i]].sizes, 1) < 0)
-            rc = -1;
-    if (rc == 1 && add_box(&c, dims, zero, e->shape, -1) < 0)
-        rc = -1;
-    for (size_t i = 0; i < c.cap && rc == 1; i++)
-        if (c.count[i] != INT32_MIN && c.count[i] != 0)
-            rc = 0;
-    free(c.pts);
-    free(c.count);
-    return rc;
-}
-
 struct sweep { const dcp_chunk *chunks; int dim; };
 
 static int by_start(const void *x, const void *y, void *arg)
@@ -175,7 +58,7 @@ static int by_start(const void *x, const void *y, void *arg)
 }
 
 /* Chunks must be pairwise disjoint and their volumes must add up to numel.
- * An intact tensor is confirmed by exact_cover in linear time; only a broken
+ * An intact tensor is confirmed by dcpi_chunks_tile in linear time; only a broken
  * one is swept (along the dimension with the most distinct chunk starts) to
  * name the overlapping pairs. */
 static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks, report *r)
@@ -206,7 +89,7 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_
         if (v)
             idx[m++] = i;
     }
-    int exact = vol == numel ? exact_cover(e, chunks, idx, m) : 0;
+    int exact = vol == numel ? dcpi_chunks_tile(e, chunks, idx, m) : 0;
     if (exact != 0) {
         free(idx);
         return exact < 0 ? -1 : 0;

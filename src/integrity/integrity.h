@@ -97,10 +97,6 @@ void dcpi_records_free(struct dcpi_lazy *lz);
 void dcpi_records_keep(dcp_checkpoint *ck, const dcpi_chunkset *s);
 void dcpi_records_flush(dcp_checkpoint *ck);
 
-/* 1 when the file at path (existing or not) would be inside ck's folder,
- * which nothing may write into. */
-int dcpi_path_inside(const char *path, dcp_checkpoint *ck);
-
 /* One distinct stored byte range of a checkpoint (a chunk's or a bytes
  * item's blob) and what hashing it gave. */
 typedef struct dcpi_blobref {

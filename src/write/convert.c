@@ -462,6 +462,12 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         return -1;
     }
 
+    /* A checkpoint folder is never written into: dst would join the source
+     * (another file of a safetensors folder, a stray file of a DCP one). */
+    if (src_is_dir && dcpi_path_inside(dst, s.ck))
+        rc = dcpi_err(err, EINVAL, "%s: lies inside the source checkpoint %s, which convert never writes into", dst,
+                      srcp);
+
     /* The selection, and what safetensors cannot hold. */
     size_t n = dcp_num_entries(s.ck), nsel = 0, nitems = 0;
     size_t *sel = malloc((n ? n : 1) * sizeof *sel);

@@ -135,6 +135,9 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
     dcp_plan_init(&w.plan);
     char tmp[4200] = "";
     int rc = open_source(srcp, &ck, err);
+    if (rc == 0 && dcpi_path_inside(dst, ck))   /* it would join the source */
+        rc = dcpi_err(err, EINVAL, "%s: lies inside the source checkpoint %s, which an export never writes into", dst,
+                      srcp);
     if (rc == 0)
         rc = hf_view_build(ck, srcp, opt, &v, err);
     w.v = v;

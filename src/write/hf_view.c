@@ -25,119 +25,16 @@
 
 /* ------------------------------------------------------------ dtype casts */
 
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);          /* NaN stays a (quiet) NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);   /* round to nearest even */
-}
-
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0x1f) {
-        u = s | 0x7f800000u | (m << 13);
-    } else if (e) {
-        u = s | ((e + 112) << 23) | (m << 13);
-    } else if (!m) {
-        u = s;
-    } else {                                          /* subnormal: normalise */
-        e = 113;
-        while (!(m & 0x400)) {
-            m <<= 1;
-            e--;
-        }
-        u = s | (e << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return s | 0x7e00;                            /* NaN */
-    if (a >= 0x477ff000u)                             /* rounds past 65504: infinity */
-        return s | 0x7c00;
-    if (a < 0x38800000u) {                            /* subnormal or zero in half */
-        if (a < 0x33000000u)                          /* below half the smallest subnormal */
-            return s;
-        uint32_t m = (a & 0x7fffff) | 0x800000, e = a >> 23;
-        uint32_t shift = 126 - e;                     /* 14..24 */
-        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-        if (rem > halfway || (rem == halfway && (r & 1)))
-            r++;
-        return s | (uint16_t)r;
-    }
-    uint32_t r = a - 0x38000000u;                     /* rebias the exponent */
-    r = (r + 0xfffu + ((r >> 13) & 1)) >> 13;
-    return s | (uint16_t)r;
-}
-
 int hf_is_float(dcp_dtype d)
 {
     return d == DCP_FLOAT32 || d == DCP_FLOAT16 || d == DCP_BFLOAT16 || d == DCP_FLOAT64;
 }
 
-/* n elements of dtype in at src to dtype out at dst (both floating point). */
-void hf_cast(dcp_dtype in, const void *src_, dcp_dtype out, void *dst_, size_t n)
+/* n elements of dtype in at src to dtype out at dst (both floating point),
+ * as torch's .to() and dcp digest --dtype cast them (cast.c). */
+void hf_cast(dcp_dtype in, const void *src, dcp_dtype out, void *dst, size_t n)
 {
-    const unsigned char *src = src_;
-    unsigned char *dst = dst_;
-    /* The common casts as tight loops the compiler vectorises; the rest element by element. */
-    if (in == DCP_FLOAT32 && (out == DCP_BFLOAT16 || out == DCP_FLOAT16)) {
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, src + 4 * i, 4);
-            uint16_t h = out == DCP_BFLOAT16 ? f32_to_bf16(f) : f32_to_f16(f);
-            memcpy(dst + 2 * i, &h, 2);
-        }
-        return;
-    }
-    if (in == DCP_BFLOAT16 && out == DCP_FLOAT32) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            uint32_t u = (uint32_t)h << 16;
-            memcpy(dst + 4 * i, &u, 4);
-        }
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        float f;
-        double d = 0;
-        uint16_t h;
-        switch (in) {
-        case DCP_FLOAT32: memcpy(&f, src + 4 * i, 4); break;
-        case DCP_FLOAT64: memcpy(&d, src + 8 * i, 8); f = (float)d; break;
-        case DCP_FLOAT16: memcpy(&h, src + 2 * i, 2); f = f16_to_f32(h); break;
-        default: memcpy(&h, src + 2 * i, 2); f = bf16_to_f32(h); break;
-        }
-        switch (out) {
-        case DCP_FLOAT32: memcpy(dst + 4 * i, &f, 4); break;
-        case DCP_FLOAT64:
-            d = in == DCP_FLOAT64 ? d : (double)f;
-            memcpy(dst + 8 * i, &d, 8);
-            break;
-        case DCP_FLOAT16: h = f32_to_f16(f); memcpy(dst + 2 * i, &h, 2); break;
-        default: h = f32_to_bf16(f); memcpy(dst + 2 * i, &h, 2); break;
-        }
-    }
+    dcpi_cast(src, in, dst, out, n);
 }
 
 /* ------------------------------------------------------------ rendering */
