@@ -72,6 +72,12 @@ int dcp_checkpoint_identity(dcp_checkpoint *ck, char id[33], dcp_error *err);
 /* Record the digest of every blob (chunks and bytes items). */
 int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn progress, void *ctx,
                        uint64_t *nblobs, dcp_error *err);
+/* *unchanged 1 when every data file of ck has the size, mtime, ctime and
+ * inode it had when dcp_catalog_record last recorded ck here, so its recorded
+ * digests stand for its bytes now; 0 when any differs, nothing was recorded,
+ * or the digests were imported since (dcp diff --content takes digests only
+ * then). */
+int dcp_catalog_unchanged(dcp_catalog *cat, dcp_checkpoint *ck, int *unchanged, dcp_error *err);
 /* Look up a recorded digest: *found 0 when none is recorded for this identity. */
 int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3,
                        int *found, dcp_error *err);

@@ -26,6 +26,19 @@ rc=0; "$DCP" diff --content "$A" "$SCRATCH/b" > "$SCRATCH/out" || rc=$?
 "$DCP" verify --record "$SCRATCH/b" >/dev/null
 rc=0; "$DCP" diff --content "$A" "$SCRATCH/b" > "$SCRATCH/out" || rc=$?
 [ $rc = 1 ] && [ "$(cat "$SCRATCH/out")" = "values: enc.weight differ" ] || fail "with digests: $(cat "$SCRATCH/out")"
+# A shard rewritten in place after its digests were recorded (the same size: the same identity)
+# is compared by its bytes: the digests recorded before it changed no longer stand for it
+# (diff said "no differences" from them).
+cp -r "$A" "$SCRATCH/c"; chmod -R u+w "$SCRATCH/c"
+"$DCP" verify --record "$SCRATCH/c" >/dev/null
+"$DCP" diff --content "$A" "$SCRATCH/c" >"$SCRATCH/out" || fail "recorded equal copies differ: $(cat "$SCRATCH/out")"
+printf '\177' | dd of="$SCRATCH/c/__1_0.distcp" bs=1 seek=1000 conv=notrunc status=none
+rc=0; "$DCP" diff --content "$A" "$SCRATCH/c" > "$SCRATCH/out" || rc=$?
+[ $rc = 1 ] && grep -q "^values: .* differ$" "$SCRATCH/out" ||
+    fail "a shard changed in place after its digests were recorded: exit $rc, $(cat "$SCRATCH/out")"
+"$DCP" verify --record "$SCRATCH/c" >/dev/null   # recorded anew: the digests stand again
+rc=0; "$DCP" diff --content "$A" "$SCRATCH/c" > "$SCRATCH/out" || rc=$?
+[ $rc = 1 ] && grep -q "^values: .* differ$" "$SCRATCH/out" || fail "recorded anew: exit $rc, $(cat "$SCRATCH/out")"
 
 # Keys, dtypes and shapes: two different fixtures.
 rc=0; "$DCP" diff "$FIXTURES/02_rowwise_4ranks/ckpt" "$FIXTURES/03_colwise_4ranks/ckpt" > "$SCRATCH/out" || rc=$?

@@ -123,6 +123,15 @@ int cmd_diff(int argc, char **argv)
     if (content && (dcp_catalog_check_location(catalog, a, &err) < 0 || dcp_catalog_check_location(catalog, b, &err) < 0 ||
                     dcp_catalog_open(catalog, &cat, &err) < 0))
         cat = NULL;
+    /* ... and only while both checkpoints' files are as they were when their
+     * digests were recorded: a shard rewritten in place since (same size, so
+     * the same identity) must be compared by its bytes. */
+    int ua = 0, ub = 0;
+    if (cat && (dcp_catalog_unchanged(cat, a, &ua, &err) < 0 || dcp_catalog_unchanged(cat, b, &ub, &err) < 0 || !ua ||
+                !ub)) {
+        dcp_catalog_close(cat);
+        cat = NULL;
+    }
     int differences = 0, trouble = 0;
     for (size_t i = 0; i < dcp_num_entries(a) && !trouble; i++) {
         const dcp_entry *ea, *eb = NULL;

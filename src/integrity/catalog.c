@@ -264,6 +264,24 @@ void dcp_catalog_close(dcp_catalog *cat)
 const char *dcp_catalog_path(const dcp_catalog *cat) { return cat->path; }
 
 
+/* What dcp_catalog_record saw of each data file before hashing it: size,
+ * mtime, ctime and inode ("" for one it could not stat). A file that still
+ * has all four is taken to hold the bytes that were hashed (dcp diff
+ * --content's shortcut, dcp_catalog_unchanged); the table is added to older
+ * catalogs by the first record. */
+#define STAMPS_TABLE \
+    "CREATE TABLE IF NOT EXISTS recorded_stamps(ck INTEGER NOT NULL, file TEXT NOT NULL, stamp TEXT NOT NULL," \
+    " PRIMARY KEY(ck, file)) WITHOUT ROWID;"
+
+static void file_stamp(dcp_checkpoint *ck, size_t f, char out[96])
+{
+    struct stat st;
+    out[0] = 0;
+    if (fstatat(ck->dirfd, ck->files[f], &st, 0) == 0 && S_ISREG(st.st_mode))
+        snprintf(out, 96, "%lld %lld.%09ld %lld.%09ld %llu", (long long)st.st_size, (long long)st.st_mtim.tv_sec,
+                 st.st_mtim.tv_nsec, (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec, (unsigned long long)st.st_ino);
+}
+
 /* Entry i's key for a message. dcpi_collect_blobs has read every entry, so
  * dcp_entry_at cannot fail here; the check costs nothing. */
 static const char *key_of(dcp_checkpoint *ck, size_t i)
@@ -312,8 +330,17 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
         return dcpi_err(err, EPERM, "%s: the catalog may not live inside the checkpoint folder %s", cat->path, ck->path);
     if (dcpi_collect_blobs(ck, &r, &n, err) < 0)
         return -1;
+    /* The files' stamps before their bytes are read: a change while hashing leaves them stale. */
+    char (*stamps)[96] = calloc(ck->nfiles ? ck->nfiles : 1, sizeof *stamps);
+    if (!stamps) {
+        free(r);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    }
+    for (size_t f = 0; f < ck->nfiles; f++)
+        file_stamp(ck, f, stamps[f]);
     /* Hash first, outside any transaction: other processes keep using the catalog meanwhile. */
     if (dcpi_hash_blobs(ck, r, n, progress, pctx, err) < 0) {
+        free(stamps);
         free(r);
         return -1;
     }
@@ -323,6 +350,7 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
             dcpi_err(err, e == DCPI_PAST_END ? EIO : e, "%s/%s: %s: cannot hash the blob at offset %" PRIu64 " length %" PRIu64 ": %s",
                      ck->path, ck->files[r[i].file], key_of(ck, r[i].entry), r[i].offset, r[i].length,
                      e == DCPI_PAST_END ? "it ends past the end of the file" : strerror(e));
+            free(stamps);
             free(r);
             return -1;
         }
@@ -330,6 +358,7 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
     sqlite3_stmt *st = NULL;
     int rc;
     if ((rc = sqlite3_exec(cat->db, "BEGIN IMMEDIATE", NULL, NULL, NULL)) != SQLITE_OK) {
+        free(stamps);
         free(r);
         return dcpi_catalog_fail(cat, rc, err, "starting a transaction");
     }
@@ -348,13 +377,59 @@ int dcp_catalog_record(dcp_catalog *cat, dcp_checkpoint *ck, dcp_progress_fn pro
             ok = dcpi_catalog_fail(cat, rc, err, "recording a digest") == 0;
     }
     sqlite3_finalize(st);
+    st = NULL;
+    if (ok && (rc = sqlite3_exec(cat->db, STAMPS_TABLE, NULL, NULL, NULL)) != SQLITE_OK)
+        ok = dcpi_catalog_fail(cat, rc, err, "adding the stamps table") == 0;
+    if (ok && (rc = sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO recorded_stamps VALUES(?,?,?)", -1, &st,
+                                       NULL)) != SQLITE_OK)
+        ok = dcpi_catalog_fail(cat, rc, err, "preparing") == 0;
+    for (size_t f = 0; ok && f < ck->nfiles; f++) {
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, row);
+        sqlite3_bind_text(st, 2, ck->files[f], -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, stamps[f], -1, SQLITE_STATIC);
+        if ((rc = sqlite3_step(st)) != SQLITE_DONE)
+            ok = dcpi_catalog_fail(cat, rc, err, "recording a file's stamp") == 0;
+    }
+    sqlite3_finalize(st);
     if (ok && (rc = sqlite3_exec(cat->db, "COMMIT", NULL, NULL, NULL)) != SQLITE_OK)
         ok = dcpi_catalog_fail(cat, rc, err, "committing") == 0;
     if (!ok)
         sqlite3_exec(cat->db, "ROLLBACK", NULL, NULL, NULL);
     *nblobs = ok ? n : 0;
+    free(stamps);
     free(r);
     return ok ? 0 : -1;
+}
+
+int dcp_catalog_unchanged(dcp_catalog *cat, dcp_checkpoint *ck, int *unchanged, dcp_error *err)
+{
+    sqlite3_int64 row;
+    *unchanged = 0;
+    if (ck_row(cat, ck, 0, &row, err) < 0)
+        return -1;
+    if (!row)
+        return 0;
+    sqlite3_stmt *st;
+    /* No such table (a catalog no record has written to since): nothing vouches. */
+    if (sqlite3_prepare_v2(cat->db, "SELECT stamp FROM recorded_stamps WHERE ck=? AND file=?", -1, &st, NULL) !=
+        SQLITE_OK)
+        return 0;
+    int same = 1, rc = SQLITE_OK;
+    for (size_t f = 0; same && f < ck->nfiles; f++) {
+        char now[96];
+        file_stamp(ck, f, now);
+        sqlite3_reset(st);
+        sqlite3_bind_int64(st, 1, row);
+        sqlite3_bind_text(st, 2, ck->files[f], -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        same = rc == SQLITE_ROW && now[0] && !strcmp((const char *)sqlite3_column_text(st, 0), now);
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return dcpi_catalog_fail(cat, rc, err, "reading the recorded stamps");
+    *unchanged = same;
+    return 0;
 }
 
 int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, int *found,
@@ -482,6 +557,20 @@ int dcp_catalog_import(dcp_catalog *cat, dcp_checkpoint *ck, const char *sidecar
         return dcpi_catalog_fail(cat, src, err, "importing");
     }
     int rc = ck_row(cat, ck, 1, &row, err);
+    /* Digests from elsewhere: what this machine's files looked like when it
+     * recorded no longer vouches for them (dcp_catalog_unchanged). */
+    if (rc == 0 && (src = sqlite3_exec(cat->db, STAMPS_TABLE, NULL, NULL, NULL)) != SQLITE_OK)
+        rc = dcpi_catalog_fail(cat, src, err, "importing");
+    if (rc == 0) {
+        sqlite3_stmt *del;
+        if ((src = sqlite3_prepare_v2(cat->db, "DELETE FROM recorded_stamps WHERE ck=?", -1, &del, NULL)) == SQLITE_OK) {
+            sqlite3_bind_int64(del, 1, row);
+            src = sqlite3_step(del);
+            sqlite3_finalize(del);
+        }
+        if (src != SQLITE_DONE)
+            rc = dcpi_catalog_fail(cat, src, err, "importing");
+    }
     if (rc == 0 && (src = sqlite3_prepare_v2(cat->db, "INSERT OR REPLACE INTO digests VALUES(?,?,?,?,?)", -1, &st,
                                              NULL)) != SQLITE_OK)
         rc = dcpi_catalog_fail(cat, src, err, "importing");
