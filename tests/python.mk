@@ -10,7 +10,8 @@ EXTRA_DIST += $(PYTHON_TESTS) tests/python_lib.sh tests/python_build.sh
 # The package's files and its tests, whoever wrote them (found at make time, relative to
 # the source tree); the package is rebuilt when one of its own files changes.
 PYTHON_PKG_FILES = $(patsubst $(top_srcdir)/%,%,$(wildcard \
-	$(top_srcdir)/python/pyproject.toml $(top_srcdir)/python/setup.py $(top_srcdir)/python/dcpfs/*.py))
+	$(top_srcdir)/python/pyproject.toml $(top_srcdir)/python/setup.py $(top_srcdir)/python/dcpfs/*.py \
+	$(top_srcdir)/python/dcpfs/py.typed))
 PYTHON_TEST_FILES = $(patsubst $(top_srcdir)/%,%,$(wildcard $(top_srcdir)/python/tests/*.py))
 EXTRA_DIST += $(PYTHON_PKG_FILES) $(PYTHON_TEST_FILES)
 

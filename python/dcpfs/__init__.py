@@ -27,7 +27,9 @@ was saved with: only the bytes of the box are read, never whole records.
 Reading into torch: ``out`` may be a contiguous CPU tensor (filled in
 place through its data pointer) or a CUDA tensor (read through pinned host
 memory in pieces of at most 64 MiB and copied up). ``out``'s dtype must be
-the stored one and its number of elements the box's.
+the stored one and its number of elements the box's. A DTensor (an FSDP2
+parameter) holds no elements itself: read its local shard's box into
+``out.to_local()``. The write counts as an in-place op for autograd.
 
 dtypes numpy lacks (bfloat16, the float8 types, complex32, quantized and bit
 types) come back from ``read()`` as their raw bits in unsigned integers of
@@ -172,7 +174,11 @@ def _resolve_box(where: str, shape: Tuple[int, ...], box: Box) -> Tuple[list, li
         if isinstance(item, slice):
             if item.step is not None and operator.index(item.step) != 1:
                 raise ValueError(f"{where}: dimension {d}: slice step {item.step}: only step 1 can be read")
-            start, stop, _ = item.indices(size)     # numpy's resolution of negative/None bounds
+            try:
+                start, stop, _ = item.indices(size)     # numpy's resolution of negative/None bounds
+            except TypeError:
+                raise TypeError(f"{where}: dimension {d}: slice bounds must be ints or None, not "
+                                f"{item!r}") from None
             offsets.append(start)
             lengths.append(max(0, stop - start))
             continue
@@ -298,9 +304,10 @@ class Checkpoint:
             return out
 
     def keys(self) -> list:
-        """Every key, in metadata order (a new list)."""
-        if self._keys is None:
-            with self._use() as ck:
+        """Every key, in metadata order (a new list). Raises ValueError once closed,
+        as the other methods do."""
+        with self._use() as ck:
+            if self._keys is None:
                 keys = []
                 err = _ffi.new("dcp_error *")
                 out = _ffi.new("const dcp_entry **")
@@ -309,7 +316,7 @@ class Checkpoint:
                         _raise(err)
                     keys.append(_text(out[0].key))
                 self._keys = keys
-        return list(self._keys)
+            return list(self._keys)
 
     def __len__(self) -> int:
         with self._use() as ck:
@@ -382,7 +389,13 @@ class Checkpoint:
             or a contiguous torch.Tensor on the CPU or a CUDA device with the
             stored dtype; its number of elements must be the box's (its shape
             may differ). A wrong dtype raises TypeError, a wrong size or a
-            non-contiguous, read-only or conj/neg view ValueError.
+            non-contiguous, read-only or conj/neg view ValueError. A tensor
+            without storage of its own (a DTensor: pass its local shard,
+            ``out.to_local()``, and that shard's box; a FakeTensor or another
+            wrapper subclass) raises TypeError. As for torch's in-place ops, a
+            tensor that requires grad while grad mode is on, or an inference
+            tensor outside inference mode, raises ValueError; after the read
+            ``out``'s version counter is bumped, so autograd notices the write.
 
         Returns a new C-contiguous numpy array of the box's shape (0-d for a
         0-d tensor) -- bfloat16, float8 and complex32 as unsigned ints of the
@@ -457,21 +470,31 @@ class Checkpoint:
             raise ValueError(f"{where}: out has layout {out.layout}: only dense (strided) tensors can be filled")
         if out.numel() != numel:
             raise ValueError(f"{where}: out has {out.numel()} elements, the box {list(lengths)} has {numel}")
+        dev = out.device.type
+        if dev not in ("cpu", "cuda"):
+            raise ValueError(f"{where}: out is on device {out.device}: only cpu and cuda tensors can be filled")
+        # libdcp writes through out's data pointer: a wrapper subclass's is 0 (address 0: a crash)
+        if _is_dtensor(out):
+            raise TypeError(f"{where}: out is a DTensor, which holds no elements itself: read its local "
+                            "shard's box into out.to_local()")
+        if numel and _no_storage(out):
+            raise TypeError(f"{where}: out is a {type(out).__name__} without storage of its own "
+                            "(data_ptr() is 0): pass a tensor that holds its elements")
         if not out.is_contiguous():
             raise ValueError(f"{where}: out is not contiguous: pass a contiguous tensor "
                              "(for example out.contiguous(), then copy back)")
         if out.is_conj() or out.is_neg():
             raise ValueError(f"{where}: out is a conj or neg view: its memory does not hold its values")
+        problem = _inplace_problem(torch, out)
+        if problem:
+            raise ValueError(f"{where}: out {problem}")
         nbytes = numel * esz
-        dev = out.device.type
         if dev == "cpu":
             if nbytes:
                 self._read_into(ck, e, offsets, lengths, _ffi.cast("void *", out.data_ptr()), nbytes)
-        elif dev == "cuda":
-            if nbytes:
-                self._read_cuda(ck, e, offsets, lengths, esz, out, torch)
-        else:
-            raise ValueError(f"{where}: out is on device {out.device}: only cpu and cuda tensors can be filled")
+                _bump_version(torch, out)
+        elif nbytes:
+            self._read_cuda(ck, e, offsets, lengths, esz, out, torch)
 
     def _read_cuda(self, ck: Any, e: Any, offsets: list, lengths: list, esz: int, out: Any, torch: Any) -> None:
         """Fill a CUDA tensor through two pinned host buffers: read one piece while the
@@ -514,6 +537,53 @@ class Checkpoint:
                 return _ffi.unpack(_ffi.cast("char *", buf[0]), n[0]) if n[0] else b""
             finally:
                 _lib.free(buf[0])
+
+
+def _is_dtensor(t: Any) -> bool:
+    """t is a torch.distributed DTensor (an nn.Parameter of one too), found
+    without importing torch.distributed."""
+    return any(c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed")
+               for c in type(t).__mro__)
+
+
+def _no_storage(t: Any) -> bool:
+    """t has no memory of its own to write into: a wrapper subclass (DTensor,
+    ``_make_wrapper_subclass`` tensors) has a storage whose data pointer is 0
+    or refuses to give one, a FakeTensor a meta storage (asked through its
+    storage: FakeTensor.data_ptr() warns). Only meaningful for a tensor with
+    elements."""
+    try:
+        st = t.untyped_storage()
+        return st.device.type == "meta" or int(st.data_ptr()) == 0
+    except (RuntimeError, NotImplementedError):
+        return True
+
+
+def _inplace_problem(torch: Any, t: Any) -> Optional[str]:
+    """Why torch would refuse an in-place write into t, which dcpfs makes
+    behind autograd's back (None: it may be written). Such a write is never
+    recorded in the graph, so unlike torch (which refuses leaves only) any
+    tensor requiring grad is refused while grad mode is on."""
+    if t.requires_grad and torch.is_grad_enabled():
+        return ("requires grad, and grad mode is on: autograd cannot record a write into it "
+                "(torch refuses in-place writes to a leaf that requires grad): read under "
+                "torch.no_grad(), or into out.detach()")
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return ("is an inference tensor: torch allows in-place writes to it only in inference mode "
+                "(torch.inference_mode())")
+    return None
+
+
+def _bump_version(torch: Any, t: Any) -> None:
+    """Tell autograd that t was written in place (through its data pointer, so
+    torch did not count it): a use of an older value saved for backward then
+    raises, as after torch's own in-place ops."""
+    graph = getattr(torch.autograd, "graph", None)
+    inc = getattr(graph, "increment_version", None)
+    if inc is not None:
+        inc(t)
+    else:   # (torch before 2.1)
+        torch._C._increment_version(t)
 
 
 def _pieces(offsets: list, lengths: list, esz: int, limit: int) -> Iterator[Tuple[list, list, int, int]]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import io
 import mmap
+import operator
 import os
 import socket
 import threading
@@ -43,12 +44,15 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from . import DcpError, open as _open
+from . import DcpError, _bump_version, _no_storage, open as _open
 from ._native import ffi, lib
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["load", "LoadStats"]
 
@@ -79,9 +83,10 @@ class LoadStats:
 class _Dest:
     """One request of this rank: where its bytes go."""
 
-    __slots__ = ("key", "target", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
+    __slots__ = ("key", "target", "shape", "buf", "ptr", "nbytes", "kind", "cuda", "finish")
     key: str
     target: Any             # the caller's tensor (a DTensor's local shard), None for bytes items
+    shape: tuple            # the tensor's global shape (a DTensor's, not its shard's); () for bytes items
     buf: Any                # where the bytes land: the target itself, a temporary, or a numpy buffer
     ptr: int
     nbytes: int
@@ -144,29 +149,79 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
     for key, value in flat.items():
         d = _Dest()
         d.key = key
+        if not isinstance(key, str):
+            raise DcpError(22, f"{ck.path}: state dict keys are str, not {type(key).__name__} ({key!r})")
+        where = f"{ck.path}: {_shown(key)}"
         if DTensor is not None and isinstance(value, DTensor):
+            partial = [p for p in value.placements if p.is_partial()]
+            if partial:
+                # its value is the sum of the ranks' shards: no shard can be filled from the stored value
+                raise DcpError(22, f"{where}: the DTensor has a Partial placement ({partial[0]}): its value is "
+                                   "a sum over ranks still to be reduced, which a load cannot fill (dcp.load "
+                                   "refuses it too): redistribute it to Replicate() or Shard() first")
             local = value.to_local()
             shape, offset = local_shape_and_offset(
                 value.shape, value.device_mesh, value.placements)
             d.kind = "tensor"
             d.target = local
+            d.shape = tuple(int(s) for s in value.shape)
             offsets, lengths = tuple(int(o) for o in offset), tuple(int(s) for s in shape)
             if tuple(local.shape) != lengths:
-                raise DcpError(22, f"{ck.path}: {key}: the DTensor's local shard has shape {tuple(local.shape)}, "
+                raise DcpError(22, f"{where}: the DTensor's local shard has shape {tuple(local.shape)}, "
                                    f"its placement says {lengths}")
+            _check_target(torch, where + " (the DTensor's local shard)", local)
         elif isinstance(value, torch.Tensor):
             d.kind = "tensor"
             d.target = value
-            offsets, lengths = (0,) * value.dim(), tuple(int(s) for s in value.shape)
+            d.shape = tuple(int(s) for s in value.shape)
+            offsets, lengths = (0,) * value.dim(), d.shape
+            _check_target(torch, where, value)
         else:
             d.kind = "bytes"
             d.target = None
+            d.shape = ()
             offsets, lengths = (), ()
-        if d.kind == "tensor" and d.target.numel() == 0:
-            continue        # an empty shard needs no bytes
-        dests.append(d)
+        dests.append(d)         # empty ones too: their key and shape are checked, then they are dropped
         reqs.append((key, offsets, lengths))
     return dests, reqs
+
+
+def _shown(key: str) -> str:
+    """A key as messages show it (a NUL visible)."""
+    return key.replace("\0", "\\0")
+
+
+def _check_target(torch, where: str, t) -> None:
+    """Refuse (EINVAL), before the ranks agree to go on, a destination this rank could
+    not fill -- so that every rank raises the same error instead of one
+    failing alone after the load: a sparse or other non-strided tensor, a
+    meta tensor (no memory), a wrapper subclass without storage of its own
+    (data_ptr() 0: the load writes through it), an expanded tensor (elements
+    sharing memory: torch's copy_ refuses it), an inference tensor outside
+    inference mode. Conj/neg views, other dtypes and strided views are
+    filled through a temporary, as torch's reader does."""
+    if t.layout != torch.strided:
+        raise DcpError(22, f"{where}: the tensor has layout {t.layout}: only dense (strided) tensors can be filled")
+    if t.device.type == "meta":
+        raise DcpError(22, f"{where}: the tensor is on the meta device, with no memory to fill: allocate it "
+                           "first (for example module.to_empty(device=...))")
+    if t.numel() and t.device.type in ("cpu", "cuda") and _no_storage(t):
+        raise DcpError(22, f"{where}: the tensor is a {type(t).__name__} without storage of its own "
+                           "(data_ptr() is 0): pass tensors that hold their elements")
+    if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
+        raise DcpError(22, f"{where}: the tensor is expanded (stride 0 in a dimension of size > 1): several of "
+                           "its elements share memory; pass a tensor of its own (for example .clone())")
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise DcpError(22, f"{where}: the tensor is an inference tensor: torch allows in-place writes to it only "
+                           "in inference mode")
+
+
+def _drop_empty(dests: List[_Dest], reqs: list, stored: List[str], sizes: List[int]):
+    """The requests that need bytes: an empty tensor (an empty DTensor shard)
+    needs none once its key and shape were checked."""
+    keep = [i for i, d in enumerate(dests) if d.kind != "tensor" or d.target.numel()]
+    return ([dests[i] for i in keep], [reqs[i] for i in keep], [stored[i] for i in keep],
+            [sizes[i] for i in keep])
 
 
 def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
@@ -179,9 +234,12 @@ def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
     stored = []
     sizes = []
     for d, (key, off, ln) in zip(dests, reqs):
+        if "\0" in key:     # C would read the key up to the NUL: another key
+            raise DcpError(2, f"{ck.path}: {_shown(key)}: no such key in the checkpoint (keys hold no NUL)")
         o = ffi.new("int64_t[]", list(off) or [0])
         l = ffi.new("int64_t[]", list(ln) or [0])
-        if lib.dcp_greq_check(ck._ptr, key.encode(), lib.DCP_DTYPE_INVALID, len(off), o, l, entry, nbytes, err) < 0:
+        if lib.dcp_greq_check(ck._ptr, _c_key(key), lib.DCP_DTYPE_INVALID, len(off), o, l, entry, nbytes,
+                              err) < 0:
             raise _err(err)
         e = entry[0]
         is_tensor = e.kind == lib.DCP_KIND_TENSOR
@@ -189,6 +247,12 @@ def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
             what = "a tensor" if is_tensor else "a bytes item (a non-tensor value)"
             raise DcpError(22, f"{ck.path}: {key}: the checkpoint stores {what}, the state dict holds "
                                f"{type(d.target).__name__ if d.kind == 'tensor' else 'a non-tensor value'}")
+        if is_tensor:
+            # the box is inside the stored tensor; the tensor must also be as large (dcp.load's size check)
+            have = tuple(int(e.shape[i]) for i in range(e.ndim))
+            if d.shape != have:
+                raise DcpError(22, f"{ck.path}: {key}: the state dict's tensor has shape {list(d.shape)}, "
+                                   f"the checkpoint stores {list(have)}")
         stored.append(ffi.string(lib.dcp_dtype_name(e.dtype)).decode() if is_tensor else "bytes")
         sizes.append(int(nbytes[0]))
     return stored, sizes
@@ -200,7 +264,7 @@ def _encode(reqs) -> bytes:
     regions = ffi.new("dcp_gregion[]", max(n, 1))
     keep = []
     for i, (key, off, ln) in enumerate(reqs):
-        k = ffi.new("char[]", key.encode())
+        k = ffi.new("char[]", _c_key(key))
         o = ffi.new("int64_t[]", list(off) or [0])
         l = ffi.new("int64_t[]", list(ln) or [0])
         keep += [k, o, l]
@@ -217,6 +281,26 @@ def _encode(reqs) -> bytes:
         return bytes(ffi.buffer(buf[0], blen[0]))
     finally:
         lib.free(buf[0])
+
+
+def _c_key(key: str) -> bytes:
+    """A key as libdcp takes it (a C string: no NUL inside), encoded as dcpfs.open's keys are."""
+    if "\0" in key:
+        raise ValueError(f"{_shown(key)}: a key cannot hold a NUL character")
+    return key.encode("utf-8", "surrogateescape")
+
+
+def _int_option(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
+    """An int option of load, checked (a float or a str is a TypeError, not a
+    failure deep inside the load)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"dcpfs.torch.load: {name} must be an int, not {type(value).__name__} ({value!r})") from None
+    if v < low or (high is not None and v > high):
+        raise ValueError(f"dcpfs.torch.load: {name} must be " +
+                         (f"in [{low}, {high}]" if high is not None else f">= {low}") + f", not {v}")
+    return v
 
 
 def _agree(dist, group, me: int, world: int, item: Any) -> List[Any]:
@@ -257,7 +341,8 @@ class _Shm:
             pass
 
 
-def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
+def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
+         process_group: Optional["ProcessGroup"] = None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
          plan_ops: int = 1 << 17, io_threads: int = 4, node_sharing: str = "page_cache",
          catalog: bool = True, direct: bool = False, megatron_fold: bool = False) -> LoadStats:
@@ -275,8 +360,16 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
     The ``.metadata`` is parsed by libdcp: no pickle is executed for it.
 
     Errors are agreed: if any rank fails (an unknown key, a box outside its
-    tensor, a damaged checkpoint, a failed read), every rank raises the same
+    tensor, a damaged checkpoint, a failed read, a bad option or a
+    destination that cannot be filled), every rank raises the same
     :class:`dcpfs.DcpError` naming the rank, file, key and reason.
+    Destinations are checked before anything is read, as ``dcp.load``
+    checks them: each key must be stored, each tensor (a DTensor's global
+    shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
+    tensor subclasses without storage of their own and DTensors with a
+    ``Partial`` placement are refused. Conj and neg views, other dtypes
+    and non-contiguous tensors are filled through a temporary. Tensors
+    filled in place have their autograd version counter bumped.
 
     Args:
         state_dict: the (nested) state dict to fill, as for ``dcp.load``.
@@ -335,30 +428,37 @@ def load(state_dict: Dict[str, Any], path: str, process_group=None, *,
             raise ValueError("dcpfs.torch.load: a process group was given but torch.distributed is not initialised")
         group, me, world = None, 0, 1
     stats = LoadStats()
-    staging_bytes = int(staging_bytes)
-    if staging_bytes <= 0 or staging_bytes > (1 << 30) or nstaging < 1 or shm_bytes < 0 or plan_ops < 1:
-        raise ValueError("dcpfs.torch.load: staging_bytes must be in (0, 1 GiB], nstaging >= 1, shm_bytes >= 0, "
-                         "plan_ops >= 1")
-    if node_sharing not in ("page_cache", "staging"):
-        raise ValueError(f"dcpfs.torch.load: node_sharing must be 'page_cache' or 'staging', not {node_sharing!r}")
 
-    # 1. Open, find this rank's requests, check them: any failure is agreed.
+    # 1. Check the options, open, find this rank's requests, check them: any
+    # failure (of any type: a peer must not wait for this rank) is agreed.
     ck = None
-    item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex,
-                            "opts": (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct),
-                                     bool(megatron_fold))}
+    item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex}
     dests: List[_Dest] = []
     try:
+        staging_bytes = _int_option("staging_bytes", staging_bytes, 1, 1 << 30)
+        nstaging = _int_option("nstaging", nstaging, 1)
+        shm_bytes = _int_option("shm_bytes", shm_bytes, 0)
+        plan_ops = _int_option("plan_ops", plan_ops, 1)
+        io_threads = _int_option("io_threads", io_threads, 1)
+        if node_sharing not in ("page_cache", "staging"):
+            raise ValueError(f"dcpfs.torch.load: node_sharing must be 'page_cache' or 'staging', "
+                             f"not {node_sharing!r}")
+        item["opts"] = (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct), bool(megatron_fold))
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"dcpfs.torch.load: state_dict must be a dict, not {type(state_dict).__name__}")
         flat, mappings = _flatten(state_dict)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
         dests, reqs = _regions(flat, ck)
         stored, sizes = _check_local(ck, dests, reqs)
+        dests, reqs, stored, sizes = _drop_empty(dests, reqs, stored, sizes)
         item["identity"] = _identity(ck)
         item["reqs"] = _encode(reqs)
     except DcpError as e:
         item["error"] = (e.errno or 5, e.strerror or str(e))
     except (ValueError, TypeError, KeyError, OSError) as e:
         item["error"] = (getattr(e, "errno", None) or 22, f"{path}: {e}")
+    except Exception as e:     # (an unexpected failure: agreed all the same, its type named)
+        item["error"] = (22, f"{path}: {type(e).__name__}: {e}")
     try:
         gathered = _agree(dist, group, me, world, item) if world > 1 else [item]
         _raise_first(gathered, world)
@@ -392,8 +492,8 @@ def _identity(ck) -> tuple:
 
 def _prepare_dests(torch, dests, stored, sizes) -> None:
     """Where each request's bytes land: straight into the tensor when it is
-    contiguous and of the stored dtype (host: placed in C; CUDA: copied up
-    fragment by fragment), else into a host temporary of the stored dtype
+    contiguous, of the stored dtype and not a conj/neg view (host: placed in
+    C; CUDA: copied up fragment by fragment), else into a host temporary of the stored dtype
     that is copied (and cast) into it at the end, as torch's reader does."""
     for d, st, nb in zip(dests, stored, sizes):
         d.nbytes = nb
@@ -403,9 +503,10 @@ def _prepare_dests(torch, dests, stored, sizes) -> None:
             d.ptr = d.buf.ctypes.data if nb else 0
             continue
         t = d.target
-        if t.is_contiguous() and _torch_name(t.dtype) == st and t.device.type in ("cpu", "cuda"):
-            d.buf = t
-        else:
+        if t.is_contiguous() and _torch_name(t.dtype) == st and t.device.type in ("cpu", "cuda") \
+                and not t.is_conj() and not t.is_neg():
+            d.buf = t.detach()      # (the same memory; torch copies into CUDA ones must not be recorded)
+        else:   # (a conj/neg view's memory holds other values than it shows: copy_ writes them)
             d.buf = torch.empty(tuple(t.shape), dtype=getattr(torch, st))
             d.finish = _copy_into(t, d.buf)
         # $DCPFS_TEST_FAKE_CUDA: CPU tensors placed as CUDA ones are (torch
@@ -416,7 +517,7 @@ def _prepare_dests(torch, dests, stored, sizes) -> None:
 
 def _copy_into(target, tmp):
     def finish():
-        target.copy_(tmp)
+        target.detach().copy_(tmp)     # (as torch's reader: a Parameter's too, not recorded by autograd)
     return finish
 
 
@@ -478,7 +579,7 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
             q.mem = 1 if d.cuda else 0
     except DcpError as e:
         local_err = (e.errno or 5, e.strerror or str(e))
-    except (MemoryError, RuntimeError, TypeError, ValueError) as e:
+    except Exception as e:      # any type: agreed, so that no peer waits for this rank
         local_err = (12 if isinstance(e, MemoryError) else 22, str(e))
     try:
         _agree_error(dist, group, me, world, local_err)
@@ -514,6 +615,8 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
             set_element(state_dict, mappings[d.key], value)
         elif d.finish is not None:
             d.finish()
+        else:
+            _bump_version(torch, d.target)     # written through its data pointer, behind autograd
     stats.seconds_total = time.perf_counter() - t0
     return stats
 

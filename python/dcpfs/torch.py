@@ -106,7 +106,7 @@ class Reader(StorageReader):
         """The checkpoint folder (torch logs it and passes it to its hooks)."""
         return self.path
 
-    def _open(self):
+    def _open(self) -> "dcpfs.Checkpoint":
         with self._lock:
             if self._ck is None:
                 self._ck = dcpfs.open(self.path, catalog=self.catalog, megatron_fold=self.megatron_fold)
@@ -155,7 +155,7 @@ class Reader(StorageReader):
         sdm: Dict[str, Union[TensorStorageMetadata, BytesStorageMetadata]] = {}
         for key in ck.keys():
             info = ck.info(key)
-            if info.kind == "bytes":
+            if info.kind == "bytes" or info.dtype is None:     # (a tensor always has a dtype)
                 sdm[key] = BytesStorageMetadata()
                 continue
             chunks = [ChunkStorageMetadata(offsets=torch.Size(c.offsets), sizes=torch.Size(c.sizes))
@@ -184,17 +184,21 @@ class Reader(StorageReader):
         self.rank = kwargs.get("rank")
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """This rank's plan, unchanged: libdcp locates every chunk itself, so
+        the items need no storage data."""
         return plan
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        """Every rank's plan, unchanged (run on the coordinator): each rank
+        reads its own items, so there is nothing to coordinate."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         """Read every item of ``plan``: bytes items through
         ``planner.load_bytes``, tensor boxes straight into
         ``planner.resolve_tensor(item)`` (through a temporary of the stored
-        dtype when the target is not contiguous or of another dtype, then
-        copied and cast into it), each committed with
+        dtype when the target is not contiguous, of another dtype or a
+        conj/neg view, then copied and cast into it), each committed with
         ``planner.commit_tensor``. Returns a completed future; errors raise
         (``dcpfs.DcpError`` naming file, key and reason)."""
         ck = self._open()
@@ -270,7 +274,7 @@ def _read_box(ck, item: ReadItem, target: torch.Tensor) -> None:
     if target.numel() == 0:
         return
     stored = torch_dtype(ck.info(key).dtype)
-    if target.dtype == stored and target.is_contiguous():
+    if target.dtype == stored and target.is_contiguous() and not target.is_conj() and not target.is_neg():
         ck.read(key, box=box, out=target)
     else:
         tmp = torch.empty(tuple(target.shape), dtype=stored, device=target.device
@@ -279,7 +283,8 @@ def _read_box(ck, item: ReadItem, target: torch.Tensor) -> None:
         target.copy_(tmp)
 
 
-def ck_path(ck) -> str:
+def ck_path(ck: Any) -> str:
+    """A checkpoint's path for messages ("checkpoint" when it has none)."""
     return getattr(ck, "path", "checkpoint")
 
 

@@ -319,6 +319,119 @@ def test_errors_agreed(tmp_path):
     _same_message(distrun.run(2, _expect_error, str(short), "plain", timeout=60), ".distcp")
 
 
+def _unfillable(rank: int, world: int, path: str) -> list:
+    """Destinations and options only rank 1 gets wrong (Partial DTensors: both
+    ranks), each refused with the same DcpError on both ranks before any
+    byte is read -- never one rank failing alone or a peer left waiting --
+    then a good load, the ranks still in step."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+    mesh = init_device_mesh("cpu", (world,))
+    want = tr._full_values()
+    cases = {
+        "not-a-dict": ([torch.zeros_like(want["a"])], {}),
+        "io_threads": (None, {"io_threads": "x"}),
+        "nstaging": (None, {"nstaging": 1.5}),
+        "sparse": ({"a": torch.zeros_like(want["a"]).to_sparse()}, {}),
+        "expanded": ({"a": torch.zeros(1, *want["a"].shape[1:]).expand(want["a"].shape)}, {}),
+    }
+    msgs = []
+    for name, (bad, opts) in cases.items():
+        sd = {k: torch.zeros_like(v) for k, v in want.items()}
+        if rank != 1:
+            opts = {}
+        elif bad is not None:
+            sd = bad
+        try:
+            dcpfs.torch.load(sd, path, **opts)
+        except dcpfs.DcpError as e:
+            msgs.append(str(e))
+        else:
+            raise AssertionError(f"rank {rank}: {name}: no error")
+    try:
+        dcpfs.torch.load({"a": DTensor.from_local(torch.zeros_like(want["a"]), mesh, [Partial()])}, path)
+    except dcpfs.DcpError as e:
+        msgs.append(str(e))
+    else:
+        raise AssertionError(f"rank {rank}: Partial: no error")
+    sd = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcpfs.torch.load(sd, path)
+    for k in want:
+        tr._same(sd[k], want[k], k)
+    return msgs
+
+
+def test_unfillable_agreed(tmp_path):
+    path = tmp_path / "ck"
+    _save_one_process(dict(tr._full_values()), str(path))
+    res = distrun.run(2, _unfillable, str(path), timeout=60)
+    per_case = list(zip(*res))
+    parts = [("rank 1", "state_dict must be a dict, not list"),
+             ("rank 1", "io_threads must be an int, not str"),
+             ("rank 1", "nstaging must be an int, not float"),
+             ("rank 1", ": a: the tensor has layout torch.sparse_coo"),
+             ("rank 1", ": a: the tensor is expanded"),
+             ("rank 0", ": a: the DTensor has a Partial placement")]
+    assert len(per_case) == len(parts)
+    for msgs, want in zip(per_case, parts):
+        _same_message(list(msgs), *want)
+
+
+def test_unfillable_refused(tmp_path):
+    """Destinations dcp.load refuses, refused (a DcpError naming the key and
+    the reason) before anything is read, not filled wrongly or not at all: a
+    tensor without storage of its own, a meta tensor, a missing key or a
+    wrong shape also for an empty tensor, a smaller tensor than stored (not
+    a box of it), a key with a NUL (C would read another key)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    path = tmp_path / "ck"
+    want = dict(tr._full_values(), e=torch.zeros(0, 4))
+    _save_one_process(dict(want), str(path))
+    with FakeTensorMode():
+        fake = torch.empty(want["a"].shape)
+    shape_a = list(want["a"].shape)
+    cases = [
+        ({"a": fake}, ": a: the tensor is a FakeTensor without storage of its own"),
+        ({"a": torch.empty(want["a"].shape, device="meta")}, ": a: the tensor is on the meta device"),
+        ({"nope": torch.zeros(0)}, ": nope: no such key in the checkpoint"),
+        ({"a": torch.zeros(0, shape_a[1])}, f": a: the state dict's tensor has shape [0, {shape_a[1]}], "
+                                            f"the checkpoint stores {shape_a}"),
+        ({"a": torch.zeros(1, shape_a[1])}, f": a: the state dict's tensor has shape [1, {shape_a[1]}]"),
+        ({"e": torch.zeros(0, 5)}, ": e: region [0:0,0:5] (start:count) lies outside the tensor of shape [0,4]"),
+        ({"a\0junk": torch.zeros_like(want["a"])}, ": a\\0junk: no such key in the checkpoint"),
+    ]
+    for sd, msg in cases:
+        before = {k: v.clone() for k, v in sd.items() if v.device.type == "cpu" and not isinstance(v, type(fake))}
+        with pytest.raises(dcpfs.DcpError) as ei:
+            dcpfs.torch.load(sd, str(path))
+        assert f"{path}{msg}" in str(ei.value), (msg, str(ei.value))
+        for k, v in before.items():
+            assert torch.equal(sd[k], v), k
+    got = {"e": torch.zeros(0, 4), "a": torch.zeros_like(want["a"])}      # an empty tensor of the right shape
+    dcpfs.torch.load(got, str(path))
+    tr._same(got["a"], want["a"], "a")
+
+
+def test_conj_neg_and_versions(tmp_path):
+    """Conj and neg views get the stored values (through a temporary), as
+    dcp.load gives them; a tensor filled in place, a Parameter too, has its
+    autograd version counter bumped."""
+    path = tmp_path / "ck"
+    c = torch.tensor([1 + 2j, 3 - 4j, -5j], dtype=torch.complex64)
+    want = dict(tr._full_values(), c=c)
+    _save_one_process(dict(want), str(path))
+    p = torch.nn.Parameter(torch.zeros_like(want["a"]))
+    sd = {"c": torch.zeros(3, dtype=torch.complex64).conj(), "a": p}
+    sd_neg = {"a": torch.zeros_like(want["a"])._neg_view()}
+    dcpfs.torch.load(sd, str(path))
+    dcpfs.torch.load(sd_neg, str(path))
+    assert sd["c"].is_conj() and sd["c"].tolist() == c.tolist(), sd["c"]
+    assert sd_neg["a"].is_neg()
+    tr._same(sd_neg["a"].resolve_neg(), want["a"], "a (neg view)")
+    tr._same(p.detach(), want["a"], "a")
+    assert p._version > 0
+
+
 def test_single_process_without_dist(tmp_path):
     """Without torch.distributed initialised, load runs as one rank."""
     path = tmp_path / "ck"

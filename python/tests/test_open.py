@@ -341,6 +341,106 @@ def test_bad_out_torch():
         assert not t.any()
 
 
+def test_torch_out_without_storage():
+    """A tensor subclass without storage of its own (a FakeTensor, a bare
+    ``_make_wrapper_subclass`` tensor) is refused, naming the key: libdcp
+    would write to address 0 (a crash, or EFAULT blamed on the shard file)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Wrapper(torch.Tensor):      # metadata only: every op refused
+        @staticmethod
+        def __new__(cls, like):
+            return torch.Tensor._make_wrapper_subclass(cls, like.shape, dtype=like.dtype, device=like.device)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise NotImplementedError(f"Wrapper: {func}")
+
+    with FakeTensorMode():
+        fake = torch.empty(40, 24)
+    with dcpfs.open(CK05, catalog=False) as ck:
+        for out in (fake, Wrapper(torch.zeros(40, 24))):
+            with pytest.raises(TypeError, match=rf"05_mixed_2ranks/ckpt: enc.weight: out is a {type(out).__name__} "
+                                                r"without storage of its own"):
+                ck.read("enc.weight", out=out)
+
+
+def _dtensor_out(rank: int, world: int, path: str) -> str:
+    """ck.read(out=) an FSDP2-style parameter (an nn.Parameter of a DTensor): the error, and that
+    its local shard reads."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    p = torch.nn.Parameter(distribute_tensor(torch.zeros(40, 24), mesh, [Shard(0)]))
+    with dcpfs.open(path, catalog=False) as ck:
+        try:
+            ck.read("enc.weight", out=p)
+        except TypeError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("no error")
+        with torch.no_grad():
+            ck.read("enc.weight", out=p.to_local())
+        assert np.array_equal(p.to_local().detach().numpy(), ck.read("enc.weight"))
+    return msg
+
+
+def test_torch_out_dtensor():
+    sys.path.insert(0, os.path.dirname(__file__))
+    import dist as distrun      # python/tests/dist.py
+    msg = distrun.run(1, _dtensor_out, str(CK05), timeout=60)[0]
+    assert f"{CK05}: enc.weight: out is a DTensor" in msg and "out.to_local()" in msg, msg
+
+
+def test_torch_out_autograd():
+    """dcpfs writes behind autograd: a tensor requiring grad is refused while
+    grad mode is on (torch refuses in-place writes to such a leaf), an
+    inference tensor outside inference mode too, and a write bumps the
+    version counter, so a value saved for backward is caught as after
+    torch's own in-place ops."""
+    import torch
+    with dcpfs.open(CK05, catalog=False) as ck:
+        full = torch.from_numpy(ck.read("enc.weight"))
+        w = torch.zeros(40, 24, requires_grad=True)
+        with pytest.raises(ValueError, match=r"enc.weight: out requires grad, and grad mode is on"):
+            ck.read("enc.weight", out=w)
+        assert w._version == 0 and not w.detach().any()
+        with torch.no_grad():
+            ck.read("enc.weight", out=w)
+        assert w._version > 0 and torch.equal(w.detach(), full)
+        with torch.inference_mode():
+            inf = torch.zeros(40, 24)
+        with pytest.raises(ValueError, match=r"enc.weight: out is an inference tensor"):
+            ck.read("enc.weight", out=inf)
+        with torch.inference_mode():
+            ck.read("enc.weight", out=inf)
+        assert torch.equal(inf, full)
+        a = torch.ones(40, 24, requires_grad=True)
+        h = a * 1.0
+        y = (h * h).sum()           # saves h for backward
+        with torch.no_grad():
+            ck.read("enc.weight", out=h)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+
+
+def test_closed_keys_and_float_slices():
+    """keys() after close() raises as every other method does, even once cached;
+    a float slice bound names the file, key and dimension."""
+    ck = dcpfs.open(CK05, catalog=False)
+    with pytest.raises(TypeError, match=r"05_mixed_2ranks/ckpt: enc.weight: dimension 0: slice bounds must be "
+                                        r"ints or None"):
+        ck.read("enc.weight", [slice(0.5, 2), slice(None)])
+    assert "enc.weight" in ck.keys()
+    ck.close()
+    with pytest.raises(ValueError, match="closed"):
+        ck.keys()
+    with pytest.raises(ValueError, match="closed"):
+        list(ck)
+
+
 def copy_ckpt(tmp_path, case="05_mixed_2ranks"):
     dst = tmp_path / case
     shutil.copytree(FIXTURES / case / "ckpt", dst)

@@ -322,6 +322,25 @@ def test_cast_and_noncontiguous(tmp_path, threads):
     _same(got["y"], full.to(torch.bfloat16).to(torch.float32), "y")
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_conj_neg_targets_and_versions(tmp_path, threads):
+    """Conj and neg views are filled through a temporary, with the stored
+    values, as FileSystemReader fills them; a tensor filled in place (a
+    Parameter here) has its autograd version counter bumped, as copy_ would."""
+    c = torch.tensor([1 + 2j, 3 - 4j, -5j], dtype=torch.complex64)
+    w = torch.arange(6.0).reshape(2, 3)
+    dcp.save({"c": c, "w": w, "p": w + 1}, checkpoint_id=tmp_path / "cn")
+    for reader in (dcpfs.torch.Reader(tmp_path / "cn", threads=threads), FileSystemReader(tmp_path / "cn")):
+        p = torch.nn.Parameter(torch.zeros(2, 3))
+        got = {"c": torch.zeros(3, dtype=torch.complex64).conj(), "w": torch.zeros(2, 3)._neg_view(), "p": p}
+        dcp.load(got, storage_reader=reader)
+        assert got["c"].is_conj() and got["w"].is_neg()
+        assert got["c"].tolist() == c.tolist(), (type(reader).__name__, got["c"])
+        _same(got["w"].resolve_neg(), w, "w")
+        _same(p.detach(), w + 1, "p")
+        assert p._version > 0, type(reader).__name__
+
+
 def test_validate_and_metadata(tmp_path):
     ck = FIXTURES / "05_mixed_2ranks" / "ckpt"
     assert dcpfs.torch.Reader.validate_checkpoint_id(ck)
