@@ -50,6 +50,7 @@ typedef struct dcp_export_options {
     dcp_skip_fn skipped;        /* each source key left out, with why (the recipe ignores it,
                                    no rule maps it with DCP_EXPORT_ALLOW_UNMAPPED) */
     void *skipped_ctx;
+    volatile sig_atomic_t *cancel;   /* since 0.2 (appended): as dcp_convert_options' (dcp_write.h) */
 } dcp_export_options;
 #define DCP_EXPORT_OPTIONS_INIT {.size = sizeof(dcp_export_options)}
 

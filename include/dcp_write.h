@@ -10,6 +10,7 @@
 #ifndef DCP_WRITE_H
 #define DCP_WRITE_H
 
+#include <signal.h>   /* sig_atomic_t */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -181,6 +182,10 @@ typedef struct dcp_convert_options {
     void *progress_ctx;
     dcp_skip_fn skipped;
     void *skipped_ctx;
+    /* Since 0.2 (appended). When set and *cancel becomes nonzero (a signal
+     * handler sets it), the conversion stops at its next piece, removes what
+     * it wrote and fails with ECANCELED. */
+    volatile sig_atomic_t *cancel;
 } dcp_convert_options;
 #define DCP_CONVERT_OPTIONS_INIT {.size = sizeof(dcp_convert_options)}
 

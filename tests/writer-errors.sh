@@ -42,6 +42,32 @@ after=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
 mkdir "$SCRATCH/empty"
 $DCP synth "$SCRATCH/empty" --keys 1 --shape 4
 [ -f "$SCRATCH/empty/.metadata" ] || fail "synth into an empty folder wrote no .metadata"
+# Interrupted (Ctrl-C, a scheduler's SIGTERM): the conversion stops at its next piece, removes
+# its hidden temporary (a full-size one was left behind) and ends by the signal (130, 143).
+"$DCP" synth "$SCRATCH/s/big" --total 192MiB --ranks 2 --shard cols >/dev/null || fail "synth for the interrupts"
+export DCP_RECIPE_PATH="$top_srcdir/recipes"
+printf '%s\n' '{"recipe": "t", "rules": [{"from": "model.layers.{L}.weight", "to": "l.{L}.weight"}],' \
+    ' "config": {"model_type": "llama"}}' >"$SCRATCH/s/r.json"
+mkdir "$SCRATCH/intr"
+for run in INT:130:x.safetensors TERM:143:xdcp HUP:129:xs HUP:129:xpt.pt INT:130:hf; do
+    sig=${run%%:*} want=${run#*:} want=${want%%:*} dst=${run##*:}
+    set --
+    case $dst in xs) set -- --max-shard-size 8M ;; hf) set -- --to hf --recipe "$SCRATCH/s/r.json" --dtype bfloat16 ;; esac
+    "$DCP" convert -q "$@" "$SCRATCH/s/big" "$SCRATCH/intr/$dst" 2>"$SCRATCH/intr.err" &
+    pid=$!
+    # the signal once the temporary holds bytes: the writer is mid-way
+    i=0
+    until [ -n "$(find "$SCRATCH/intr" -name ".$dst.tmp-*" -size +1k 2>/dev/null | head -1)" ] ||
+          ! kill -0 $pid 2>/dev/null || [ $i -ge 2000 ]; do
+        sleep 0.005; i=$((i + 1))
+    done
+    kill -$sig $pid 2>/dev/null || fail "$dst: the conversion ended before the signal (make the source bigger)"
+    rc=0; wait $pid || rc=$?
+    [ $rc = $want ] || fail "$dst: SIG$sig: exit $rc, not $want: $(cat "$SCRATCH/intr.err")"
+    grep -q "convert: $SCRATCH/intr/$dst: interrupted" "$SCRATCH/intr.err" || fail "$dst: $(cat "$SCRATCH/intr.err")"
+    [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "$dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
+done
+rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
 # Failed conversions leave no output and no temporary.
 left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
 [ -z "$left" ] || fail "left behind: $left"

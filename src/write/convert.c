@@ -182,10 +182,19 @@ static int recorded_crc(int fd, uint64_t foff, uint64_t len, uint32_t *crc)
 /* The longest prefix of [off, off+len) stored as is in one file: planned
  * first over a probe, then (when the probe is one run) over up to 1 GiB,
  * so a strided region never makes a huge plan. */
+/* The caller asked to stop (its cancel flag, set by a signal handler): the
+ * writer fails as on any error, removing its temporary. */
+static int canceled(const src *s, dcp_error *err)
+{
+    return s->opt->cancel && *s->opt->cancel ? dcpi_err(err, ECANCELED, "interrupted: nothing was written") : 0;
+}
+
 static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_run *run, dcp_error *err)
 {
     src *s = ctx;
     const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
+    if (canceled(s, err) < 0)
+        return -1;
     src_progress(s, (size_t)tag, e, off);   /* the writer asks in order: all before off is written */
     if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
         return 0;   /* side data; or too many files to pin an fd for each */
@@ -220,6 +229,8 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
 {
     src *s = ctx;
     const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
+    if (canceled(s, err) < 0)
+        return -1;
     if (e->kind == DCP_KIND_BYTES && !e->has_blob) {
         for (size_t i = 0; i < s->nside; i++) {
             if (s->side[i].entry == tag) {

@@ -56,6 +56,10 @@ static int write_file(writer *w, const char *dir, size_t i, dcp_error *err)
         return dcpi_err(err, errno, "%s: cannot create: %s", path, strerror(errno));
     for (uint64_t off = 0; rc == 0 && off < f->size;) {
         size_t got, done = 0;
+        if (w->opt->cancel && *w->opt->cancel) {   /* the caller asked to stop: removed as on any error */
+            rc = dcpi_err(err, ECANCELED, "%s: interrupted: nothing was written", path);
+            break;
+        }
         if (dcp_hf_view_read(w->v, i, off, w->piece, PIECE, &got, &w->plan, w->stage, STAGE_BYTES, err) < 0) {
             rc = dcpi_err_prefix(err, "%s", path);
             break;
