@@ -68,6 +68,11 @@ for run in INT:130:x.safetensors TERM:143:xdcp HUP:129:xs HUP:129:xpt.pt INT:130
     [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "$dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
 done
 rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
+# A DST name of 250 bytes (its temporary's name is cut to stay one name of at most 255).
+long=$(printf 'n%.0s' $(seq 1 247)).pt
+"$DCP" convert -q "$F" "$SCRATCH/$long" || fail "a DST name of ${#long} bytes"
+[ -f "$SCRATCH/$long" ] || fail "no $long"
+rm -f "$SCRATCH/$long"
 # Failed conversions leave no output and no temporary.
 left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
 [ -z "$left" ] || fail "left behind: $left"

@@ -16,7 +16,10 @@ int dcpw_tmp_name(const char *path, char *tmp, size_t cap, dcp_error *err)
     static atomic_uint counter;
     const char *slash = strrchr(path, '/');
     int dl = slash ? (int)(slash - path + 1) : 0;
-    int n = snprintf(tmp, cap, "%.*s.%s.tmp-%ld-%u", dl, path, slash ? slash + 1 : path, (long)getpid(),
+    /* ".NAME.tmp-PID-N" must stay one name of at most 255 bytes: a long NAME is
+     * cut (PID-N keeps it unique); DST itself may have up to 255. */
+    int bl = (int)strnlen(slash ? slash + 1 : path, 200);
+    int n = snprintf(tmp, cap, "%.*s.%.*s.tmp-%ld-%u", dl, path, bl, slash ? slash + 1 : path, (long)getpid(),
                      atomic_fetch_add(&counter, 1));
     if (n < 0 || (size_t)n >= cap)
         return dcpi_err(err, ENAMETOOLONG, "%s: path too long", path);
