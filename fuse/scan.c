@@ -623,6 +623,14 @@ int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen)
         return 0;
     }
     fs->folder_mode = 1;
+    /* One catalog serves every checkpoint below SOURCE, and each open checks
+     * only its own folder: a catalog inside one would be written by the
+     * others' opens. Then none uses it (parsed at each open). */
+    dcp_error cerr;
+    if (!fs->opt.no_catalog && dcp_catalog_check_folder(fs->opt.catalog, fs->source, &cerr) < 0) {
+        dfs_log(LOG_WARNING, "%s: not used", cerr.msg);
+        fs->opt.no_catalog = 1;
+    }
     struct dfs_node *root = make_scandir(fs, NULL, "", ".", 0);
     if (!root) {
         snprintf(errbuf, errlen, "out of memory");

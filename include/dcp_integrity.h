@@ -63,6 +63,10 @@ int dcp_catalog_open(const char *path, dcp_catalog **out, dcp_error *err);   /* 
  * ck's folder, which is never written to. Call before dcp_catalog_open when
  * a catalog is used for a given checkpoint; record and import refuse too. */
 int dcp_catalog_check_location(const char *path, dcp_checkpoint *ck, dcp_error *err);
+/* The same for a folder not opened yet (each checkpoint a command names before
+ * it opens any with the catalog: opening B must not create the catalog inside
+ * A; a dcpfs SOURCE folder of checkpoints). */
+int dcp_catalog_check_folder(const char *path, const char *folder, dcp_error *err);
 void dcp_catalog_close(dcp_catalog *cat);
 const char *dcp_catalog_path(const dcp_catalog *cat);
 

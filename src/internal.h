@@ -23,6 +23,7 @@ int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
 /* 1 when the file at path (existing or not) would be inside ck's folder,
  * which nothing may write into (util.c). */
 int dcpi_path_inside(const char *path, dcp_checkpoint *ck);
+int dcpi_path_inside_folder(const char *path, const char *folder);   /* the same for a folder's path */
 /* 1 when a folder's entry is a regular file or a link to one (util.c): what
  * names a checkpoint's files by their endings is never a folder, a FIFO or a
  * dangling link ("old.safetensors/" beside a run's checkpoints). */

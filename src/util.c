@@ -240,7 +240,7 @@ bool dcpi_strmap_get(const dcpi_strmap *m, const char *key, size_t len, uint64_t
     return true;
 }
 
-int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
+int dcpi_path_inside_folder(const char *path, const char *folder_path)
 {
     char dir[PATH_MAX], real[PATH_MAX], folder[PATH_MAX];
     if (!strcmp(path, ":memory:"))
@@ -258,10 +258,15 @@ int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
         if (slash == dir || realpath(dir, real))
             break;
     }
-    if (!realpath(dir, real) || !realpath(ck->path, folder))
+    if (!realpath(dir, real) || !realpath(folder_path, folder))
         return 0;
     size_t n = strlen(folder);
     return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
+}
+
+int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
+{
+    return dcpi_path_inside_folder(path, ck->path);
 }
 
 int dcpi_dirent_regular(int dirfd, const struct dirent *de)

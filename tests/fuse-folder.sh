@@ -91,4 +91,17 @@ kill -TERM "$DCPFS_PID"
 rc=0; wait "$DCPFS_PID" || rc=$?
 [ "$rc" -eq 0 ] || fail "dcpfs exited with $rc on SIGTERM"
 mountpoint -q "$mnt" && fail "still mounted after SIGTERM"
+
+# A catalog named inside one checkpoint of SOURCE is not used at all: opening the others would
+# have created and filled it there (each open checks only its own folder).
+before=$(ls -lAR --time-style=full-iso "$src/run_a/step_200" | sha256sum)
+mount_dcpfs "$src" "$SCRATCH/mnt2" -o "catalog=$src/run_a/step_200/cat.sqlite"
+ls -R "$SCRATCH/mnt2/run_a/step_100" "$SCRATCH/mnt2/run_b/nested/final" >/dev/null || fail "the second mount lists nothing"
+cmp -s "$SCRATCH/mnt2/run_a/step_200/enc/weight" <("$DCP" --no-catalog cat "$src/run_a/step_200" enc.weight) ||
+    fail "the second mount's step_200/enc/weight"
+unmount_dcpfs "$SCRATCH/mnt2"
+[ "$before" = "$(ls -lAR --time-style=full-iso "$src/run_a/step_200" | sha256sum)" ] ||
+    fail "a checkpoint of SOURCE was written to: $(ls -A "$src/run_a/step_200")"
+grep -q "the catalog may not live inside $src.*not used" "$SCRATCH/mnt2.log" ||
+    fail "the refused catalog is not logged: $(cat "$SCRATCH/mnt2.log")"
 echo "ok"

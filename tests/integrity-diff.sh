@@ -40,6 +40,18 @@ rc=0; "$DCP" diff --content "$A" "$SCRATCH/c" > "$SCRATCH/out" || rc=$?
 rc=0; "$DCP" diff --content "$A" "$SCRATCH/c" > "$SCRATCH/out" || rc=$?
 [ $rc = 1 ] && grep -q "^values: .* differ$" "$SCRATCH/out" || fail "recorded anew: exit $rc, $(cat "$SCRATCH/out")"
 
+# A catalog inside A (named, or by XDG_CACHE_HOME): B's open must not create it there.
+cp -r "$A" "$SCRATCH/catA"; chmod -R u+w "$SCRATCH/catA"
+before=$(ls -lAR --time-style=full-iso "$SCRATCH/catA" | sha256sum)
+"$DCP" --catalog "$SCRATCH/catA/cat.sqlite" diff --content "$SCRATCH/catA" "$SCRATCH/c" >/dev/null 2>&1 || true
+"$DCP" --catalog "$SCRATCH/c/cat.sqlite" diff --content "$SCRATCH/catA" "$SCRATCH/c" >/dev/null 2>&1 || true
+XDG_CACHE_HOME="$SCRATCH/catA" "$DCP" diff --content "$SCRATCH/catA" "$SCRATCH/c" >/dev/null 2>&1 || true
+[ "$before" = "$(ls -lAR --time-style=full-iso "$SCRATCH/catA" | sha256sum)" ] ||
+    fail "diff wrote into A: $(ls -A "$SCRATCH/catA")"
+[ ! -e "$SCRATCH/c/cat.sqlite" ] || fail "diff wrote the catalog into B"
+rc=0; "$DCP" --catalog "$SCRATCH/catA/cat.sqlite" diff --content "$SCRATCH/catA" "$A" >"$SCRATCH/out" || rc=$?
+[ $rc = 0 ] && grep -qx "no differences" "$SCRATCH/out" || fail "diff with the catalog inside A: $(cat "$SCRATCH/out")"
+
 # Keys, dtypes and shapes: two different fixtures.
 rc=0; "$DCP" diff "$FIXTURES/02_rowwise_4ranks/ckpt" "$FIXTURES/03_colwise_4ranks/ckpt" > "$SCRATCH/out" || rc=$?
 [ $rc = 1 ] || fail "different checkpoints compare equal"

@@ -112,6 +112,14 @@ int cmd_diff(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* One catalog serves both opens: inside A, opening B would create it
+     * there (each open checks only its own folder). Then neither uses it. */
+    dcp_error cerr;
+    if (cli_catalog_enabled && (dcp_catalog_check_folder(cli_catalog_path, argv[optind], &cerr) < 0 ||
+                                dcp_catalog_check_folder(cli_catalog_path, argv[optind + 1], &cerr) < 0)) {
+        cli_catalog_enabled = 0;
+        catalog = ":memory:";
+    }
     dcp_checkpoint *a = cli_open(argv[optind]), *b = a ? cli_open(argv[optind + 1]) : NULL;
     if (!a || !b) {
         dcp_close(a);

@@ -203,6 +203,16 @@ int dcp_catalog_check_location(const char *path, dcp_checkpoint *ck, dcp_error *
     return 0;
 }
 
+int dcp_catalog_check_folder(const char *path, const char *folder, dcp_error *err)
+{
+    char file[PATH_MAX];
+    if (resolve(path, file, err) < 0)
+        return -1;
+    if (dcpi_path_inside_folder(file, folder))
+        return dcpi_err(err, EPERM, "%s: the catalog may not live inside %s, which is never written to", file, folder);
+    return 0;
+}
+
 int dcpi_catalog_folder(const char *path, dcp_checkpoint *ck, char out[PATH_MAX])
 {
     dcp_error err;
