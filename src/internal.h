@@ -112,8 +112,8 @@ struct dcpi_entry_priv {
     dcpi_record_slot *records;  /* a parsed model's: nchunks slots, allocated on first use */
     dcpi_chunkset *set;        /* a served model's, while cached (under ck->lock) */
     const struct dcpi_fold *fold;   /* megatron_fold.c: the entry shown in its original shape */
-    int tiling;                /* planner.c, atomically: 0 not known yet, 1 the chunks tile the
-                                  tensor exactly, 2 not (overlaps or holes) */
+    int tiling;                /* planner.c, atomically: 0 not known yet, 1 no two chunks
+                                  overlap, 2 some do */
 };
 
 /* A Megatron-Core tensor stored reformulated, as the .metadata's mcore_data
@@ -260,6 +260,10 @@ void dcpi_cast(const void *src, dcp_dtype from, void *dst, dcp_dtype to, size_t 
 /* tiling.c: 1 when chunks[idx[0..m)] (none of them empty) tile e exactly
  * once, 0 when not (or past 6 cut dimensions), -1 out of memory. */
 int dcpi_chunks_tile(const dcp_entry *e, const dcp_chunk *chunks, const size_t *idx, size_t m);
+/* tiling.c: fn(ctx, a, b) for each pair of chunks[idx[0..m)] that overlap (a
+ * nonzero return stops); the number found. idx is reordered. */
+int64_t dcpi_chunk_overlaps(const dcp_entry *e, const dcp_chunk *chunks, size_t *idx, size_t m,
+                            int (*fn)(void *ctx, size_t a, size_t b), void *ctx);
 /* An empty chunk set of entry idx for n chunks of nd dimensions, in one
  * allocation (model.c): the chunks, their record slots, then offsets and
  * sizes (2*nd a chunk, offsets first) and strides (nd a chunk). NULL on

@@ -243,12 +243,20 @@ static int plan_chunk(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *c
 
 /* ------------------------------------------------------------ boxes */
 
-/* 1 when e's chunks may not tile it exactly once. A box's count of covered
- * elements then proves nothing (chunks that overlap by as many elements as a
- * hole has cancel it out), so every region of such an entry is zero-filled
- * before its chunks are placed: no byte of a hole is left to what the buffer
- * held. Decided once an entry (the first plan of it; a race computes the same
- * answer twice). */
+static int first_pair(void *ctx, size_t a, size_t b)
+{
+    (void)ctx, (void)a, (void)b;
+    return 1;
+}
+
+/* 1 when some of e's chunks overlap. A box's count of covered elements then
+ * proves nothing (chunks that overlap by as many elements as a hole has
+ * cancel it out), so every region of such an entry is zero-filled before its
+ * chunks are placed: no byte of a hole is left to what the buffer held.
+ * Without overlaps the count is exact (a box inside stored chunks needs no
+ * fill, one that meets a hole does). Decided once an entry (the first plan
+ * of it; a race computes the same answer twice): an exact tiling in linear
+ * time, anything else by a sweep. */
 static int inexact(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks)
 {
     size_t i = dcpi_entry_index(ck, e);
@@ -268,6 +276,8 @@ static int inexact(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chun
         vol = dcpi_add_u64(vol, v, &vol) ? vol : UINT64_MAX;
     }
     int r = vol == dcp_entry_numel(e) ? dcpi_chunks_tile(e, chunks, idx, m) : 0;
+    if (r == 0)   /* holes, overlaps or both: only overlaps matter */
+        r = dcpi_chunk_overlaps(e, chunks, idx, m, first_pair, NULL) == 0;
     free(idx);
     if (r < 0)
         return 1;

@@ -11,6 +11,9 @@
  * k-fold prefix sum of its mixed finite difference, which is +-1 at each
  * box's 2^k corners. So: add every chunk's signed corners to a hash map,
  * subtract the tensor's, and the tiling is exact iff every count is zero.
+ * A tiling that is not exact is swept for overlapping pairs
+ * (dcpi_chunk_overlaps): verify names them, the planner needs only to know
+ * whether there is one (holes alone leave a box's count exact).
  * Layer 0: it uses nothing but the model's types.
  */
 #include <stdint.h>
@@ -129,3 +132,63 @@ int dcpi_chunks_tile(const dcp_entry *e, const dcp_chunk *chunks, const size_t *
     return rc;
 }
 
+
+static int overlaps(const dcp_entry *e, const dcp_chunk *a, const dcp_chunk *b)
+{
+    for (int d = 0; d < e->ndim; d++)
+        if (a->offsets[d] >= b->offsets[d] + b->sizes[d] || b->offsets[d] >= a->offsets[d] + a->sizes[d])
+            return 0;
+    return 1;
+}
+
+struct sweep { const dcp_chunk *chunks; int dim; };
+
+static int by_start(const void *x, const void *y, void *arg)
+{
+    const struct sweep *s = arg;
+    int64_t a = s->chunks[*(const size_t *)x].offsets[s->dim];
+    int64_t b = s->chunks[*(const size_t *)y].offsets[s->dim];
+    return (a > b) - (a < b);
+}
+
+/* A sweep along the dimension with the most distinct chunk starts: only
+ * chunks whose ranges meet there are compared, so a tiling broken in a few
+ * places costs a sort, not n^2 box tests. */
+int64_t dcpi_chunk_overlaps(const dcp_entry *e, const dcp_chunk *chunks, size_t *idx, size_t m,
+                            int (*fn)(void *ctx, size_t a, size_t b), void *ctx)
+{
+    int best = 0;
+    size_t best_distinct = 0;
+    struct sweep sw = {chunks, 0};
+    for (int d = 0; d < e->ndim && m > 1; d++) {
+        sw.dim = d;
+        qsort_r(idx, m, sizeof *idx, by_start, &sw);
+        size_t distinct = 1;
+        for (size_t i = 1; i < m; i++)
+            distinct += chunks[idx[i]].offsets[d] != chunks[idx[i - 1]].offsets[d];
+        if (distinct > best_distinct) {
+            best_distinct = distinct;
+            best = d;
+        }
+    }
+    if (e->ndim == 0)
+        return m > 1 ? (fn(ctx, idx[0], idx[1]), 1) : 0;   /* 0-d: any two chunks are the same element */
+    sw.dim = best;
+    qsort_r(idx, m, sizeof *idx, by_start, &sw);
+    int64_t found = 0;
+    size_t lo = 0;   /* chunks before lo end before the current start on the sweep dim */
+    for (size_t i = 0; i < m; i++) {
+        const dcp_chunk *c = &chunks[idx[i]];
+        while (lo < i && chunks[idx[lo]].offsets[best] + chunks[idx[lo]].sizes[best] <= c->offsets[best])
+            lo++;
+        for (size_t j = lo; j < i; j++) {
+            const dcp_chunk *p = &chunks[idx[j]];
+            if (p->offsets[best] + p->sizes[best] > c->offsets[best] && overlaps(e, p, c)) {
+                found++;
+                if (fn(ctx, idx[j], idx[i]))
+                    return found;
+            }
+        }
+    }
+    return found;
+}

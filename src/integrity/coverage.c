@@ -39,22 +39,23 @@ static void box_text(const dcp_entry *e, const dcp_chunk *c, char *buf, size_t n
                                  (long long)c->sizes[d]);
 }
 
-static int overlaps(const dcp_entry *e, const dcp_chunk *a, const dcp_chunk *b)
-{
-    for (int d = 0; d < e->ndim; d++)
-        if (a->offsets[d] >= b->offsets[d] + b->sizes[d] || b->offsets[d] >= a->offsets[d] + a->sizes[d])
-            return 0;
-    return 1;
-}
+struct named {
+    const dcp_checkpoint *ck;
+    const dcp_entry *e;
+    const dcp_chunk *chunks;
+    report *r;
+    unsigned n;
+};
 
-struct sweep { const dcp_chunk *chunks; int dim; };
-
-static int by_start(const void *x, const void *y, void *arg)
+/* A problem line for an overlapping pair; the first 16 are enough. */
+static int name_overlap(void *ctx, size_t i, size_t j)
 {
-    const struct sweep *s = arg;
-    int64_t a = s->chunks[*(const size_t *)x].offsets[s->dim];
-    int64_t b = s->chunks[*(const size_t *)y].offsets[s->dim];
-    return (a > b) - (a < b);
+    struct named *x = ctx;
+    char a[256], b[256];
+    box_text(x->e, &x->chunks[i], a, sizeof a);
+    box_text(x->e, &x->chunks[j], b, sizeof b);
+    problem(x->r, "%s: %s: chunks [%s] and [%s] (start:count) overlap", x->ck->path, x->e->key, a, b);
+    return ++x->n >= 16;
 }
 
 /* Chunks must be pairwise disjoint and their volumes must add up to numel.
@@ -94,40 +95,10 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_
         free(idx);
         return exact < 0 ? -1 : 0;
     }
-    /* Not an exact tiling: name the overlaps. Pick the dimension with the most distinct starts (cheap estimate: sort per dim). */
-    int best = 0;
-    size_t best_distinct = 0;
-    struct sweep sw = {chunks, 0};
-    for (int d = 0; d < e->ndim && m > 1; d++) {
-        sw.dim = d;
-        qsort_r(idx, m, sizeof *idx, by_start, &sw);
-        size_t distinct = 1;
-        for (size_t i = 1; i < m; i++)
-            distinct += chunks[idx[i]].offsets[d] != chunks[idx[i - 1]].offsets[d];
-        if (distinct > best_distinct) {
-            best_distinct = distinct;
-            best = d;
-        }
-    }
-    sw.dim = best;
-    qsort_r(idx, m, sizeof *idx, by_start, &sw);
-    uint64_t overlaps_found = 0;
-    size_t lo = 0;   /* chunks before lo end before the current start on the sweep dim */
-    for (size_t i = 0; i < m && overlaps_found < 16; i++) {
-        const dcp_chunk *c = &chunks[idx[i]];
-        while (lo < i && chunks[idx[lo]].offsets[best] + chunks[idx[lo]].sizes[best] <= c->offsets[best])
-            lo++;
-        for (size_t j = lo; j < i; j++) {
-            const dcp_chunk *p = &chunks[idx[j]];
-            if (p->offsets[best] + p->sizes[best] > c->offsets[best] && overlaps(e, p, c)) {
-                char a[256], b[256];
-                box_text(e, p, a, sizeof a);
-                box_text(e, c, b, sizeof b);
-                problem(r, "%s: %s: chunks [%s] and [%s] (start:count) overlap", ck->path, e->key, a, b);
-                overlaps_found++;
-            }
-        }
-    }
+    /* Not an exact tiling: name the overlaps (the first 16). */
+    struct named nm = {ck, e, chunks, r, 0};
+    int64_t found = dcpi_chunk_overlaps(e, chunks, idx, m, name_overlap, &nm);
+    uint64_t overlaps_found = found > 0 ? (uint64_t)found : 0;
     free(idx);
     if (!overlaps_found && vol < numel)
         problem(r, "%s: %s: chunks cover %llu of %llu elements (a gap)", ck->path, e->key,
