@@ -325,6 +325,14 @@ class Checkpoint:
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
 
+    def __getitem__(self, key: str) -> Any:
+        """``ck[key]``: a tensor's whole value as ``read(key)`` gives it (a numpy
+        array), a bytes item's stored bytes as ``read_bytes(key)``; an unknown key
+        raises DcpKeyError (a KeyError), as a mapping's lookup does."""
+        if self.info(key).kind == "bytes":
+            return self.read_bytes(key)
+        return self.read(key)
+
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str) or "\0" in key:
             return False

@@ -85,6 +85,7 @@ def test_fixture_matches_manifest(case, use_catalog, catalog):
                 if e["kind"] == "bytes":
                     b = ck.read_bytes(key)
                     assert isinstance(b, bytes) and len(b) == e["nbytes"] and sha(b) == e["sha256"], key
+                    assert ck[key] == b, key   # the mapping's lookup
                     with pytest.raises(TypeError, match="read_bytes"):
                         ck.read(key)
                     continue
@@ -95,6 +96,7 @@ def test_fixture_matches_manifest(case, use_catalog, catalog):
                 assert isinstance(a, np.ndarray) and a.flags.c_contiguous
                 assert a.shape == tuple(e["shape"]) and a.dtype == np_dtype(e["dtype"]), key
                 assert sha(a.tobytes()) == e["sha256"], key
+                assert sha(ck[key].tobytes()) == e["sha256"], key   # the mapping's lookup
                 with pytest.raises(TypeError, match="read\\(\\)"):
                     ck.read_bytes(key)
 
@@ -280,6 +282,8 @@ def test_unknown_key():
             with pytest.raises(KeyError):
                 ck.read_bytes(bad)
         assert 3 not in ck
+        with pytest.raises(KeyError):
+            ck["no.such.key"]
         with pytest.raises(TypeError):
             ck.read(3)
 
