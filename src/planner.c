@@ -257,7 +257,7 @@ static int first_pair(void *ctx, size_t a, size_t b)
  * fill, one that meets a hole does). Decided once an entry (the first plan
  * of it; a race computes the same answer twice): an exact tiling in linear
  * time, anything else by a sweep. */
-static int inexact(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks)
+static int chunks_overlap(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chunks)
 {
     size_t i = dcpi_entry_index(ck, e);
     int t = i == SIZE_MAX ? 0 : __atomic_load_n(&ck->priv[i].tiling, __ATOMIC_RELAXED);
@@ -320,7 +320,7 @@ static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chu
         if (plan_chunk(ck, e, c, ci, lo, hi, off, dstr, dest_base, p, err) < 0)
             return -1;
         if (!dcpi_add_u64(*covered, ov, covered))
-            *covered = UINT64_MAX;   /* overlapping chunks: inexact() says so */
+            *covered = UINT64_MAX;   /* overlapping chunks: chunks_overlap() says so */
     }
     return 0;
 }
@@ -366,7 +366,7 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
         return -1;
     }
     int rc = plan_box(ck, e, chunks, offsets, lengths, 0, plan, &covered, err);
-    int zero_all = rc == 0 && vol && inexact(ck, e, chunks);
+    int zero_all = rc == 0 && vol && chunks_overlap(ck, e, chunks);
     dcp_release_chunks(ck, e);
     if (rc < 0) {
         dcp_plan_reset(plan);
@@ -506,7 +506,7 @@ int dcp_plan_bytes(dcp_checkpoint *ck, const dcp_entry *e, uint64_t offset, uint
     }
     int rc = plan_range(ck, e, chunks, 0, off, len, block, a0, end / esz, (uint64_t)0 - a0, esz, plan, &partial,
                         err);
-    if (rc == 0 && end > offset && inexact(ck, e, chunks))
+    if (rc == 0 && end > offset && chunks_overlap(ck, e, chunks))
         partial = 1;
     dcp_release_chunks(ck, e);
     if (rc < 0) {
