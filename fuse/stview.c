@@ -34,18 +34,11 @@ struct select_ctx {
     uint64_t total;         /* tensor bytes accepted so far */
 };
 
-/* Which entries go in: tensors only (the view skips the rest itself), with a
- * size that adds up, under a name the format allows. */
+/* Which tensors go in: those with a size that adds up (the view itself
+ * leaves out, and counts, what the format cannot hold). */
 static int select_entry(void *p, const dcp_entry *e)
 {
     struct select_ctx *s = p;
-    if (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))
-        return 1;   /* listed as skipped by the view */
-    if (strcmp(e->key, "__metadata__") == 0) {
-        dfs_log(LOG_WARNING, "%s: %s: not in %s: safetensors reserves that name", s->ck->path, e->key,
-                DFS_STVIEW_NAME);
-        return 0;
-    }
     uint64_t nb;
     dcp_error err;
     if (dcp_entry_nbytes(s->ck->ck, e, &nb, &err) < 0 || nb > (uint64_t)INT64_MAX - s->total) {
@@ -69,6 +62,11 @@ static int build(struct dfs_node *n, struct stview *v)
     if (rc < 0) {
         dfs_log(LOG_ERR, "%s (laying out %s)", err.msg, DFS_STVIEW_NAME);
         return err.code == ENOMEM ? -ENOMEM : -EIO;
+    }
+    for (size_t i = 0; i < v->view->nskipped; i++) {   /* tensors left out: say why */
+        const dcp_entry *e = v->view->skipped[i];
+        if (e->kind == DCP_KIND_TENSOR)
+            dfs_log(LOG_WARNING, "%s: %s: not in %s: %s", n->ck->path, e->key, DFS_STVIEW_NAME, dcp_st_refusal(e));
     }
     dfs_log(LOG_INFO, "%s/%s: laid out: %zu tensors, %zu items left out, a header of %llu bytes", n->ck->path,
             DFS_STVIEW_NAME, v->view->ntensors, v->view->nskipped, (unsigned long long)v->view->header_len);

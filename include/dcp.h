@@ -93,6 +93,18 @@ typedef void (*dcp_progress_fn)(void *ctx, uint64_t done, uint64_t total);
  * "modelx.w"). A NULL pattern matches every key. */
 int dcp_key_matches(const char *pattern, const char *key);
 
+/* Keys are the bytes the checkpoint's pickle holds, UTF-8 as Python writes
+ * it, but a lone surrogate (U+D800..DFFF, pickled as three bytes) and, in a
+ * hostile checkpoint, bytes that are no UTF-8 at all can occur.
+ * dcp_key_utf8: 1 when key is strict UTF-8 (what JSON text, safetensors and
+ * Hugging Face names need), else 0. dcp_key_json: key as a quoted JSON
+ * string (malloc'd; NULL when out of memory): a lone surrogate as its \uXXXX
+ * escape, as Python's json.dumps writes the str torch loads; a byte that
+ * starts no UTF-8 sequence as \udc80..\udcff, Python's "surrogateescape"
+ * form. Since DCP_0.2. */
+int dcp_key_utf8(const char *key);
+char *dcp_key_json(const char *key);
+
 /* ---------------------------------------------------------------- dtypes */
 
 typedef enum dcp_dtype {

@@ -54,11 +54,20 @@ typedef struct dcp_st_view {
     dcp_st_view_tensor *tensors;     /* ascending offsets, contiguous */
     size_t ntensors;
     uint64_t size;              /* the whole virtual file */
-    const dcp_entry **skipped;  /* bytes items and tensors safetensors has no dtype for */
+    const dcp_entry **skipped;  /* what safetensors cannot hold: bytes items, tensors of a dtype
+                                   it has no name for, "__metadata__", names not UTF-8 */
     size_t nskipped;
 } dcp_st_view;
 
-/* Lay out the entries `select` accepts (all when NULL), in metadata order. */
+/* Why a safetensors file cannot hold entry e, or NULL when it can: a bytes
+ * item, a dtype the format has no name for, the reserved "__metadata__", a
+ * name that is not UTF-8 (the format's JSON and its readers take UTF-8 text
+ * only). The writers and this view leave such entries out. Since DCP_0.2. */
+const char *dcp_st_refusal(const dcp_entry *e);
+
+/* Lay out the entries `select` accepts (all when NULL), in metadata order;
+ * what safetensors cannot hold is left out (listed in skipped) before
+ * `select` sees it. */
 int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_entry *e), void *sctx,
                         dcp_st_view **out, dcp_error *err);
 void dcp_st_view_free(dcp_st_view *l);

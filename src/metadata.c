@@ -386,6 +386,21 @@ static int transforms_of(interp *in, const pk_node *list, const char *key, uint3
     return 0;
 }
 
+/* A _StorageInfo's offset or length: an int from 0 to 2^63-1, else an error
+ * that says which field and what is wrong with it. */
+static int storage_int(interp *in, const pk_node *sst, const char *field, const char *key, int64_t *out)
+{
+    const pk_node *n = pk_dict_get(sst, field);
+    if (!n)
+        return dcpi_err(in->err, EINVAL, "%s: %s: _StorageInfo lacks its %s", in->what, key, field);
+    if (n->type == PK_BIGINT || (pk_int(n, out) && *out < 0))
+        return dcpi_err(in->err, EINVAL, "%s: %s: _StorageInfo's %s is negative or past 2^63", in->what, key,
+                        field);
+    if (!pk_int(n, out))
+        return dcpi_err(in->err, EINVAL, "%s: %s: _StorageInfo's %s is not an int", in->what, key, field);
+    return 0;
+}
+
 static int add_storage(interp *in, const pk_node *index, const pk_node *info)
 {
     const pk_node *ist = state_of(index), *sst = state_of(info);
@@ -415,12 +430,12 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
             return failed ? -1 : 0;   /* a box no chunk has: unused */
     }
     int64_t boff, blen;
-    if (!pk_str(pk_dict_get(sst, "relative_path"), &rel, &rlen) ||
-        !pk_int(pk_dict_get(sst, "offset"), &boff) || !pk_int(pk_dict_get(sst, "length"), &blen))
-        return dcpi_err(in->err, EINVAL, "%s: %s: _StorageInfo lacks relative_path, offset or length",
-                        in->what, key);
-    if (boff < 0 || blen < 0 || (uint64_t)boff > UINT64_MAX - (uint64_t)blen)
-        return dcpi_err(in->err, EINVAL, "%s: %s: negative or overflowing storage offset/length", in->what, key);
+    if (!pk_str(pk_dict_get(sst, "relative_path"), &rel, &rlen))
+        return dcpi_err(in->err, EINVAL, "%s: %s: _StorageInfo's relative_path is missing or not a str", in->what,
+                        key);
+    if (storage_int(in, sst, "offset", key, &boff) < 0 || storage_int(in, sst, "length", key, &blen) < 0)
+        return -1;
+    /* both below 2^63: their sum fits in 64 bits */
     dcp_blob b = {.offset = (uint64_t)boff, .length = (uint64_t)blen};
     if (transforms_of(in, pk_dict_get(sst, "transform_descriptors"), key, &b.transforms) < 0)
         return -1;

@@ -145,6 +145,26 @@ assert keys == ["e\x1b[31m\x7f", "w\n0123456789abcdef0123456789abcdef  forged.ke
         fail "dcp ls --json does not give the keys exactly"
 fi
 
+# A storage offset or length that is not a 64-bit size: the message names the field and why.
+if python3 -c 'import torch' 2>/dev/null; then
+    for how in "offset 18446744073709551616 negative or past 2^63" "length -1 negative or past 2^63" \
+               "offset 'x' not an int"; do
+        set -- $how
+        fresh; python3 - "$SCRATCH/ck/.metadata" "$1" "$2" <<'PY'
+import ast, pickle, sys, warnings
+warnings.simplefilter("ignore")
+p, field, value = sys.argv[1], sys.argv[2], ast.literal_eval(sys.argv[3])
+md = pickle.load(open(p, "rb"))
+for k, v in md.storage_data.items():
+    if k.fqn == "enc.weight":
+        setattr(v, field, value)
+pickle.dump(md, open(p, "wb"))
+PY
+        field=$1; shift 2
+        expect_fail "enc.weight: _StorageInfo's $field is $*" "$DCP" --no-catalog cat "$SCRATCH/ck" enc.weight
+    done
+fi
+
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null

@@ -50,6 +50,7 @@ opens read one small record instead of parsing ``.metadata`` again;
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import errno as _errno
 import math
@@ -93,6 +94,46 @@ class DcpKeyError(DcpError, KeyError):
 
 def _text(p: Any) -> Optional[str]:
     return None if p == _ffi.NULL else _ffi.string(p).decode("utf-8", "surrogateescape")
+
+
+# Keys are the bytes of the checkpoint's pickle. Python pickles a str's lone
+# surrogates as their three-byte forms and loads them back so ("surrogatepass"):
+# keys decode the same way, to the str torch's state dict holds. A byte that is
+# no UTF-8 at all (a hostile or damaged checkpoint, which torch cannot load)
+# decodes as "surrogateescape" does, U+DC80..DCFF -- as `dcp ls --json` shows it.
+def _key_errors(e: UnicodeError) -> Tuple[str, int]:
+    if not isinstance(e, UnicodeDecodeError):
+        raise e
+    try:
+        return codecs.lookup_error("surrogatepass")(e)
+    except UnicodeDecodeError:
+        return codecs.lookup_error("surrogateescape")(e)
+
+
+codecs.register_error("dcpfs.key", _key_errors)
+
+
+def _key_text(p: Any) -> str:
+    """A key from libdcp as the str torch would load it (see _key_errors)."""
+    return _ffi.string(p).decode("utf-8", "dcpfs.key")
+
+
+def _key_bytes(key: str) -> bytes:
+    """A key as libdcp takes it: the bytes Python's pickle writes for it."""
+    return key.encode("utf-8", "surrogatepass")
+
+
+def _key_forms(key: str) -> Iterator[bytes]:
+    """The stored bytes key may stand for: pickle's form, then, for a key
+    with U+DC80..DCFF in it, the bytes those escape (a key that is not UTF-8)."""
+    b = _key_bytes(key)
+    yield b
+    try:
+        e = key.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return
+    if e != b:
+        yield e
 
 
 def _raise(err: Any, cls: type = DcpError) -> None:
@@ -304,8 +345,11 @@ class Checkpoint:
             return out
 
     def keys(self) -> list:
-        """Every key, in metadata order (a new list). Raises ValueError once closed,
-        as the other methods do."""
+        """Every key, in metadata order (a new list), as the str torch loads it (a
+        lone surrogate, which pickle stores as three bytes, is itself; a byte that
+        is no UTF-8 at all, in a damaged checkpoint, is U+DC80..DCFF as with
+        "surrogateescape", and the key is found again by that str). Raises
+        ValueError once closed, as the other methods do."""
         with self._use() as ck:
             if self._keys is None:
                 keys = []
@@ -314,7 +358,7 @@ class Checkpoint:
                 for i in range(_lib.dcp_num_entries(ck)):
                     if _lib.dcp_get_entry(ck, i, out, err) < 0:
                         _raise(err)
-                    keys.append(_text(out[0].key))
+                    keys.append(_key_text(out[0].key))
                 self._keys = keys
             return list(self._keys)
 
@@ -339,11 +383,11 @@ class Checkpoint:
         with self._use() as ck:
             err = _ffi.new("dcp_error *")
             out = _ffi.new("const dcp_entry **")
-            if _lib.dcp_find_entry(ck, key.encode("utf-8", "surrogateescape"), out, err) == 0:
-                return True
-            if err.code == _lib.DCP_ENOTFOUND:
-                return False
-            _raise(err)  # not "absent": the checkpoint cannot answer
+            for b in _key_forms(key):
+                if _lib.dcp_find_entry(ck, b, out, err) == 0:
+                    return True
+                if err.code != _lib.DCP_ENOTFOUND:
+                    _raise(err)  # not "absent": the checkpoint cannot answer
             return False
 
     def _find(self, ck: Any, key: str) -> Any:
@@ -352,10 +396,11 @@ class Checkpoint:
         if "\0" not in key:
             err = _ffi.new("dcp_error *")
             out = _ffi.new("const dcp_entry **")
-            if _lib.dcp_find_entry(ck, key.encode("utf-8", "surrogateescape"), out, err) == 0:
-                return out[0]
-            if err.code != _lib.DCP_ENOTFOUND:
-                _raise(err)
+            for b in _key_forms(key):
+                if _lib.dcp_find_entry(ck, b, out, err) == 0:
+                    return out[0]
+                if err.code != _lib.DCP_ENOTFOUND:
+                    _raise(err)
         raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint", key)
 
     def info(self, key: str) -> EntryInfo:
@@ -461,7 +506,7 @@ class Checkpoint:
             if _lib.dcp_plan_region(ck, e, offs, lens, plan, err) < 0:
                 _raise(err)
             if plan.nbytes != nbytes:
-                raise DcpError(_errno.EIO, f"{self._path}: {_text(e.key)}: the plan covers {plan.nbytes} "
+                raise DcpError(_errno.EIO, f"{self._path}: {_key_text(e.key)}: the plan covers {plan.nbytes} "
                                            f"bytes, the box {nbytes}")
             if _lib.dcp_plan_execute(ck, plan, dest, err) < 0:
                 _raise(err)

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Uni
 
 import numpy as np
 
-from . import DcpError, _bump_version, _no_storage, open as _open
+from . import DcpError, _bump_version, _key_bytes, _no_storage, open as _open
 from ._native import ffi, lib
 
 if TYPE_CHECKING:
@@ -284,10 +284,10 @@ def _encode(reqs) -> bytes:
 
 
 def _c_key(key: str) -> bytes:
-    """A key as libdcp takes it (a C string: no NUL inside), encoded as dcpfs.open's keys are."""
+    """A key as libdcp takes it (a C string: no NUL inside): the bytes pickle writes for it."""
     if "\0" in key:
         raise ValueError(f"{_shown(key)}: a key cannot hold a NUL character")
-    return key.encode("utf-8", "surrogateescape")
+    return _key_bytes(key)
 
 
 def _int_option(name: str, value: Any, low: int, high: Optional[int] = None) -> int:

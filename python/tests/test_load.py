@@ -444,6 +444,21 @@ def test_single_process_without_dist(tmp_path):
     assert st.bytes_read == st.bytes_unique == sum(v.numel() * v.element_size() for v in want.values())
 
 
+def test_key_with_a_lone_surrogate(tmp_path):
+    """A key Python pickles with "surrogatepass" is found by the str torch's
+    state dict holds, and loads as dcp.load loads it."""
+    path = tmp_path / "ck"
+    want = {"sur\udc80rogate": torch.arange(6, dtype=torch.float32), "plain": torch.arange(3)}
+    _save_one_process(dict(want), str(path))
+    ours = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcpfs.torch.load(ours, str(path))
+    theirs = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcp.load(theirs, storage_reader=FileSystemReader(str(path)))
+    for k in want:
+        tr._same(ours[k], want[k], k)
+        tr._same(theirs[k], want[k], k)
+
+
 def test_cuda_units_through_the_pinned_ring(tmp_path, monkeypatch):
     """CUDA destinations (placement run on CPU tensors): the units go through the
     ring of a few reused buffers, reads started only while one is free, with

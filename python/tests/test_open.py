@@ -565,6 +565,49 @@ def run_generator(args, log):
     assert r.returncode == 0, f"{args}: {r.stdout.decode(errors='replace')[-3000:]}"
 
 
+def save_odd_keys(tmp_path):
+    """A checkpoint torch saved with a lone surrogate in a key (pickled as its
+    three bytes, "surrogatepass"), and a copy whose key "badQQQ" has bytes that
+    are no UTF-8 at all (a damaged .metadata, which torch cannot load)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    sd = {"plain": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+          "sur\udc80rogate": torch.arange(4, dtype=torch.int64) * 7,
+          "caf\u00e9.w": torch.arange(3, dtype=torch.int32),
+          "badQQQkey": torch.arange(5, dtype=torch.int16)}
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    try:
+        dcp.save(dict(sd), checkpoint_id=good, no_dist=True)
+    except TypeError:
+        dcp.save(dict(sd), checkpoint_id=good)
+    shutil.copytree(good, bad)
+    meta = (bad / ".metadata").read_bytes()
+    assert b"QQQ" in meta and b"sur\xed\xb2\x80rogate" in meta
+    (bad / ".metadata").write_bytes(meta.replace(b"QQQ", b"\xff\xe2\x82"))
+    return sd, good, bad
+
+
+def test_keys_not_utf8(tmp_path):
+    """Keys are the str torch loads: a lone surrogate as itself (not its three
+    bytes escaped); bytes that are no UTF-8 as U+DC80..DCFF, and found again by it."""
+    import torch.distributed.checkpoint as dcp
+    sd, good, bad = save_odd_keys(tmp_path)
+    torch_keys = list(dcp.FileSystemReader(str(good)).read_metadata().state_dict_metadata)
+    with dcpfs.open(good, catalog=False) as ck:
+        assert sorted(ck.keys()) == sorted(torch_keys) == sorted(sd)
+        for k, v in sd.items():
+            assert k in ck and ck.info(k).key == k
+            assert np.array_equal(ck[k], v.numpy()), k
+    shown = "bad\udcff\udce2\udc82key"
+    for use_catalog in (False, True):
+        with dcpfs.open(bad, catalog=use_catalog) as ck:
+            assert sorted(ck.keys()) == sorted(["plain", "sur\udc80rogate", "caf\u00e9.w", shown])
+            assert shown in ck and np.array_equal(ck[shown], sd["badQQQkey"].numpy())
+            assert "sur\udc80rogate" in ck and "bad\udcffkey" not in ck
+            with pytest.raises(dcpfs.DcpKeyError):
+                ck.read("badQQQkey")
+
+
 FORMATS = ["torch_save", "torch_save_files", "safetensors", "zstd", "hf", "hf_distributed", "hf_consolidated"]
 DTENSOR = ["torch_save", "safetensors", "zstd", "ranklocal", "hf"]
 

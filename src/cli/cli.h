@@ -39,8 +39,9 @@ int cli_float_dtype(const char *name, dcp_dtype *as);
 /* Write s as a JSON string (with quotes). */
 void cli_json_string(FILE *f, const char *s);
 /* s for a line of text output: s itself, or (when it holds control bytes,
- * which would forge lines or reach the terminal) a copy with them written as
- * \n, \t, \r, \xHH, valid until the call after next. --json gives names exactly. */
+ * which would forge lines or reach the terminal, or bytes that are not
+ * strict UTF-8) a copy with them written as \n, \t, \r, \xHH, valid until
+ * the call after next. --json gives names exactly (dcp_key_json). */
 const char *cli_text(const char *s);
 /* Write a shape as a JSON array "[a,b]". */
 void cli_json_shape(FILE *f, const int64_t *v, int n);

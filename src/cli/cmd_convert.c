@@ -37,7 +37,7 @@ static void report_skip(void *ctx, const char *key, const char *why)
 {
     int *quiet = ctx;
     if (!*quiet)
-        fprintf(stderr, "dcp: convert: skipped %s: %s\n", key, why);
+        fprintf(stderr, "dcp: convert: skipped %s: %s\n", cli_text(key), why);
 }
 
 /* Ctrl-C, a scheduler's SIGTERM, a closed terminal: the library stops at its

@@ -12,12 +12,20 @@
 
 void cli_error(const char *fmt, ...)
 {
+    char small[512], *msg = small;
     va_list ap;
     va_start(ap, fmt);
-    fputs("dcp: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof small && (msg = malloc((size_t)n + 1))) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    /* keys and paths in it are the checkpoint's bytes: shown as cli_text shows them */
+    fprintf(stderr, "dcp: %s\n", cli_text(msg ? msg : small));
+    if (msg != small)
+        free(msg);
 }
 
 int cli_catalog_enabled = 1;
@@ -78,22 +86,25 @@ dcp_checkpoint *cli_open(const char *path)
 
 void cli_json_string(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20)
-                fprintf(f, "\\u%04x", *p);
-            else
-                fputc(*p, f);
-        }
+    char *q = dcp_key_json(s);   /* keys that are not UTF-8 too (dcp.h) */
+    fputs(q ? q : "\"(out of memory)\"", f);
+    free(q);
+}
+
+/* Bytes of s from p that are one character to print as they are (1 to 4:
+ * ASCII other than controls, or a strict UTF-8 sequence), or 0. */
+static size_t printable(const unsigned char *p)
+{
+    if (*p < 0x80)
+        return *p >= 0x20 && *p != 0x7f;
+    size_t n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : 2;
+    char one[5] = {0};
+    for (size_t i = 0; i < n; i++) {   /* stops at the NUL: never past the string */
+        if (!p[i])
+            return 0;
+        one[i] = (char)p[i];
     }
-    fputc('"', f);
+    return dcp_key_utf8(one) ? n : 0;
 }
 
 const char *cli_text(const char *s)
@@ -102,28 +113,29 @@ const char *cli_text(const char *s)
     static size_t cap[2];
     static int turn;
     const unsigned char *p = (const unsigned char *)s;
-    size_t n = 0, ctl = 0;
-    for (; p[n]; n++)
-        ctl += p[n] < 0x20 || p[n] == 0x7f;
-    if (!ctl)
+    size_t n = strlen(s), odd = 0;
+    for (size_t i = 0, k; i < n; i += k ? k : 1)
+        odd += (k = printable(p + i)) == 0;
+    if (!odd)
         return s;
     int t = turn ^= 1;
-    if (cap[t] < n + 3 * ctl + 1) {   /* each control byte grows to at most 4 */
-        char *nb = realloc(buf[t], n + 3 * ctl + 1);
+    if (cap[t] < n + 3 * odd + 1) {   /* each odd byte grows to at most 4 */
+        char *nb = realloc(buf[t], n + 3 * odd + 1);
         if (!nb)
-            return "(a name with control characters)";
+            return "(a name with control characters or bytes that are not UTF-8)";
         buf[t] = nb;
-        cap[t] = n + 3 * ctl + 1;
+        cap[t] = n + 3 * odd + 1;
     }
     char *o = buf[t];
-    for (; *p; p++) {
-        if (*p == '\n' || *p == '\t' || *p == '\r') {
+    for (size_t k; *p; p += k ? k : 1) {
+        if ((k = printable(p))) {
+            memcpy(o, p, k);
+            o += k;
+        } else if (*p == '\n' || *p == '\t' || *p == '\r') {
             *o++ = '\\';
             *o++ = *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r';
-        } else if (*p < 0x20 || *p == 0x7f) {
-            o += sprintf(o, "\\x%02x", *p);
         } else {
-            *o++ = (char)*p;
+            o += sprintf(o, "\\x%02x", *p);
         }
     }
     *o = 0;

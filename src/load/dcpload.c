@@ -189,16 +189,9 @@ static void outf(struct out *o, const char *fmt, ...)
 
 static void out_json_string(struct out *o, const char *s)
 {
-    outf(o, "\"");
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            outf(o, "\\%c", *c);
-        else if (*c < 0x20)
-            outf(o, "\\u%04x", *c);
-        else
-            outf(o, "%c", *c);
-    }
-    outf(o, "\"");
+    char *q = dcp_key_json(s);   /* keys that are not UTF-8 too (dcp.h) */
+    outf(o, "%s", q ? q : "\"(out of memory)\"");
+    free(q);
 }
 
 static void out_dims(struct out *o, const int64_t *v, int n)

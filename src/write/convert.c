@@ -28,6 +28,7 @@
 #include "pickle.h"
 #include "keypaths.h"
 #include "pickle_write.h"
+#include "dcp_file.h"   /* dcp_st_refusal */
 #include "single_file.h"
 #include "zip.h"
 #include "zip_write.h"
@@ -494,11 +495,10 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         }
         if (!dcp_key_matches(opt->keys, e->key))
             continue;
-        if (to == DCP_FORMAT_SAFETENSORS && (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype))) {
+        const char *refused = to == DCP_FORMAT_SAFETENSORS ? dcp_st_refusal(e) : NULL;
+        if (refused) {
             if (opt->skipped)
-                opt->skipped(opt->skipped_ctx, e->key,
-                             e->kind != DCP_KIND_TENSOR ? "a bytes item: safetensors holds tensors only"
-                                                        : "safetensors has no such dtype");
+                opt->skipped(opt->skipped_ctx, e->key, refused);
             continue;
         }
         sel[nsel++] = i;

@@ -43,6 +43,10 @@ int dcpw_st_header(const dcp_item *items, size_t n, const char *what, unsigned c
                           it->kind == DCP_KIND_TENSOR ? dcp_dtype_name(it->dtype) : "a bytes item");
             break;
         }
+        if (!dcp_key_utf8(it->key)) {
+            rc = dcpi_err(err, EINVAL, "%s: %s: a tensor name that is not UTF-8", what, it->key);
+            break;
+        }
         if (!strcmp(it->key, "__metadata__") || json_object_get(root, it->key)) {
             rc = dcpi_err(err, EINVAL, "%s: %s: duplicate or reserved tensor name", what, it->key);
             break;
@@ -91,6 +95,19 @@ int dcpw_st_header(const dcp_item *items, size_t n, const char *what, unsigned c
     *out_len = 8 + hl;
     *data_len = off;
     return 0;
+}
+
+const char *dcp_st_refusal(const dcp_entry *e)
+{
+    if (e->kind != DCP_KIND_TENSOR)
+        return "a bytes item: safetensors holds tensors only";
+    if (!dcp_dtype_safetensors(e->dtype))
+        return "safetensors has no such dtype";
+    if (!strcmp(e->key, "__metadata__"))
+        return "safetensors reserves that name";
+    if (!dcp_key_utf8(e->key))
+        return "not UTF-8: safetensors names are UTF-8 text";
+    return NULL;
 }
 
 int dcp_write_safetensors(const char *path, const dcp_item *items, size_t n, unsigned flags, const dcp_source *src,
@@ -159,12 +176,12 @@ int dcp_st_view_build(dcp_checkpoint *ck, int (*select)(void *ctx, const dcp_ent
             dcp_st_view_free(l);
             return dcpi_err(err, ESTALE, "%s: the checkpoint changed while it was read", dcp_path(ck));
         }
-        if (select && !select(sctx, e))
-            continue;
-        if (e->kind != DCP_KIND_TENSOR || !dcp_dtype_safetensors(e->dtype)) {
+        if (dcp_st_refusal(e)) {
             l->skipped[l->nskipped++] = e;
             continue;
         }
+        if (select && !select(sctx, e))
+            continue;
         items[m] = (dcp_item){.key = e->key, .kind = e->kind, .dtype = e->dtype, .ndim = e->ndim, .shape = e->shape,
                               .nbytes = dcp_entry_numel(e) * dcp_dtype_size(e->dtype), .tag = i};
         l->tensors[m].entry = e;

@@ -814,6 +814,34 @@ START_TEST(key_matches)
 }
 END_TEST
 
+/* Keys that are not UTF-8: told apart, and shown as the JSON of the str Python loads. */
+static void json_is(const char *key, const char *want)
+{
+    char *got = dcp_key_json(key);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_msg(strcmp(got, want) == 0, "%s: got %s, want %s", key, got, want);
+    free(got);
+}
+
+START_TEST(key_utf8_and_json)
+{
+    ck_assert(dcp_key_utf8("") && dcp_key_utf8("model.w") && dcp_key_utf8("caf\xc3\xa9"));
+    ck_assert(dcp_key_utf8("\xf4\x8f\xbf\xbf"));                  /* U+10FFFF */
+    ck_assert(!dcp_key_utf8("\xf4\x90\x80\x80"));                 /* past U+10FFFF */
+    ck_assert(!dcp_key_utf8("\xc0\x80") && !dcp_key_utf8("\xe0\x80\x80"));   /* overlong */
+    ck_assert(!dcp_key_utf8("\xed\xb2\x80"));                     /* U+DC80, pickle's surrogatepass */
+    ck_assert(!dcp_key_utf8("a\xe2\x82") && !dcp_key_utf8("\x80") && !dcp_key_utf8("\xff"));
+    json_is("plain", "\"plain\"");
+    json_is("caf\xc3\xa9", "\"caf\xc3\xa9\"");
+    json_is("q\"b\\s\n\t\x01", "\"q\\\"b\\\\s\\n\\t\\u0001\"");
+    json_is("sur\xed\xb2\x80x", "\"sur\\udc80x\"");               /* as json.dumps("sur\udc80x") */
+    json_is("\xed\xa0\x80", "\"\\ud800\"");
+    json_is("bad\xff\xe2\x82k", "\"bad\\udcff\\udce2\\udc82k\"");  /* each stray byte, surrogateescape */
+    json_is("\xc0\x80", "\"\\udcc0\\udc80\"");
+    json_is("end\xe2", "\"end\\udce2\"");                          /* a sequence cut by the NUL */
+}
+END_TEST
+
 START_TEST(parse_size)
 {
     uint64_t v;
@@ -860,6 +888,7 @@ int main(void)
     tcase_add_test(t, size_overflow);
     tcase_add_test(t, atomic_outputs);
     tcase_add_test(t, key_matches);
+    tcase_add_test(t, key_utf8_and_json);
     tcase_add_test(t, bytes_total_cap);
     tcase_add_test(t, format_guess);
     tcase_add_test(t, st_view_find);
