@@ -540,14 +540,18 @@ int dcpi_pread_exact(int fd, void *buf, size_t len, uint64_t off, size_t *got)
 }
 
 /* The message for a failed or short read of [off, off+want). */
-int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want,
-                    uint64_t fsize, int e, dcp_error *err)
+int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want, int fd,
+                    int e, dcp_error *err)
 {
     if (e)
         return dcpi_err(err, e, "%s/%s: %s: read error at offset %" PRIu64 ": %s", ck->path,
                        ck->files[file], key, off, strerror(e));
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return dcpi_err(err, EIO, "%s/%s: %s: short read at offset %" PRIu64 " (wanted %" PRIu64 " bytes)",
+                        ck->path, ck->files[file], key, off, want);
     return dcpi_err(err, EIO, "%s/%s: %s: short read at offset %" PRIu64 " (wanted %" PRIu64
-                   " bytes, file is %" PRIu64 " bytes)", ck->path, ck->files[file], key, off, want, fsize);
+                   " bytes, the file has %lld)", ck->path, ck->files[file], key, off, want, (long long)st.st_size);
 }
 
 int dcpi_check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,
@@ -566,19 +570,18 @@ int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, ui
     if (!key)
         key = "";
     int fd;
-    uint64_t fsize;
-    if (dcpi_fd_acquire(ck, file, key, 0, &fd, &fsize, err) < 0)
+    if (dcpi_fd_acquire(ck, file, key, 0, &fd, NULL, err) < 0)
         return -1;
     if (dcpi_check_range(ck, file, key, off, len, err) < 0) {
         dcpi_fd_release(ck, file);
         return -1;
     }
     size_t got;
-    int e = dcpi_pread_exact(fd, buf, len, off, &got);
-    dcpi_fd_release(ck, file);
+    int e = dcpi_pread_exact(fd, buf, len, off, &got), rc = 0;
     if (e || got < len)
-        return dcpi_read_error(ck, file, key, off, len, fsize, e, err);
-    return 0;
+        rc = dcpi_read_error(ck, file, key, off, len, fd, e, err);
+    dcpi_fd_release(ck, file);
+    return rc;
 }
 
 /* ------------------------------------------------------------ fetching */

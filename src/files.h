@@ -43,8 +43,9 @@ unsigned long dcpi_read_pieces_started(void);
 /* EOVERFLOW when [off, off+len) cannot be in any file. */
 int dcpi_check_range(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t len,
                      dcp_error *err);
-/* The error of a failed (e) or short read of [off, off+want): file, key, offset, sizes. */
-int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want,
-                    uint64_t fsize, int e, dcp_error *err);
+/* The error of a failed (e) or short read of [off, off+want) from fd: file,
+ * key, offset, and the file's size now (it may have shrunk since it was opened). */
+int dcpi_read_error(dcp_checkpoint *ck, uint32_t file, const char *key, uint64_t off, uint64_t want, int fd,
+                    int e, dcp_error *err);
 
 #endif

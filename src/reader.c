@@ -245,7 +245,7 @@ static int need_bounce(struct exec *x)
  * pieces on several threads when large: dcpi_preadv_exact). */
 #define IOV_BATCH 512
 
-static int read_direct(struct exec *x, int fd, uint64_t fsize, const dcp_op *const *ord, size_t n)
+static int read_direct(struct exec *x, int fd, const dcp_op *const *ord, size_t n)
 {
     struct iovec iov[IOV_BATCH];
     uint64_t off = ord[0]->src_offset, total = 0;
@@ -264,7 +264,7 @@ static int read_direct(struct exec *x, int fd, uint64_t fsize, const dcp_op *con
     size_t k = 0;
     for (uint64_t acc = 0; k + 1 < n && acc + ord[k]->length <= done; k++)
         acc += ord[k]->length;
-    return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
+    return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fd, e, x->err);
 }
 
 /* How many of ord[0..n) (adjacent in the bounce buffer) are the columns of
@@ -317,7 +317,7 @@ static void place_columns(const dcp_op *const *ord, size_t m, const unsigned cha
 
 /* Ops ord[0..n), adjacent in the file and together at most the bounce
  * buffer, read with one pread and placed one by one. */
-static int read_bounced(struct exec *x, int fd, uint64_t fsize, const dcp_op *const *ord, size_t n)
+static int read_bounced(struct exec *x, int fd, const dcp_op *const *ord, size_t n)
 {
     uint64_t off = ord[0]->src_offset, total = 0;
     for (size_t k = 0; k < n; k++)
@@ -330,7 +330,7 @@ static int read_bounced(struct exec *x, int fd, uint64_t fsize, const dcp_op *co
         size_t k = 0;
         for (uint64_t acc = 0; k + 1 < n && acc + ord[k]->length <= got; k++)
             acc += ord[k]->length;
-        return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fsize, e, x->err);
+        return dcpi_read_error(x->ck, ord[k]->file, x->key, ord[k]->src_offset, ord[k]->length, fd, e, x->err);
     }
     size_t pos = 0;
     for (size_t k = 0; k < n;) {
@@ -350,7 +350,7 @@ static int read_bounced(struct exec *x, int fd, uint64_t fsize, const dcp_op *co
 
 /* One op larger than the bounce buffer, in pieces of whole elements. The
  * source is the file (fd >= 0) or the decoded blob (fd < 0). */
-static int read_pieces(struct exec *x, int fd, uint64_t fsize, const dcp_op *op)
+static int read_pieces(struct exec *x, int fd, const dcp_op *op)
 {
     uint64_t esz = op->elem_size;
     uint64_t piece = x->bounce_cap / esz * esz;
@@ -364,7 +364,7 @@ static int read_pieces(struct exec *x, int fd, uint64_t fsize, const dcp_op *op)
                                x->err) < 0)
                 return -1;
             dcp_op_place(&sub, x->bounce, x->dest, x->plan->dtype);
-        } else if (read_bounced(x, fd, fsize, (const dcp_op *const[]){&sub}, 1) < 0) {
+        } else if (read_bounced(x, fd, (const dcp_op *const[]){&sub}, 1) < 0) {
             return -1;
         }
     }
@@ -376,8 +376,7 @@ static int run_file(struct exec *x, const dcp_op *const *ord, size_t n)
 {
     uint32_t file = ord[0]->file;
     int fd;
-    uint64_t fsize;
-    if (dcpi_fd_acquire(x->ck, file, x->key, 0, &fd, &fsize, x->err) < 0)
+    if (dcpi_fd_acquire(x->ck, file, x->key, 0, &fd, NULL, x->err) < 0)
         return -1;
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0;) {
@@ -387,17 +386,17 @@ static int run_file(struct exec *x, const dcp_op *const *ord, size_t n)
             while (j < n && j - i < IOV_BATCH && is_direct(ord[j]) &&
                    ord[j - 1]->src_offset + ord[j - 1]->length == ord[j]->src_offset)
                 j++;
-            rc = read_direct(x, fd, fsize, ord + i, j - i);
+            rc = read_direct(x, fd, ord + i, j - i);
         } else if ((rc = need_bounce(x)) == 0) {
             if (op->length > x->bounce_cap) {
-                rc = read_pieces(x, fd, fsize, op);
+                rc = read_pieces(x, fd, op);
             } else {
                 uint64_t total = op->length;
                 while (j < n && !is_direct(ord[j]) &&
                        ord[j - 1]->src_offset + ord[j - 1]->length == ord[j]->src_offset &&
                        total + ord[j]->length <= x->bounce_cap)
                     total += ord[j++]->length;
-                rc = read_bounced(x, fd, fsize, ord + i, j - i);
+                rc = read_bounced(x, fd, ord + i, j - i);
             }
         }
         i = j;
@@ -414,7 +413,7 @@ static int run_decoded(struct exec *x, const dcp_op *op)
                               op->src_offset, x->key, x->err);
     if (need_bounce(x) < 0)
         return -1;
-    return read_pieces(x, -1, 0, op);
+    return read_pieces(x, -1, op);
 }
 
 int dcp_plan_execute(dcp_checkpoint *ck, const dcp_plan *plan, void *dest, dcp_error *err)

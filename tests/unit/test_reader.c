@@ -193,14 +193,14 @@ START_TEST(test_short_and_missing)
     dcp_error err;
     char want[2048];
     snprintf(want, sizeof want,
-             "%s/__0_0.distcp: short.direct: short read at offset 80 (wanted 40 bytes, file is 100 bytes)", ck->path);
+             "%s/__0_0.distcp: short.direct: short read at offset 80 (wanted 40 bytes, the file has 100)", ck->path);
     ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[a], &buf, &len, &err), -1);
     ck_assert_int_eq(err.code, EIO);
     ck_assert_str_eq(err.msg, want);
     ck_assert_ptr_null(buf);
     ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[b], &buf, &len, &err), -1);
     ck_assert_int_eq(err.code, EIO);
-    ck_assert_msg(strstr(err.msg, "__0_0.distcp: short.strided: short read at offset 96 (wanted 8 bytes, file is 100 bytes)"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "__0_0.distcp: short.strided: short read at offset 96 (wanted 8 bytes, the file has 100)"), "%s", err.msg);
     ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[c], &buf, &len, &err), -1);
     ck_assert_int_eq(err.code, ENOENT);
     ck_assert_msg(strstr(err.msg, "/__1_0.distcp: gone: ") && strstr(err.msg, "missing"), "%s", err.msg);
@@ -220,6 +220,13 @@ START_TEST(test_short_and_missing)
     int fd;
     ck_assert_int_eq(dcp_file_fd(ck, 0, &fd, &err), 0);
     ck_assert_int_eq(pread(fd, small, 1, 0), 1);
+    /* truncated after it was opened: the message gives the size it has now, not the one at open */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/__0_0.distcp", ck->path);
+    ck_assert_int_eq(truncate(path, 50), 0);
+    ck_assert_int_eq(dcpi_pread_full(ck, 0, small, 8, 60, "k", &err), -1);
+    ck_assert_msg(strstr(err.msg, "/__0_0.distcp: k: short read at offset 60 (wanted 8 bytes, the file has 50)"), "%s",
+                  err.msg);
     tck_free(ck);
 }
 END_TEST
