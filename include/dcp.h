@@ -145,8 +145,9 @@ size_t dcp_dtype_swap_unit(dcp_dtype dt);
 
 typedef enum dcp_kind { DCP_KIND_TENSOR = 1, DCP_KIND_BYTES = 2 } dcp_kind;
 
-/* Stream transforms a blob may carry (_StorageInfo.transform_descriptors). */
-enum { DCP_TRANSFORM_ZSTD = 1u << 0 };
+/* Stream transforms a blob may carry: zstd (_StorageInfo.transform_descriptors);
+ * latin-1 text, as torch.save (pickle protocol 2) holds a bytes value. */
+enum { DCP_TRANSFORM_ZSTD = 1u << 0, DCP_TRANSFORM_LATIN1 = 1u << 1 };
 
 /* One _StorageInfo: a byte range of a data file. */
 typedef struct dcp_blob {

@@ -1,6 +1,7 @@
 /* Blobs: the byte range of a shard file one _StorageInfo names, decoded when
- * it carries a stream transform (zstd). Decoded blobs are kept in a small
- * LRU cache in the checkpoint; callers always get copies. */
+ * it carries a stream transform (zstd; latin-1 text, for bytes a torch.save
+ * file pickles at protocol 2). Decoded blobs are kept in a small LRU cache in
+ * the checkpoint; callers always get copies. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +130,40 @@ static int decode(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void *
     return 0;
 }
 
-/* One decoded (zstd) blob. */
+/* A blob of latin-1 text as pickle's BINUNICODE holds it (UTF-8: a byte
+ * >= 0x80 as two bytes, C2 or C3 then a continuation): the bytes it spells. */
+static int decode_latin1(dcp_checkpoint *ck, const dcp_blob *b, const char *key, void **out, uint64_t *outlen,
+                         dcp_error *err)
+{
+    if (b->length > decoded_limit() || b->length > SIZE_MAX - 1)
+        return dcpi_err(err, EFBIG, "%s/%s: %s: a latin-1 blob of %llu bytes is too large", ck->path,
+                        ck->files[b->file], key, (unsigned long long)b->length);
+    unsigned char *buf = malloc(b->length ? (size_t)b->length : 1);
+    if (!buf)
+        return dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, key);
+    if (dcpi_pread_full(ck, b->file, buf, (size_t)b->length, b->offset, key, err) < 0) {
+        free(buf);
+        return -1;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < (size_t)b->length; i++) {   /* in place: the output is never longer */
+        if (buf[i] < 0x80) {
+            buf[o++] = buf[i];
+        } else if ((buf[i] == 0xc2 || buf[i] == 0xc3) && i + 1 < (size_t)b->length && (buf[i + 1] & 0xc0) == 0x80) {
+            buf[o++] = (unsigned char)((buf[i] & 0x03) << 6 | (buf[i + 1] & 0x3f));
+            i++;
+        } else {
+            free(buf);
+            return dcpi_err(err, EIO, "%s/%s: %s: the pickled bytes at offset %llu are not latin-1 text (the file "
+                            "changed?)", ck->path, ck->files[b->file], key, (unsigned long long)(b->offset + i));
+        }
+    }
+    *out = buf;
+    *outlen = o;
+    return 0;
+}
+
+/* One decoded (zstd or latin-1) blob. */
 typedef struct dcpi_decoded {
     uint32_t file;
     uint64_t offset;
@@ -199,7 +233,8 @@ static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *k
     pthread_mutex_unlock(&ck->lock);
     void *data = NULL;
     uint64_t len = 0;
-    if (decode(ck, b, key, &data, &len, err) < 0)
+    if ((b->transforms & DCP_TRANSFORM_LATIN1 ? decode_latin1(ck, b, key, &data, &len, err)
+                                               : decode(ck, b, key, &data, &len, err)) < 0)
         return NULL;
     pthread_mutex_lock(&ck->lock);   /* c stays: it is freed only by dcp_close */
     dcpi_decoded *victim = &c->slot[0];
@@ -225,7 +260,7 @@ static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *k
 int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len, uint64_t off,
                    const char *key, dcp_error *err)
 {
-    if (!(b->transforms & DCP_TRANSFORM_ZSTD)) {
+    if (!(b->transforms & DCPI_BLOB_ENCODED)) {
         if (off > b->length || b->length - off < len)
             return dcpi_err(err, EIO, "%s/%s: %s: read of %zu bytes at %llu runs past the blob (%llu bytes)",
                             ck->path, ck->files[b->file], key, len, (unsigned long long)off,
@@ -248,7 +283,7 @@ int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len,
 
 int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key, dcp_error *err)
 {
-    if (!(b->transforms & DCP_TRANSFORM_ZSTD)) {
+    if (!(b->transforms & DCPI_BLOB_ENCODED)) {
         *size = b->length;
         return 0;
     }

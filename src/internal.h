@@ -128,6 +128,8 @@ typedef struct dcpi_reform {
 /* Internal blob flag (beside the public DCP_TRANSFORM_*): the blob is the raw
  * C-contiguous bytes of exactly its chunk (safetensors data). */
 #define DCPI_BLOB_RAW (1u << 31)
+/* The transforms a blob's bytes go through before use (blob.c decodes them). */
+#define DCPI_BLOB_ENCODED (DCP_TRANSFORM_ZSTD | DCP_TRANSFORM_LATIN1)
 
 typedef struct dcpi_store dcpi_store;   /* store.h */
 

@@ -277,13 +277,14 @@ static int dict_set(vm *m, pk_node *d, pk_node *k, pk_node *v)
     return 0;
 }
 
-static pk_node *make_str(vm *m, pk_type t, const unsigned char *p, size_t n)
+static pk_node *make_str(vm *m, pk_type t, const unsigned char *p, size_t n, uint64_t at)
 {
     pk_node *s = node(m, t);
     if (!s)
         return NULL;
     s->u.s.p = dcpi_arena_strndup(&m->doc->arena, (const char *)p, n);
     s->u.s.len = n;
+    s->u.s.at = at;
     return s->u.s.p ? s : NULL;
 }
 
@@ -408,7 +409,7 @@ static int long_node(vm *m, const unsigned char *p, size_t n)
             v |= ~0ULL << (8 * k);
         return int_node(m, (int64_t)v);
     }
-    return push(m, make_str(m, PK_BIGINT, p, n));
+    return push(m, make_str(m, PK_BIGINT, p, n, PK_AT_NONE));
 }
 
 static int global_node(vm *m, const char *mod, size_t ml, const char *name, size_t nl)
@@ -859,7 +860,7 @@ static int run(vm *m, pk_node **root)
                                 (unsigned long long)pos(m));
             if (need(m, n) < 0)
                 return -1;
-            if (push(m, make_str(m, (op == 'C' || op == 'B' || op == 0x8e) ? PK_BYTES : PK_STR, m->p, n)) < 0)
+            if (push(m, make_str(m, (op == 'C' || op == 'B' || op == 0x8e) ? PK_BYTES : PK_STR, m->p, n, pos(m))) < 0)
                 return -1;
             m->p += n;
             break;
@@ -1064,7 +1065,7 @@ static int run(vm *m, pk_node **root)
                 return -1;
             if (!(b = node(m, PK_PERSID)))
                 return push(m, NULL);
-            b->u.persid.pid = make_str(m, PK_STR, (const unsigned char *)s, l);
+            b->u.persid.pid = make_str(m, PK_STR, (const unsigned char *)s, l, PK_AT_NONE);
             if (!b->u.persid.pid || push(m, b) < 0)
                 return push(m, NULL);
             break;

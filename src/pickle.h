@@ -34,8 +34,11 @@ struct pk_node {
         bool b;
         int64_t i;                        /* PK_INT */
         double f;                         /* PK_FLOAT */
-        struct { const char *p; size_t len; } s;     /* PK_STR (UTF-8), PK_BYTES, PK_BIGINT
-                                                        (little-endian two's complement) */
+        struct {
+            const char *p;                /* PK_STR (UTF-8), PK_BYTES, PK_BIGINT (little-endian */
+            size_t len;                   /* two's complement) */
+            uint64_t at;                  /* where the same bytes lie in the pickle: the payload */
+        } s;                              /* of a BIN* opcode, else PK_AT_NONE */
         struct { pk_node **items; size_t n, cap; } seq;  /* TUPLE, LIST, SET, FROZENSET */
         struct { pk_node **keys, **vals; size_t n, cap; } dict;   /* insertion order */
         struct { const char *module, *name; } global;
@@ -48,6 +51,8 @@ struct pk_node {
         struct { pk_node *pid; } persid;  /* BINPERSID / PERSID argument */
     } u;
 };
+
+#define PK_AT_NONE UINT64_MAX
 
 typedef struct pk_doc pk_doc;
 

@@ -62,6 +62,7 @@ typedef struct pt_load {
     dcpi_zip z;
     dcp_blob whole;
     uint64_t flen;
+    uint64_t pkl_start, pkl_len;      /* data.pkl's bytes in the file (stored, so as they are) */
     uint32_t rec_flags;
     dcpi_side_bytes *side;
     size_t nside, side_cap;
@@ -125,11 +126,22 @@ static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
 }
 
 /* Protocol 2 has no bytes opcode: torch.save pickles bytes as
- * _codecs.encode('<latin-1 text>', 'latin1'), decoded back here. */
+ * _codecs.encode('<latin-1 text>', 'latin1'). The text node of such a call,
+ * else NULL. */
+static const pk_node *latin1_text(const pk_node *n)
+{
+    const pk_node *g = pk_call_global(n), *t;
+    const char *enc;
+    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
+        pk_len(n->u.call.args) != 2 || !(t = pk_item(n->u.call.args, 0)) || t->type != PK_STR ||
+        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
+        return NULL;
+    return t;
+}
+
 int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
 {
-    const pk_node *g = pk_call_global(n);
-    const char *s, *enc;
+    const char *s;
     size_t sl;
     if (n && n->type == PK_BYTES) {
         *out = malloc(n->u.s.len ? n->u.s.len : 1);
@@ -139,10 +151,11 @@ int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
         *len = n->u.s.len;
         return 0;
     }
-    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
-        pk_len(n->u.call.args) != 2 || !pk_str(pk_item(n->u.call.args, 0), &s, &sl) ||
-        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
+    const pk_node *t = latin1_text(n);
+    if (!t)
         return 1;
+    s = t->u.s.p;
+    sl = t->u.s.len;
     unsigned char *b = malloc(sl ? sl : 1), *q = b;
     if (!b)
         return -1;
@@ -160,6 +173,22 @@ int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
     *out = b;
     *len = (size_t)(q - b);
     return 0;
+}
+
+/* A bytes value holding a torch.save blob (what a DCP bytes item holds, and
+ * what dcp convert writes for one) as a blob of the file: its bytes lie in
+ * data.pkl, raw (BINBYTES) or as latin-1 text (protocol 2, torch.save's
+ * default; DCP_TRANSFORM_LATIN1 decodes it). 1 and *b, or 0 when n is no
+ * such value. */
+static int pt_bytes_blob(pt_load *L, const pk_node *n, dcp_blob *b)
+{
+    const pk_node *t = n && n->type == PK_BYTES ? n : latin1_text(n);
+    if (!t || t->u.s.at == PK_AT_NONE || t->u.s.len < 4 || memcmp(t->u.s.p, "PK\3\4", 4) ||
+        t->u.s.at > L->pkl_len || L->pkl_len - t->u.s.at < t->u.s.len)
+        return 0;
+    *b = (dcp_blob){.file = 0, .offset = L->pkl_start + t->u.s.at, .length = t->u.s.len,
+                    .transforms = t == n ? 0 : DCP_TRANSFORM_LATIN1};
+    return 1;
 }
 
 static void pt_skip(pt_load *L, const char *key, const char *why)
@@ -218,8 +247,19 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
         return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
      * bytes item as is; other plain values are pickled into one. */
-    if (!L->hooks.blob) {
-        pt_skip(L, key, "not a tensor");
+    if (!L->hooks.blob) {   /* opened to be read: torch.save blobs are bytes items, in place */
+        dcp_blob b;
+        size_t idx;
+        if (!pt_bytes_blob(L, n, &b)) {
+            pt_skip(L, key, "not a tensor, nor bytes holding a torch.save blob");
+            return 0;
+        }
+        if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0)
+            return -1;
+        if (L->ck->entries[idx].has_blob)
+            return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
+        L->ck->entries[idx].blob = b;
+        L->ck->entries[idx].has_blob = 1;
         return 0;
     }
     unsigned char *data = NULL;
@@ -305,6 +345,8 @@ int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_ch
     }
     if (dcpi_zip_data(ck, &L.whole, "data.pkl", pe, L.flen, &pstart, err) < 0)
         goto out;
+    L.pkl_start = pstart;
+    L.pkl_len = pe->size;
     if (!(pkl = malloc(pe->size ? pe->size : 1))) {
         dcpi_err(err, ENOMEM, "%s: out of memory", path);
         goto out;

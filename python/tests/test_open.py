@@ -757,6 +757,47 @@ def test_torch_single_files(tmp_path):
                                        v[1:3, -3:]), (f, k)
 
 
+def test_torch_save_bytes_items(tmp_path):
+    """A bytes value holding a torch.save blob in a torch.save file (what a DCP bytes
+    item holds, and what `dcp convert` writes for one) is a bytes item, read in place:
+    pickled raw (protocol 3+) or as latin-1 text (protocol 2, torch.save's default),
+    shared by two keys (pickle's memo); other non-tensor values are left out."""
+    import torch
+
+    def blob(obj):
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
+    state = blob({"epoch": 7, "lr": 0.5, "name": "caf\u00e9 \xff"})
+    other = blob([1, 2, 3])
+    assert any(b >= 0x80 for b in state)        # latin-1 text holds two-byte characters
+    sd = {"w": torch.arange(6.0), "state": state, "again": state, "other": other,
+          "plain": b"not a torch.save blob", "n": 3}
+    for proto in (2, 4):
+        f = tmp_path / f"p{proto}.pt"
+        torch.save(sd, f, pickle_protocol=proto)
+        with dcpfs.open(f) as ck:
+            assert sorted(ck.keys()) == ["again", "other", "state", "w"], proto
+            for k in ("state", "again", "other"):
+                assert ck.info(k).kind == "bytes" and ck.info(k).nbytes == len(sd[k]), (proto, k)
+                assert ck.read_bytes(k) == sd[k], (proto, k)
+            assert torch.load(io.BytesIO(ck["state"]), weights_only=False)["name"] == "caf\u00e9 \xff"
+            assert np.array_equal(ck["w"], np.arange(6.0, dtype=np.float32))
+    # the text a latin-1 item is decoded from, damaged in the file: an error naming the key, no wrong bytes
+    raw = (tmp_path / "p2.pt").read_bytes()
+    at = raw.index(state[:64].decode("latin-1").encode("utf-8"))
+    bad = bytearray(raw)
+    i = next(j for j in range(at, len(raw)) if raw[j] in (0xc2, 0xc3))
+    bad[i] = 0xc5                                # a two-byte character latin-1 text never holds
+    (tmp_path / "bad.pt").write_bytes(bytes(bad))
+    with dcpfs.open(tmp_path / "bad.pt") as ck:
+        assert ck.read_bytes("other") == other   # its own text is intact
+        with pytest.raises(dcpfs.DcpError) as ei:
+            ck.read_bytes("state")
+        assert "bad.pt: state: " in str(ei.value) and "not latin-1 text" in str(ei.value)
+
+
 def test_torch_cuda_out():
     """CUDA destinations go through pinned pieces of at most 64 MiB (small pieces here)."""
     import torch

@@ -26,11 +26,13 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
             cli_json_string(stdout, e->key);
             fputs(",\"kind\":\"bytes\",\"file\":", stdout);
             cli_json_string(stdout, file);
-            printf(",\"offset\":%" PRIu64 ",\"length\":%" PRIu64 "%s}\n", e->blob.offset,
-                   e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? ",\"zstd\":true" : "");
+            printf(",\"offset\":%" PRIu64 ",\"length\":%" PRIu64 "%s%s}\n", e->blob.offset, e->blob.length,
+                   e->blob.transforms & DCP_TRANSFORM_ZSTD ? ",\"zstd\":true" : "",
+                   e->blob.transforms & DCP_TRANSFORM_LATIN1 ? ",\"latin1\":true" : "");
         } else {
-            printf("%s  bytes  %s @%" PRIu64 " +%" PRIu64 "%s\n", cli_text(e->key), cli_text(file), e->blob.offset,
-                   e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? " zstd" : "");
+            printf("%s  bytes  %s @%" PRIu64 " +%" PRIu64 "%s%s\n", cli_text(e->key), cli_text(file), e->blob.offset,
+                   e->blob.length, e->blob.transforms & DCP_TRANSFORM_ZSTD ? " zstd" : "",
+                   e->blob.transforms & DCP_TRANSFORM_LATIN1 ? " latin1" : "");
         }
         return 0;
     }
