@@ -215,11 +215,24 @@ typedef struct dcp_synth_options {
     int crc;                    /* compute zip CRC-32s (default off: speed; torch.load ignores them) */
     dcp_progress_fn progress;
     void *progress_ctx;
+    /* Since 0.2 (appended): as dcp_convert_options' cancel; the checkpoint
+     * stops at its next key or piece, is removed and fails with ECANCELED. */
+    volatile sig_atomic_t *cancel;
 } dcp_synth_options;
 #define DCP_SYNTH_OPTIONS_INIT {.size = sizeof(dcp_synth_options)}
 
+/* The most chunks and bytes items a synthetic checkpoint may hold in all
+ * (nkeys x the chunks of one key + bytes_items): the writer keeps a record
+ * of each in memory until .metadata is written (some 250 to 500 bytes), and
+ * each is a torch.save archive of some 1.5 KB in its data file, however
+ * small the tensor. 2^24: past the 10 million chunks dcp is measured at. */
+#define DCP_SYNTH_CHUNKS_MAX (1ull << 24)
+
 /* Key i is "model.layers.<i>.weight"; its C-order bytes are what
- * dcp_synth_fill(seed, i, dtype, ...) gives (see dcp-synth(1) for the formula). */
+ * dcp_synth_fill(seed, i, dtype, ...) gives (see dcp-synth(1) for the formula).
+ * Bad options, and more than DCP_SYNTH_CHUNKS_MAX chunks, are EINVAL before
+ * anything is written. On failure what it wrote is removed: dir itself when
+ * it made the folder, else the files it created in it. */
 int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *opt, dcp_error *err);
 /* Fill buf with bytes [off, off+len) of key i's global C-order image. */
 void dcp_synth_fill(uint64_t seed, uint64_t key, dcp_dtype dt, uint64_t off, void *buf, size_t len);

@@ -67,7 +67,72 @@ for run in INT:130:x.safetensors TERM:143:xdcp HUP:129:xs HUP:129:xpt.pt INT:130
     grep -q "convert: $SCRATCH/intr/$dst: interrupted" "$SCRATCH/intr.err" || fail "$dst: $(cat "$SCRATCH/intr.err")"
     [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "$dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
 done
+# dcp synth interrupted the same way: it stops at its next key or piece and removes what it
+# wrote (the folder was left with its shard files): DST itself when it made the folder, the
+# files only when given an empty one, which stays.
+for run in INT:130:new TERM:143:given HUP:129:many; do
+    sig=${run%%:*} want=${run#*:} want=${want%%:*} dst=${run##*:}
+    [ $dst != given ] || mkdir "$SCRATCH/intr/given"
+    case $dst in
+    new) set -- --keys 1 --shape 65536,32768 ;;             # one 8 GiB chunk: between its pieces
+    given) set -- --total 4GiB --shape 2048,2048 --ranks 2 ;;
+    many) set -- --keys 5000000 --shape 0 --ranks 3 ;;     # between keys of no bytes
+    esac
+    "$DCP" synth "$SCRATCH/intr/$dst" "$@" 2>"$SCRATCH/intr.err" &
+    pid=$!
+    i=0
+    until [ -n "$(find "$SCRATCH/intr/$dst" -name '*.distcp' -size +1k 2>/dev/null | head -1)" ] ||
+          ! kill -0 $pid 2>/dev/null || [ $i -ge 2000 ]; do
+        sleep 0.005; i=$((i + 1))
+    done
+    kill -$sig $pid 2>/dev/null || fail "synth $dst: it ended before the signal (make it bigger)"
+    if [ $dst = new ]; then   # stopped at its next piece (1 MiB), not at the end of the chunk
+        sleep 1
+        f="$SCRATCH/intr/new/__0_0.distcp"
+        if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 268435456 ]; then
+            kill -KILL $pid
+            fail "synth new: still writing its chunk 1 s after SIG$sig"
+        fi
+    fi
+    rc=0; wait $pid || rc=$?
+    [ $rc = $want ] || fail "synth $dst: SIG$sig: exit $rc, not $want: $(cat "$SCRATCH/intr.err")"
+    grep -q "synth: $SCRATCH/intr/$dst: interrupted" "$SCRATCH/intr.err" || fail "synth $dst: $(cat "$SCRATCH/intr.err")"
+    if [ $dst = given ]; then
+        [ -d "$SCRATCH/intr/given" ] || fail "synth removed the empty folder it was given"
+        [ -z "$(ls -A "$SCRATCH/intr/given")" ] || fail "synth given: SIG$sig left: $(ls -A "$SCRATCH/intr/given")"
+        rmdir "$SCRATCH/intr/given"
+    fi
+    [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "synth $dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
+done
 rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
+# A synth that fails part way (the writer refuses the first chunk's shape, its strides overflow,
+# after creating the shard file) leaves nothing either; a full disk: tests/writer-synth-full.sh.
+expect_fail "overflow" $DCP synth "$SCRATCH/part" --keys 2 --shape 0,9223372036854775807 --ranks 4 --shard cols
+[ ! -e "$SCRATCH/part" ] || fail "a failed synth left $SCRATCH/part: $(ls -A "$SCRATCH/part")"
+mkdir "$SCRATCH/part"
+expect_fail "overflow" $DCP synth "$SCRATCH/part" --keys 2 --shape 0,9223372036854775807 --ranks 4 --shard cols
+[ -z "$(ls -A "$SCRATCH/part")" ] || fail "a failed synth left in the folder given: $(ls -A "$SCRATCH/part")"
+rmdir "$SCRATCH/part"
+# Chunks are bounded before anything is written (DCP_SYNTH_CHUNKS_MAX, 2^24): a zero-size key has
+# no bytes but costs a chunk's record in memory and a torch.save archive on disk; a huge --keys
+# ran on without end. The count is of the chunks a key is written as (compared with a small one).
+to=
+command -v timeout >/dev/null && to="timeout 10"
+for run in 1:0:rows:1 3:0:rows:1 4:10,7:rows:2 4:10,7:cols:1 6:5,9,3:blocks:2 3:33:replicated:5 2:scalar:rows:1; do
+    r=${run%%:*} shape=${run#*:} shape=${shape%%:*} shard=${run#*:*:} shard=${shard%%:*} cpk=${run##*:}
+    set -- --shape $shape --ranks $r --shard $shard --chunks-per-key $cpk --dtype int8
+    $DCP synth "$SCRATCH/few" --keys 2 "$@" >/dev/null || fail "synth --keys 2 $*"
+    n=$($DCP --no-catalog ls --json "$SCRATCH/few" | sed -n 's/.*"chunks": *\([0-9]*\).*/\1/p' | head -1)
+    rm -rf "$SCRATCH/few"
+    [ "$n" = 1 ] && s= || s=s
+    expect_fail "too many chunks: 100000000000 keys of $n chunk$s each and 0 bytes items, past the limit of 16777216" \
+        $to $DCP synth "$SCRATCH/huge" --keys 100000000000 "$@"
+    [ ! -e "$SCRATCH/huge" ] || fail "a refused synth created $SCRATCH/huge"
+done
+expect_fail "16777216 keys of 1 chunk each and 1 bytes items" $to $DCP synth "$SCRATCH/huge" --keys 16777216 \
+    --shape 0 --bytes-items 1
+expect_fail "too many chunks" $to $DCP synth "$SCRATCH/huge" --total 1T --shape 1 --dtype int8
+[ ! -e "$SCRATCH/huge" ] || fail "a refused synth created $SCRATCH/huge"
 # A DST name of 250 bytes (its temporary's name is cut to stay one name of at most 255).
 long=$(printf 'n%.0s' $(seq 1 247)).pt
 "$DCP" convert -q "$F" "$SCRATCH/$long" || fail "a DST name of ${#long} bytes"

@@ -15,7 +15,7 @@ tests_unit_test_options_LDADD = libdcp.la $(CHECK_LIBS) -ldl
 EXTRA_tests_unit_test_options_DEPENDENCIES = libdcp.la
 
 WRITER_TESTS = tests/writer-roundtrip.sh tests/writer-synth.sh tests/writer-errors.sh tests/writer-rss.sh \
-	tests/writer-zipcrc.sh \
+	tests/writer-zipcrc.sh tests/writer-synth-full.sh \
 	tests/writer-pyread.sh \
 	tests/interop-writer.sh
 TESTS += $(WRITER_TESTS)

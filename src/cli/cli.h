@@ -2,6 +2,7 @@
 #ifndef DCP_CLI_H
 #define DCP_CLI_H
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdint.h>
 #include "dcp.h"
@@ -53,5 +54,13 @@ int cli_write_stdout(const void *buf, size_t len);
 int cli_err_stdout(dcp_error *err);
 /* dcp_progress_fn for a progress bar on stderr (a terminal only); ctx is a label string. */
 void cli_progress(void *label, uint64_t done, uint64_t total);
+/* Ctrl-C, a scheduler's SIGTERM, a closed terminal: after cli_catch_signals,
+ * SIGINT, SIGTERM and SIGHUP only set cli_stop_signal (the signal), which a
+ * writer's cancel flag points at, so it stops at its next piece and removes
+ * what it wrote. cli_end_by_signal, after the message, raises the signal again
+ * with its default action for the status a shell expects (130, 143, 129). */
+extern volatile sig_atomic_t cli_stop_signal;
+void cli_catch_signals(void);
+void cli_end_by_signal(void);
 
 #endif

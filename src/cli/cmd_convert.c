@@ -1,7 +1,6 @@
 /* dcp convert: DCP <-> torch.save <-> safetensors, streaming (src/write/convert.c). */
 #include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,35 +39,13 @@ static void report_skip(void *ctx, const char *key, const char *why)
         fprintf(stderr, "dcp: convert: skipped %s: %s\n", cli_text(key), why);
 }
 
-/* Ctrl-C, a scheduler's SIGTERM, a closed terminal: the library stops at its
- * next piece and removes its hidden temporary (a multi-GB one was left
- * behind), then the signal is raised again for the status a shell expects. */
-static volatile sig_atomic_t stop_signal;
-
-static void on_signal(int sig)
-{
-    stop_signal = sig;
-}
-
-static void catch_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-}
-
 /* After a failed call: 1, or (interrupted) the signal's own end; the
  * message names DST, not the temporary that is gone. */
 static int failed(const dcp_error *err, const char *dst)
 {
-    if (err->code == ECANCELED && stop_signal) {
-        cli_error("convert: %s: interrupted (%s): nothing was written", dst, strsignal(stop_signal));
-        signal(stop_signal, SIG_DFL);
-        raise(stop_signal);
+    if (err->code == ECANCELED && cli_stop_signal) {
+        cli_error("convert: %s: interrupted (%s): nothing was written", dst, strsignal(cli_stop_signal));
+        cli_end_by_signal();
     } else {
         cli_error("%s", err->msg);
     }
@@ -101,8 +78,8 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
     x->progress_ctx = "convert";
     x->skipped = report_skip;
     x->skipped_ctx = &quiet;
-    x->cancel = &stop_signal;
-    catch_signals();
+    x->cancel = &cli_stop_signal;
+    cli_catch_signals();
     dcp_error err;
     if (dcp_export_hf(argv[optind], argv[optind + 1], x, &err) < 0)
         return failed(&err, argv[optind + 1]);
@@ -192,8 +169,8 @@ int cmd_convert(int argc, char **argv)
     o.progress_ctx = "convert";
     o.skipped = report_skip;
     o.skipped_ctx = &quiet;
-    o.cancel = &stop_signal;
-    catch_signals();
+    o.cancel = &cli_stop_signal;
+    cli_catch_signals();
     dcp_error err;
     if (dcp_convert_files(argv[optind], argv[optind + 1], &o, &err) < 0)
         return failed(&err, argv[optind + 1]);

@@ -152,9 +152,17 @@ int cmd_synth(int argc, char **argv)
     }
     o.progress = cli_progress;
     o.progress_ctx = "synth";
+    o.cancel = &cli_stop_signal;   /* stopped, DST is removed as after any failure */
+    cli_catch_signals();
     dcp_error err;
     if (dcp_synth_checkpoint(argv[optind], &o, &err) < 0) {
-        cli_error("%s", err.msg);
+        if (err.code == ECANCELED && cli_stop_signal) {
+            cli_error("synth: %s: interrupted (%s): what it wrote is removed", argv[optind],
+                      strsignal(cli_stop_signal));
+            cli_end_by_signal();
+        } else {
+            cli_error("%s", err.msg);
+        }
         return 1;
     }
     return 0;

@@ -1,5 +1,6 @@
 /* Helpers shared by the dcp subcommands. */
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,30 @@ void cli_error(const char *fmt, ...)
     fprintf(stderr, "dcp: %s\n", cli_text(msg ? msg : small));
     if (msg != small)
         free(msg);
+}
+
+volatile sig_atomic_t cli_stop_signal;
+
+static void on_signal(int sig)
+{
+    cli_stop_signal = sig;
+}
+
+void cli_catch_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+void cli_end_by_signal(void)
+{
+    signal(cli_stop_signal, SIG_DFL);
+    raise(cli_stop_signal);
 }
 
 int cli_catalog_enabled = 1;

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "dcp.h"
+#include "dcp_write.h"
 
 /* "<dir>/.<name>.tmp-<pid>-<n>" for path "<dir>/<name>" (no trailing '/').
  * Returns 0, or -1 (ENAMETOOLONG) with err filled. */
@@ -23,5 +23,11 @@ int dcpw_rename(const char *tmp, const char *path, int no_replace, int sync, dcp
 
 /* fsync a folder by path. */
 int dcpw_fsync_dir(const char *dir, dcp_error *err);
+
+/* Abandon an unfinished DCP writer (dcp_writer.c) and remove what it made:
+ * the rank files it created, and dir (the folder given to dcp_ckpt_create)
+ * when it made the folder, only if empty. After dcp_ckpt_finish succeeded
+ * it only frees, as dcp_ckpt_free. */
+void dcpw_ckpt_discard(dcp_ckpt_writer *w, const char *dir);
 
 #endif

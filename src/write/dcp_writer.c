@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "atomic.h"
 #include "dcp_write.h"
 #include "internal.h"
 #include "sized_opts.h"
@@ -64,6 +65,7 @@ struct dcp_ckpt_writer {
     size_t nranks;
     unsigned char *piece;
     uint64_t bytes;
+    int created;                      /* dcp_ckpt_create made the folder */
     int finished;
 };
 
@@ -114,9 +116,13 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *caller, dcp_ckpt_wr
         existed = 1;
     }
     dcp_ckpt_writer *w = calloc(1, sizeof *w);
-    if (!w)
+    if (!w) {
+        if (!existed)
+            rmdir(dir);
         return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    }
     w->dirfd = -1;
+    w->created = !existed;
     dcpi_arena_init(&w->arena);
     dcpi_strmap_init(&w->index);
     dcpi_strmap_init(&w->seen);
@@ -127,18 +133,18 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *caller, dcp_ckpt_wr
     w->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (!w->dir || !w->checkpoint_id || !w->piece || w->dirfd < 0) {
         int e = w->dirfd < 0 && w->dir && w->piece ? errno : ENOMEM;
-        dcp_ckpt_free(w);
+        dcpw_ckpt_discard(w, dir);
         return dcpi_err(err, e, "%s: cannot open the checkpoint folder: %s", dir, strerror(e));
     }
     struct stat st;
     if (fstatat(w->dirfd, ".metadata", &st, 0) == 0) {
-        dcp_ckpt_free(w);
+        dcpw_ckpt_discard(w, dir);
         return dcpi_err(err, EEXIST, "%s: already holds a checkpoint (.metadata exists)", dir);
     }
     /* An existing folder must be empty: never write into someone's files
      * (a rank-local checkpoint, a Hugging Face folder, a save in progress). */
     if (existed && folder_not_empty(w->dirfd, dir, err)) {
-        dcp_ckpt_free(w);
+        dcpw_ckpt_discard(w, dir);
         return -1;
     }
     *out = w;
@@ -210,6 +216,8 @@ static int rank_file(dcp_ckpt_writer *w, int rank, rankfile **out, dcp_error *er
         rankfile *nr = realloc(w->ranks, nn * sizeof *nr);
         if (!nr)
             return dcpi_err(err, ENOMEM, "%s: out of memory", w->dir);
+        for (size_t i = 0; i < w->nranks; i++)   /* each output names its file by the moved array */
+            nr[i].out.what = nr[i].what;
         for (size_t i = w->nranks; i < nn; i++) {
             memset(&nr[i], 0, sizeof nr[i]);
             nr[i].fd = -1;
@@ -226,6 +234,7 @@ static int rank_file(dcp_ckpt_writer *w, int rank, rankfile **out, dcp_error *er
             return dcpi_err(err, errno, "%s/%s: cannot create: %s", w->dir, r->name, strerror(errno));
         if (zw_out_init(&r->out, fd, 0, r->what, err) < 0) {
             close(fd);
+            unlinkat(w->dirfd, r->name, 0);
             return -1;
         }
         r->fd = fd;
@@ -645,4 +654,20 @@ void dcp_ckpt_free(dcp_ckpt_writer *w)
     free(w->dir);
     free(w->checkpoint_id);
     free(w);
+}
+
+void dcpw_ckpt_discard(dcp_ckpt_writer *w, const char *dir)
+{
+    if (!w)
+        return;
+    if (!w->finished) {
+        /* Each rank file was created with O_EXCL and its fd is still open. */
+        for (size_t r = 0; r < w->nranks; r++)
+            if (w->ranks[r].fd >= 0)
+                unlinkat(w->dirfd, w->ranks[r].name, 0);
+        /* rmdir: a folder someone filled meanwhile stays, with their files. */
+        if (w->created)
+            rmdir(dir);
+    }
+    dcp_ckpt_free(w);
 }

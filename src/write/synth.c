@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "atomic.h"
 #include "dcp_write.h"
 #include "internal.h"
 #include "sized_opts.h"
@@ -67,6 +68,7 @@ typedef struct box {
     const int64_t *shape, *off, *size;
     int split;            /* dimensions [0, split) are stepped; [split, nd) form one run */
     uint64_t run;         /* bytes per run */
+    volatile sig_atomic_t *cancel;
 } box;
 
 static void box_init(box *b)
@@ -86,8 +88,9 @@ static void box_init(box *b)
 static int box_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
 {
     (void)tag;
-    (void)err;
     box *b = ctx;
+    if (b->cancel && *b->cancel)   /* a large key: stopped between its pieces */
+        return dcpi_err(err, ECANCELED, "interrupted");
     size_t esz = dcp_dtype_size(b->dt);
     unsigned char *p = buf;
     while (len) {
@@ -116,17 +119,14 @@ static int box_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
-/* torch.chunk of extent n into k parts: part i is [i*c, min(n, (i+1)*c)), c = ceil(n/k). */
+/* torch.chunk of extent n into k parts: part i is [i*c, min(n, (i+1)*c)), c = ceil(n/k).
+ * Without overflow for any n >= 0 (a dimension beside a 0 may be huge). */
 static void chunk_range(int64_t n, int k, int i, int64_t *start, int64_t *len)
 {
-    int64_t c = (n + k - 1) / k;
-    int64_t s = c * i, e = s + c;
-    if (s > n)
-        s = n;
-    if (e > n)
-        e = n;
+    int64_t c = n / k + (n % k != 0);
+    int64_t s = c && i <= n / c ? c * i : n;
     *start = s;
-    *len = e - s;
+    *len = n - s < c ? n - s : c;
 }
 
 static int grid_rows(int ranks)
@@ -188,6 +188,26 @@ static size_t rank_parts(const dcp_synth_options *o, uint64_t key, part *parts)
     return n;
 }
 
+/* The chunks each key is written as (the same for every key): each rank's
+ * part cut into chunks_per_key along dimension 0, empty cuts left out (an
+ * empty part keeps one); the parts of a replicated or 0-d key are one box,
+ * written once. parts: room for o->ranks. */
+static uint64_t key_chunks(const dcp_synth_options *o, part *parts)
+{
+    size_t np = rank_parts(o, 0, parts);
+    if (o->ndim == 0)
+        return 1;
+    if (o->shard == DCP_SHARD_REPLICATED)
+        np = 1;
+    uint64_t n = 0;
+    for (size_t i = 0; i < np; i++) {
+        int64_t rows = parts[i].size[0], s, cut;
+        chunk_range(rows, o->chunks_per_key, 0, &s, &cut);
+        n += cut ? (uint64_t)(rows / cut + (rows % cut != 0)) : 1;   /* ceil(rows / cut) nonempty cuts */
+    }
+    return n;
+}
+
 /* A bytes item: torch.save(i), as PyTorch's planner stores a non-tensor value. */
 static int bytes_blob(uint64_t i, zw_out *o, dcp_error *err)
 {
@@ -217,6 +237,12 @@ static int mem_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     return 0;
 }
 
+/* The caller asked to stop (its cancel flag, set by a signal handler). */
+static int canceled(const dcp_synth_options *o, const char *dir, dcp_error *err)
+{
+    return o->cancel && *o->cancel ? dcpi_err(err, ECANCELED, "%s: interrupted", dir) : 0;
+}
+
 int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_error *err)
 {
     dcp_synth_options so;
@@ -241,22 +267,35 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
     if (!dcpi_mul_u64(numel, dcp_dtype_size(o->dtype), &kbytes) || !dcpi_mul_u64(kbytes, o->nkeys, &total))
         return dcpi_err(err, EINVAL, "%s: checkpoint too large", dir);
 
+    part *parts = malloc((size_t)o->ranks * sizeof *parts);
+    if (!parts)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    /* Every chunk costs memory and a file record however small its tensor:
+     * bounded before anything is written (zero-size keys wrote forever). */
+    uint64_t kc = key_chunks(o, parts), nchunks;
+    if (!dcpi_mul_u64(o->nkeys, kc, &nchunks) || !dcpi_add_u64(nchunks, o->bytes_items, &nchunks) ||
+        nchunks > DCP_SYNTH_CHUNKS_MAX) {
+        free(parts);
+        return dcpi_err(err, EINVAL, "%s: too many chunks: %" PRIu64 " keys of %" PRIu64 " chunk%s each and %" PRIu64
+                        " bytes items, past the limit of %llu in all (DCP_SYNTH_CHUNKS_MAX; dcp-synth(1), Limits)",
+                        dir, o->nkeys, kc, kc == 1 ? "" : "s", o->bytes_items, DCP_SYNTH_CHUNKS_MAX);
+    }
+
     dcp_ckpt_writer *w;
     dcp_ckpt_options wo = DCP_CKPT_OPTIONS_INIT;
     wo.flags = DCP_WRITE_NO_SYNC | (o->crc ? 0 : DCP_WRITE_NO_CRC);
-    if (dcp_ckpt_create(dir, &wo, &w, err) < 0)
+    if (dcp_ckpt_create(dir, &wo, &w, err) < 0) {
+        free(parts);
         return -1;
-    part *parts = malloc((size_t)o->ranks * sizeof *parts);
-    if (!parts) {
-        dcp_ckpt_free(w);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
     }
     int rc = 0;
     char key[64];
     for (uint64_t b = 0; b < o->bytes_items && rc == 0; b++) {
         zw_out blob = {.fd = -1};
         snprintf(key, sizeof key, "extra.%" PRIu64, b);
-        rc = bytes_blob(b, &blob, err);
+        rc = canceled(o, dir, err);
+        if (rc == 0)
+            rc = bytes_blob(b, &blob, err);
         dcp_source src = {.fill = mem_fill, .ctx = blob.buf};
         if (rc == 0)
             rc = dcp_ckpt_add_bytes(w, key, (int)(b % (uint64_t)o->ranks), blob.len, &src, 0, err);
@@ -264,7 +303,9 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
     }
     for (uint64_t k = 0; k < o->nkeys && rc == 0; k++) {
         snprintf(key, sizeof key, "model.layers.%" PRIu64 ".weight", k);
-        rc = dcp_ckpt_add_tensor(w, key, o->dtype, o->ndim, o->shape, err);
+        rc = canceled(o, dir, err);
+        if (rc == 0)
+            rc = dcp_ckpt_add_tensor(w, key, o->dtype, o->ndim, o->shape, err);
         size_t np = rc == 0 ? rank_parts(o, k, parts) : 0;
         for (size_t i = 0; i < np && rc == 0; i++) {
             int cpk = o->ndim ? o->chunks_per_key : 1;
@@ -279,7 +320,7 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
                     q.size[0] = l;
                 }
                 box b = {.seed = o->seed, .key = k, .dt = o->dtype, .nd = o->ndim, .shape = o->shape,
-                         .off = q.off, .size = q.size};
+                         .off = q.off, .size = q.size, .cancel = o->cancel};
                 box_init(&b);
                 dcp_source src = {.fill = box_fill, .ctx = &b};
                 rc = dcp_ckpt_add_chunk(w, key, q.rank, q.off, q.size, &src, 0, NULL, err);
@@ -290,7 +331,15 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
     }
     free(parts);
     if (rc == 0)
+        rc = canceled(o, dir, err);
+    if (rc == 0)
         rc = dcp_ckpt_finish(w, err);
-    dcp_ckpt_free(w);
+    /* A failure leaves nothing that looks like a checkpoint, and nothing of
+     * someone else's is touched: the rank files this writer created go, and
+     * dir too when it made the folder. */
+    if (rc < 0)
+        dcpw_ckpt_discard(w, dir);
+    else
+        dcp_ckpt_free(w);
     return rc;
 }

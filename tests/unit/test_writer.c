@@ -4,6 +4,7 @@
  * record locator's zip reader (alignment, sizes, empty records), and the DCP
  * writer's output read back by dcp_open / dcp_read_entry. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -651,6 +652,89 @@ START_TEST(synth_formula)
 }
 END_TEST
 
+/* 1 when path is an empty folder, 0 when it does not exist; fails the test otherwise. */
+static int empty_folder(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0) {
+        ck_assert_int_eq(errno, ENOENT);
+        return 0;
+    }
+    ck_assert(S_ISDIR(st.st_mode));
+    DIR *d = opendir(path);
+    ck_assert(d != NULL);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        ck_assert_msg(!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."), "%s holds %s", path, de->d_name);
+    closedir(d);
+    return 1;
+}
+
+/* A synthetic checkpoint that fails (bounded up front, interrupted, refused
+ * by the writer part way) leaves nothing: the folder goes when it made it,
+ * a given empty folder stays empty. */
+START_TEST(synth_failures)
+{
+    char dir[400], given[400];
+    snprintf(dir, sizeof dir, "%s/s", tmpdir);
+    snprintf(given, sizeof given, "%s/given", tmpdir);
+    dcp_error err;
+    dcp_synth_options o = DCP_SYNTH_OPTIONS_INIT;
+    o.nkeys = (uint64_t)1 << 40;   /* zero-size keys: no bytes, but a chunk each */
+    o.ndim = 1;
+    o.shape[0] = 0;
+    o.dtype = DCP_FLOAT32;
+    o.ranks = 4;
+    o.chunks_per_key = 1;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
+    ck_assert_int_eq(err.code, EINVAL);
+    ck_assert_msg(strstr(err.msg, "too many chunks: 1099511627776 keys of 1 chunk each"), "%s", err.msg);
+    ck_assert(!empty_folder(dir));
+    o.nkeys = DCP_SYNTH_CHUNKS_MAX / 4 + 1;   /* 4 rows over 4 ranks: 4 chunks a key */
+    o.shape[0] = 4;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "4194305 keys of 4 chunks each"), "%s", err.msg);
+    o.nkeys = DCP_SYNTH_CHUNKS_MAX / 4;
+    o.bytes_items = 1;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "and 1 bytes items"), "%s", err.msg);
+    ck_assert(!empty_folder(dir));
+
+    /* Interrupted: the flag a signal handler sets, here before the first key. */
+    volatile sig_atomic_t stop = 1;
+    o.nkeys = 3;
+    o.bytes_items = 0;
+    o.cancel = &stop;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
+    ck_assert_int_eq(err.code, ECANCELED);
+    ck_assert(!empty_folder(dir));
+    ck_assert(mkdir(given, 0777) == 0);
+    ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0 && err.code == ECANCELED);
+    ck_assert(empty_folder(given));
+
+    /* Refused part way: the pickle of the first chunk overflows its strides
+     * after __0_0.distcp was created. */
+    stop = 0;
+    o.ndim = 2;
+    o.shape[0] = 0;
+    o.shape[1] = INT64_MAX;
+    o.shard = DCP_SHARD_COLS;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "overflow"), "%s", err.msg);
+    ck_assert(!empty_folder(dir));
+    ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0);
+    ck_assert(empty_folder(given));
+
+    /* And a good one into the folder given. */
+    o.shape[0] = o.shape[1] = 4;
+    ck_assert_msg(dcp_synth_checkpoint(given, &o, &err) == 0, "%s", err.msg);
+    char meta[420];
+    snprintf(meta, sizeof meta, "%s/.metadata", given);
+    struct stat st;
+    ck_assert(stat(meta, &st) == 0);
+}
+END_TEST
+
 static int refuse_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len, dcp_error *err)
 {
     (void)ctx, (void)tag, (void)off, (void)buf, (void)len;
@@ -884,6 +968,7 @@ int main(void)
     tcase_add_test(t, dcp_writer_roundtrip);
     tcase_add_test(t, dcp_writer_errors);
     tcase_add_test(t, synth_formula);
+    tcase_add_test(t, synth_failures);
     tcase_add_test(t, parse_size);
     tcase_add_test(t, size_overflow);
     tcase_add_test(t, atomic_outputs);
