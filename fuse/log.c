@@ -2,6 +2,9 @@
  * has detached (libfuse's own messages too); debug lines only with -d. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
 
 #include "dcpfs.h"
 
@@ -12,16 +15,31 @@ void dfs_log(int level, const char *fmt, ...)
 {
     if (level >= LOG_DEBUG && !log_debug)
         return;
+    char small[1024], *msg = small;
     va_list ap;
     va_start(ap, fmt);
-    if (log_to_syslog) {
-        vsyslog(level, fmt, ap);
-    } else {
-        fputs("dcpfs: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-    }
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof small && (msg = malloc((size_t)n + 1))) {
+        va_start(ap, fmt);
+        vsnprintf(msg, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    const char *text = msg ? msg : small;
+    /* keys and file names in it are the checkpoint's bytes: a newline must not forge a log line */
+    size_t need = dcp_key_text(text, NULL, 0);
+    char *shown = need == strlen(text) ? NULL : malloc(need + 1);
+    if (shown)
+        dcp_key_text(text, shown, need + 1);
+    else if (need != strlen(text))
+        text = "(a message with control characters or bytes that are not UTF-8; out of memory to show it)";
+    if (log_to_syslog)
+        syslog(level, "%s", shown ? shown : text);
+    else
+        fprintf(stderr, "dcpfs: %s\n", shown ? shown : text);
+    free(shown);
+    if (msg != small)
+        free(msg);
 }
 
 void dfs_log_debug(int on) { log_debug = on; }

@@ -104,6 +104,12 @@ int dcp_key_matches(const char *pattern, const char *key);
  * form. Since DCP_0.2. */
 int dcp_key_utf8(const char *key);
 char *dcp_key_json(const char *key);
+/* key for a line of text output or a log: control characters and bytes that
+ * are not strict UTF-8 written as \n, \t, \r or \xHH (a newline cannot forge
+ * a line, an ESC cannot reach a terminal), the rest as is. As snprintf: at
+ * most cap bytes with the NUL into out, and the length the whole text needs
+ * is returned. Since DCP_0.2. */
+size_t dcp_key_text(const char *key, char *out, size_t cap);
 
 /* ---------------------------------------------------------------- dtypes */
 

@@ -1,6 +1,6 @@
 /* Key selection shared by dcp ls/convert/cat, dcpload and the library's
  * users: one rule everywhere (dcp.h, dcp_key_matches); and how a key that is
- * not UTF-8 is told apart and shown (dcp_key_utf8, dcp_key_json). */
+ * not UTF-8 is told apart and shown (dcp_key_utf8, dcp_key_json, dcp_key_text). */
 #include <fnmatch.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -96,4 +96,31 @@ char *dcp_key_json(const char *key)
     *o++ = '"';
     *o = 0;
     return out;
+}
+
+size_t dcp_key_text(const char *key, char *out, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)key;
+    size_t need = 0, n;
+    char esc[5];
+    for (; *p; p += n) {
+        long cp = utf8_next(p, &n);
+        const char *put = (const char *)p;
+        size_t len = n;
+        if (cp < 0 || is_surrogate(cp) || cp < 0x20 || cp == 0x7f) {   /* one byte, escaped */
+            n = 1;
+            if (*p == '\n' || *p == '\t' || *p == '\r')
+                snprintf(esc, sizeof esc, "\\%c", *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r');
+            else
+                snprintf(esc, sizeof esc, "\\x%02x", *p);
+            put = esc;
+            len = strlen(esc);
+        }
+        for (size_t i = 0; i < len; i++, need++)
+            if (need + 1 < cap)
+                out[need] = put[i];
+    }
+    if (cap)
+        out[need < cap ? need : cap - 1] = 0;
+    return need;
 }

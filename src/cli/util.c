@@ -116,54 +116,23 @@ void cli_json_string(FILE *f, const char *s)
     free(q);
 }
 
-/* Bytes of s from p that are one character to print as they are (1 to 4:
- * ASCII other than controls, or a strict UTF-8 sequence), or 0. */
-static size_t printable(const unsigned char *p)
-{
-    if (*p < 0x80)
-        return *p >= 0x20 && *p != 0x7f;
-    size_t n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : 2;
-    char one[5] = {0};
-    for (size_t i = 0; i < n; i++) {   /* stops at the NUL: never past the string */
-        if (!p[i])
-            return 0;
-        one[i] = (char)p[i];
-    }
-    return dcp_key_utf8(one) ? n : 0;
-}
-
 const char *cli_text(const char *s)
 {
     static char *buf[2];
     static size_t cap[2];
     static int turn;
-    const unsigned char *p = (const unsigned char *)s;
-    size_t n = strlen(s), odd = 0;
-    for (size_t i = 0, k; i < n; i += k ? k : 1)
-        odd += (k = printable(p + i)) == 0;
-    if (!odd)
+    size_t n = dcp_key_text(s, NULL, 0);
+    if (n == strlen(s))   /* nothing escaped */
         return s;
     int t = turn ^= 1;
-    if (cap[t] < n + 3 * odd + 1) {   /* each odd byte grows to at most 4 */
-        char *nb = realloc(buf[t], n + 3 * odd + 1);
+    if (cap[t] < n + 1) {
+        char *nb = realloc(buf[t], n + 1);
         if (!nb)
             return "(a name with control characters or bytes that are not UTF-8)";
         buf[t] = nb;
-        cap[t] = n + 3 * odd + 1;
+        cap[t] = n + 1;
     }
-    char *o = buf[t];
-    for (size_t k; *p; p += k ? k : 1) {
-        if ((k = printable(p))) {
-            memcpy(o, p, k);
-            o += k;
-        } else if (*p == '\n' || *p == '\t' || *p == '\r') {
-            *o++ = '\\';
-            *o++ = *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r';
-        } else {
-            o += sprintf(o, "\\x%02x", *p);
-        }
-    }
-    *o = 0;
+    dcp_key_text(s, buf[t], n + 1);
     return buf[t];
 }
 

@@ -923,6 +923,14 @@ START_TEST(key_utf8_and_json)
     json_is("bad\xff\xe2\x82k", "\"bad\\udcff\\udce2\\udc82k\"");  /* each stray byte, surrogateescape */
     json_is("\xc0\x80", "\"\\udcc0\\udc80\"");
     json_is("end\xe2", "\"end\\udce2\"");                          /* a sequence cut by the NUL */
+    char out[64];
+    ck_assert_uint_eq(dcp_key_text("caf\xc3\xa9.w", out, sizeof out), 7);
+    ck_assert_str_eq(out, "caf\xc3\xa9.w");
+    ck_assert_uint_eq(dcp_key_text("a\nb\x1b[\x7f\xff\xed\xb2\x80", out, sizeof out), 29);
+    ck_assert_str_eq(out, "a\\nb\\x1b[\\x7f\\xff\\xed\\xb2\\x80");
+    ck_assert_uint_eq(dcp_key_text("a\nb", NULL, 0), 4);
+    ck_assert_uint_eq(dcp_key_text("a\nbcdef", out, 4), 8);      /* snprintf's contract: cut, terminated */
+    ck_assert_str_eq(out, "a\\n");
 }
 END_TEST
 
