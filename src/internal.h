@@ -20,7 +20,8 @@ int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
 /* Prefix an existing message: "<prefix>: <old message>". Returns -1. */
 int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* 1 when the file at path (existing or not) would be inside ck's folder,
+/* 1 when the file at path (existing or not) would be inside ck's folder (for a
+ * single-file checkpoint: is that file),
  * which nothing may write into (util.c). */
 int dcpi_path_inside(const char *path, dcp_checkpoint *ck);
 int dcpi_path_inside_folder(const char *path, const char *folder);   /* the same for a folder's path */
@@ -295,6 +296,8 @@ int dcpi_model_reset(dcp_checkpoint *ck, dcp_error *err);
 /* The checkpoint's name in messages: its folder, or its file when it is a
  * single torch.save or safetensors file (libdcpload's ldi_name alike). */
 const char *dcpi_ck_name(const dcp_checkpoint *ck);
+/* Whether ck is one torch.save or safetensors file (ck->path its folder). */
+bool dcpi_ck_is_file(const dcp_checkpoint *ck);
 
 /* The model cache (integrity/modelcache.c), used by dcp_open (open.c).
  * Serve an empty ck from the catalog (0: ck->store is dcpi_store_catalog)

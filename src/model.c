@@ -327,10 +327,15 @@ const dcp_info *dcp_get_info(const dcp_checkpoint *ck) { return &ck->info; }
 size_t dcp_num_entries(const dcp_checkpoint *ck) { return ck->nentries; }
 size_t dcp_num_files(const dcp_checkpoint *ck) { return ck->nfiles; }
 
+bool dcpi_ck_is_file(const dcp_checkpoint *ck)
+{
+    return ck->info.layout && !strcmp(ck->info.layout, "single file") && ck->nfiles == 1;
+}
+
 const char *dcpi_ck_name(const dcp_checkpoint *ck)
 {
     static _Thread_local char buf[4352];
-    if (ck->info.layout && !strcmp(ck->info.layout, "single file") && ck->nfiles == 1) {
+    if (dcpi_ck_is_file(ck)) {
         snprintf(buf, sizeof buf, "%s/%s", ck->path, ck->files[0]);
         return buf;
     }

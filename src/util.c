@@ -266,6 +266,10 @@ int dcpi_path_inside_folder(const char *path, const char *folder_path)
 
 int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
 {
+    if (dcpi_ck_is_file(ck)) {   /* a single file's checkpoint is that file, not the folder it lies in */
+        char a[PATH_MAX], b[PATH_MAX];
+        return realpath(path, a) && realpath(dcpi_ck_name(ck), b) && !strcmp(a, b);
+    }
     return dcpi_path_inside_folder(path, ck->path);
 }
 

@@ -165,6 +165,17 @@ PY
     done
 fi
 
+# A single file is its own checkpoint, not its folder: info finds its one file; a catalog beside it
+# (the default ~/.cache for a file in $HOME) is allowed, only the file itself is refused.
+mkdir -p "$SCRATCH/single"
+"$DCP" convert -q "$src" "$SCRATCH/single/m.safetensors" || fail "convert to one safetensors file"
+"$DCP" info "$SCRATCH/single/m.safetensors" >"$SCRATCH/info" || fail "dcp info of a single file: $(cat "$SCRATCH/info")"
+grep -q '^shard files: *1, ' "$SCRATCH/info" && ! grep -q MISSING "$SCRATCH/info" || fail "dcp info: $(cat "$SCRATCH/info")"
+"$DCP" --catalog "$SCRATCH/single/catalog.sqlite" verify "$SCRATCH/single/m.safetensors" >"$SCRATCH/out" 2>&1 ||
+    fail "verify with the catalog beside the file: $(cat "$SCRATCH/out")"
+expect_fail "may not live inside" "$DCP" --catalog "$SCRATCH/single/m.safetensors" verify "$SCRATCH/single/m.safetensors"
+"$DCP" --no-catalog digest "$SCRATCH/single/m.safetensors" >/dev/null || fail "the refused catalog damaged the file"
+
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null

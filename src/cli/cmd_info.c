@@ -54,7 +54,7 @@ int cmd_info(int argc, char **argv)
     /* Shard files: how many, how big on disk, which are missing. */
     uint64_t file_bytes = 0;
     size_t missing = 0, nfiles = dcp_num_files(ck);
-    int dirfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dirfd = open(dcp_path(ck), O_RDONLY | O_DIRECTORY | O_CLOEXEC);   /* a single file's folder too */
     for (size_t f = 0; f < nfiles; f++) {
         struct stat st;
         if (dirfd >= 0 && fstatat(dirfd, dcp_file_name(ck, (uint32_t)f), &st, 0) == 0)
