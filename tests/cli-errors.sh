@@ -176,6 +176,14 @@ grep -q '^shard files: *1, ' "$SCRATCH/info" && ! grep -q MISSING "$SCRATCH/info
 expect_fail "may not live inside" "$DCP" --catalog "$SCRATCH/single/m.safetensors" verify "$SCRATCH/single/m.safetensors"
 "$DCP" --no-catalog digest "$SCRATCH/single/m.safetensors" >/dev/null || fail "the refused catalog damaged the file"
 
+# A torch.save file's plain values are not keys: every command says how many it does not show.
+if python3 -c 'import torch' 2>/dev/null; then
+    python3 -c 'import sys, torch; torch.save({"w": torch.ones(2), "epoch": 5, "lr": 0.1}, sys.argv[1])' "$SCRATCH/plain.pt"
+    "$DCP" diff --content "$SCRATCH/plain.pt" "$SCRATCH/plain.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" ||
+        fail "diff of a .pt with itself: $(cat "$SCRATCH/err")"
+    grep -q "plain.pt: 2 non-tensor values not shown" "$SCRATCH/err" || fail "no note of the plain values: $(cat "$SCRATCH/err")"
+fi
+
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null

@@ -24,6 +24,12 @@ partial() {
     done
     rc=0; "$DCP" cat "$p" k >/dev/null 2>"$S/err" || rc=$?
     [ $rc = 3 ] && grep -qF "a partial checkpoint" "$S/err" || fail "dcp cat $p: exit $rc: $(cat "$S/err")"
+    # convert too (nothing written), and diff, whose 1 means "they differ", says 2
+    rc=0; "$DCP" convert "$p" "$S/conv.safetensors" >/dev/null 2>"$S/err" || rc=$?
+    [ $rc = 3 ] && grep -qF "dcp: $p: a partial checkpoint: $why" "$S/err" && [ ! -e "$S/conv.safetensors" ] ||
+        fail "dcp convert $p: exit $rc: $(cat "$S/err")"
+    rc=0; "$DCP" diff "$p" "$S/full" >/dev/null 2>"$S/err" || rc=$?
+    [ $rc = 2 ] && grep -qF "a partial checkpoint" "$S/err" || fail "dcp diff $p: exit $rc: $(cat "$S/err")"
 }
 
 # 1. the shards of a save that crashed before .metadata

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "dcp_export.h"
@@ -37,6 +38,20 @@ static void report_skip(void *ctx, const char *key, const char *why)
     int *quiet = ctx;
     if (!*quiet)
         fprintf(stderr, "dcp: convert: skipped %s: %s\n", cli_text(key), why);
+}
+
+/* A source folder holding a save that did not finish: said, and 1 (its exit
+ * status is 3, as every command gives for one). */
+static int partial_source(const char *src)
+{
+    struct stat st;
+    dcp_folder_probe probe;
+    dcp_error err;
+    if (stat(src, &st) < 0 || !S_ISDIR(st.st_mode) || dcp_probe_folder(src, &probe, &err) < 0 ||
+        probe.kind != DCP_FOLDER_PARTIAL)
+        return 0;
+    cli_error("%s: a partial checkpoint: %s", src, probe.reason);
+    return 1;
 }
 
 /* After a failed call: 1, or (interrupted) the signal's own end; the
@@ -80,6 +95,8 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
     x->skipped_ctx = &quiet;
     x->cancel = &cli_stop_signal;
     cli_catch_signals();
+    if (partial_source(argv[optind]))
+        return 3;
     dcp_error err;
     if (dcp_export_hf(argv[optind], argv[optind + 1], x, &err) < 0)
         return failed(&err, argv[optind + 1]);
@@ -171,6 +188,8 @@ int cmd_convert(int argc, char **argv)
     o.skipped_ctx = &quiet;
     o.cancel = &cli_stop_signal;
     cli_catch_signals();
+    if (partial_source(argv[optind]))
+        return 3;
     dcp_error err;
     if (dcp_convert_files(argv[optind], argv[optind + 1], &o, &err) < 0)
         return failed(&err, argv[optind + 1]);

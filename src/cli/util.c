@@ -82,10 +82,14 @@ dcp_checkpoint *cli_open(const char *path)
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
         /* A single torch.save or safetensors file (dcp_write.h). */
-        if (dcp_open_file(path, DCP_FORMAT_AUTO, &ck, NULL, &err) < 0) {
+        size_t skipped = 0;
+        if (dcp_open_file(path, DCP_FORMAT_AUTO, &ck, &skipped, &err) < 0) {
             cli_error("%s", err.msg);
             return NULL;
         }
+        if (skipped)   /* never silently: a diff would not see them */
+            cli_error("%s: %zu non-tensor value%s not shown: plain values, not torch.save bytes (dcp convert "
+                      "keeps them as bytes items)", path, skipped, skipped == 1 ? "" : "s");
         return ck;
     }
     /* A save that did not finish is named as such, never read as a
