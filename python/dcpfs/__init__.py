@@ -101,7 +101,7 @@ def _text(p: Any) -> Optional[str]:
 # keys decode the same way, to the str torch's state dict holds. A byte that is
 # no UTF-8 at all (a hostile or damaged checkpoint, which torch cannot load)
 # decodes as "surrogateescape" does, U+DC80..DCFF -- as `dcp ls --json` shows it.
-def _key_errors(e: UnicodeError) -> Tuple[str, int]:
+def _key_errors(e: UnicodeError) -> Tuple[Union[str, bytes], int]:
     if not isinstance(e, UnicodeDecodeError):
         raise e
     try:
