@@ -58,6 +58,7 @@ import operator
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Iterator, Literal, Optional, Sequence, Tuple, Union
 
@@ -239,12 +240,22 @@ def _resolve_box(where: str, shape: Tuple[int, ...], box: Box) -> Tuple[list, li
 
 # ---------------------------------------------------------------- checkpoint
 
-class Checkpoint:
-    """An open checkpoint: a read-only mapping from keys to tensors and bytes items.
+class Checkpoint(Mapping):
+    """An open checkpoint: a read-only mapping from keys to tensors and bytes items
+    (a :class:`collections.abc.Mapping`: ``ck[key]``, ``in``, ``len``, iteration,
+    ``get``, ``items()`` and ``values()``, which read each value whole when asked).
 
     Made by :func:`dcpfs.open`; a context manager (``with dcpfs.open(p) as ck``).
-    Safe to share between threads; close() waits for reads in progress.
+    Safe to share between threads; close() waits for reads in progress. Two
+    Checkpoint objects are equal only when they are the same object (comparing
+    contents would read every tensor).
     """
+
+    # Mapping's __eq__ would compare every value (numpy arrays, whose == is
+    # elementwise): identity, and hashable as before.
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
 
     def __init__(self, _ptr: Any, _path: str) -> None:
         if not isinstance(_ptr, _ffi.CData):
@@ -344,7 +355,8 @@ class Checkpoint:
             out["files"] = [_text(_lib.dcp_file_name(ck, i)) for i in range(_lib.dcp_num_files(ck))]
             return out
 
-    def keys(self) -> list:
+    # a list, as since 0.1 (``ck.keys()[:3]``), where a Mapping gives a KeysView
+    def keys(self) -> list:  # type: ignore[override]
         """Every key, in metadata order (a new list), as the str torch loads it (a
         lone surrogate, which pickle stores as three bytes, is itself; a byte that
         is no UTF-8 at all, in a damaged checkpoint, is U+DC80..DCFF as with

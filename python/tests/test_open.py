@@ -445,6 +445,24 @@ def test_closed_keys_and_float_slices():
         list(ck)
 
 
+def test_checkpoint_is_a_mapping():
+    """A Checkpoint is a collections.abc.Mapping: get, items, values, dict(ck); equal
+    only to itself (comparing contents would read every tensor), and hashable."""
+    import collections.abc
+    m = manifest("05_mixed_2ranks")
+    with dcpfs.open(CK05, catalog=False) as ck, dcpfs.open(CK05, catalog=False) as again:
+        assert isinstance(ck, collections.abc.Mapping)
+        assert ck.get("no.such.key") is None and ck.get("no.such.key", 7) == 7
+        assert np.array_equal(ck.get("enc.weight"), ck.read("enc.weight"))
+        items = dict(ck.items())
+        assert sorted(items) == sorted(ck.keys()) == sorted(e["key"] for e in m["entries"])
+        for e in m["entries"]:
+            v = items[e["key"]]
+            assert sha(v if isinstance(v, bytes) else v.tobytes()) == e["sha256"], e["key"]
+        assert len(list(ck.values())) == len(ck)
+        assert ck == ck and ck != again and len({ck, again}) == 2
+
+
 def copy_ckpt(tmp_path, case="05_mixed_2ranks"):
     dst = tmp_path / case
     shutil.copytree(FIXTURES / case / "ckpt", dst)
