@@ -28,6 +28,8 @@ for bad in 0 2 3; do
         "rank $bad: $CK: dcpload.test.no_such_key: no such key in the checkpoint" "$CK" --json
 done
 DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 2 "rank 1: " "$CK" --layout replicate
+# --keys that selects no tensor: an error, not a load of nothing (as dcp ls --keys)
+every_rank_fails 3 "no tensor matches 'no.such.prefix'" "$CK" --keys no.such.prefix
 DCPLOAD_TEST_BAD_KEY_RANK=0 every_rank_fails 1 "dcpload.test.no_such_key: no such key" "$CK"
 DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 3 "no such key" "$CK" --strategy independent
 

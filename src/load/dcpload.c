@@ -439,6 +439,10 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
             memset(r->dest, 0xA5, (size_t)nb);
         }
     }
+    if (o->keys && n == 0) {   /* a mistyped pattern must not read as a load of nothing (as dcp ls) */
+        snprintf(err->msg, sizeof err->msg, "no tensor matches '%s'", o->keys);
+        return -1;
+    }
     /* the test hook: this rank also asks for a key that does not exist */
     const char *bad = getenv("DCPLOAD_TEST_BAD_KEY_RANK");
     if (bad && atoi(bad) == me) {
