@@ -67,7 +67,7 @@ static void usage(void)
            "    -o view=raw|npy        tensor files as raw bytes (default) or NAME.npy\n"
            "    -o view=hf:RECIPE      each checkpoint as the Hugging Face folder `dcp convert --to hf\n"
            "                           --recipe RECIPE` writes (config.json, safetensors shards)\n"
-           "    -o hf_dtype=DTYPE      view=hf: cast floating-point tensors (float32, float16, bfloat16)\n"
+           "    -o hf_dtype=DTYPE      view=hf: cast floating-point tensors (float32, float16, bfloat16, float64)\n"
            "    -o hf_config=PATH      view=hf: the model's config.json (parameters, copied as is)\n"
            "    -o hf_max_shard_size=SIZE  view=hf: bytes per shard (default 5GB)\n"
            "    -o hf_keys=PATTERN     view=hf: only the source keys PATTERN selects\n"

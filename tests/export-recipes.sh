@@ -131,7 +131,11 @@ nans=$($D cat "$SCRATCH/s" model.layers.0.weight | python3 -c '
 import sys, numpy
 print(int(numpy.isnan(numpy.frombuffer(sys.stdin.buffer.read(), "<f4")).sum()))') || fail "counting NaNs"
 [ "$nans" -gt 0 ] || fail "the source holds no NaN: the cast check would prove nothing"
-for c in bfloat16:b float16:h; do
+# float64 too (the CLI refused it while dcpfs's hf_dtype took it)
+$D convert -q --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/c.json" --dtype float64 "$SCRATCH/s" "$SCRATCH/d64" ||
+    fail "--dtype float64"
+$D ls "$SCRATCH/d64/model.safetensors" | grep -q "^a.weight  *float64" || fail "--dtype float64 not applied"
+for c in bfloat16:b float16:h float64:d64; do
     [ "$($D digest --dtype "${c%:*}" --keys model.layers.0.weight "$SCRATCH/s" | cut -d' ' -f1)" = \
       "$($D digest --keys a.weight "$SCRATCH/${c#*:}" | cut -d' ' -f1)" ] ||
         fail "--dtype ${c%:*}: the export's a.weight is not dcp digest --dtype ${c%:*}'s cast ($nans NaNs)"
@@ -168,7 +172,7 @@ echo '[4]' >"$SCRATCH/arr.json"
 expect_fail "the config is not a JSON object" \
     $D convert --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/arr.json" "$SCRATCH/s" "$SCRATCH/y"
 expect_fail "already exists" $D convert $R "$SCRATCH/s" "$SCRATCH/o"
-expect_fail "--dtype int8: float32, float16 or bfloat16" $D convert $R --dtype int8 "$SCRATCH/s" "$SCRATCH/y"
+expect_fail "--dtype int8: float32, float16, bfloat16 or float64" $D convert $R --dtype int8 "$SCRATCH/s" "$SCRATCH/y"
 echo '{"num_attention_heads": 5}' >"$SCRATCH/c5.json"
 expect_fail "model.layers.2.weight: 128 rows are not a fused QKV of 5 query heads" \
     $D convert --to hf --recipe "$SCRATCH/r.json" --config "$SCRATCH/c5.json" "$SCRATCH/s" "$SCRATCH/y"

@@ -48,6 +48,9 @@ check "$SCRATCH/scalar" 0 8 1 2
 # --total picks the key count.
 $DCP synth "$SCRATCH/total" --total 1M --shape 256,256 --dtype float16
 [ "$($DCP --no-catalog ls --json "$SCRATCH/total" | wc -l)" = 8 ] || fail "--total 1M of 128 KiB keys is 8 keys"
+# --keys and --total both: a usage error (2), not one of them silently ignored
+rc=0; $DCP synth "$SCRATCH/both" --keys 2 --total 1M 2>"$SCRATCH/err" || rc=$?
+[ $rc = 2 ] && grep -q "give one of them" "$SCRATCH/err" && [ ! -e "$SCRATCH/both" ] || fail "--keys with --total: exit $rc: $(cat "$SCRATCH/err")"
 
 # Many keys quickly (the 100,000-key case is in bench).
 $DCP synth "$SCRATCH/many" --keys 5000 --shape 4 --dtype float32 --ranks 2

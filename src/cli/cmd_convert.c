@@ -14,7 +14,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dcp convert [--from FMT] [--to FMT] [--keys PATTERN] [--max-shard-size SIZE]\n"
                "                   [--nested] [--no-crc] [--no-sync] [--quiet] SRC DST\n"
-               "       dcp convert --to hf --recipe NAME [--dtype float32|float16|bfloat16] [--config FILE]\n"
+               "       dcp convert --to hf --recipe NAME [--dtype float32|float16|bfloat16|float64] [--config FILE]\n"
                "                   [--max-shard-size SIZE] [--keys PATTERN] [--allow-unmapped] SRC DST\n"
                "FMT: dcp, torch (.pt/.pth), safetensors, hf (a Hugging Face model folder, by a recipe). Taken from the paths when not given: a folder\n"
                "or a path with neither suffix is a DCP checkpoint. DST must not exist.\n");
@@ -77,7 +77,7 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
     }
     if (!x->recipe) {
         cli_error("convert: --to hf needs --recipe NAME (llama-torchtitan, qwen3-torchtitan, llama-megatron, "
-                  "qwen2-megatron, gpt-neox-megatron, mixtral-megatron, or a recipe file)");
+                  "qwen2-megatron, gpt-neox-megatron, gpt2-megatron, mixtral-megatron, or a recipe file)");
         return 2;
     }
     if (o->from || (o->flags & (DCP_WRITE_NESTED | DCP_WRITE_NO_CRC))) {
@@ -151,8 +151,8 @@ int cmd_convert(int argc, char **argv)
         case 'u': x.flags |= DCP_EXPORT_ALLOW_UNMAPPED; break;
         case 'd':
             x.dtype = dcp_dtype_from_name(optarg);
-            if (x.dtype != DCP_FLOAT32 && x.dtype != DCP_FLOAT16 && x.dtype != DCP_BFLOAT16) {
-                cli_error("convert: --dtype %s: float32, float16 or bfloat16", optarg);
+            if (x.dtype != DCP_FLOAT32 && x.dtype != DCP_FLOAT16 && x.dtype != DCP_BFLOAT16 && x.dtype != DCP_FLOAT64) {
+                cli_error("convert: --dtype %s: float32, float16, bfloat16 or float64", optarg);
                 return 2;
             }
             break;

@@ -68,6 +68,7 @@ int cmd_synth(int argc, char **argv)
     o.shard = DCP_SHARD_ROWS;
     o.chunks_per_key = 1;
     uint64_t v, total = 0;
+    int total_given = 0;
     int keys_given = 0, c, li = 0;
     while ((c = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         switch (c) {
@@ -122,6 +123,7 @@ int cmd_synth(int argc, char **argv)
                 cli_error("%s", perr.msg);
                 return 2;
             }
+            total_given = 1;
             break;
         }
         case 'C':
@@ -137,6 +139,10 @@ int cmd_synth(int argc, char **argv)
     }
     if (optind != argc - 1) {
         usage(stderr);
+        return 2;
+    }
+    if (keys_given && total_given) {   /* one says how many keys, the other how many bytes */
+        cli_error("synth: --keys and --total: give one of them");
         return 2;
     }
     if (total && !keys_given) {
