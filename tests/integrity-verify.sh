@@ -56,6 +56,9 @@ rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || rc=$?
 rm "$SCRATCH/ck/__0_1.distcp"
 rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || rc=$?
 [ $rc = 1 ] && grep -q "__0_1.distcp: shard file missing" "$SCRATCH/out" || fail "missing shard: $(cat "$SCRATCH/out")"
+# ... and its summary, though the content check cannot run over the missing file
+tail -2 "$SCRATCH/out" | grep -q "^structure: [1-9][0-9]* problems$" && tail -1 "$SCRATCH/out" | grep -q ": FAILED$" ||
+    fail "missing shard: no summary: $(cat "$SCRATCH/out")"
 
 # Overlapping chunks: move the row-250 chunks of 02 down by one row (both the
 # chunk and its storage index), so rows 250..500 overlap the next chunk.

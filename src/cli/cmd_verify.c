@@ -115,7 +115,13 @@ int cmd_verify(int argc, char **argv)
     } else {
         if (dcp_verify_digests(cat, ck, print_problem, NULL, progress, &rate, &checked, &missing, &content,
                                &err) < 0) {
+            /* content could not be checked (a shard the structure check found missing): the
+             * summary still says what was found */
             cli_error("%s", err.msg);
+            printf("content: not checked\n");
+            printf("structure: %" PRIu64 " problems\n", structural);
+            printf("%s: FAILED\n", path);
+            status = 1;
             goto out;
         }
         print_rate("re-hashed", &rate, t0, now());
