@@ -21,10 +21,10 @@ int dcpi_err(dcp_error *err, int code, const char *fmt, ...)
 int dcpi_err_prefix(dcp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* 1 when the file at path (existing or not) would be inside ck's folder (for a
- * single-file checkpoint: is that file),
- * which nothing may write into (util.c). */
+ * single-file checkpoint: is that file), which nothing may write into
+ * (model.c); the same for a folder's path (util.c). */
 int dcpi_path_inside(const char *path, dcp_checkpoint *ck);
-int dcpi_path_inside_folder(const char *path, const char *folder);   /* the same for a folder's path */
+int dcpi_path_inside_folder(const char *path, const char *folder);
 /* 1 when a folder's entry is a regular file or a link to one (util.c): what
  * names a checkpoint's files by their endings is never a folder, a FIFO or a
  * dangling link ("old.safetensors/" beside a run's checkpoints). */

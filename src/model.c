@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,6 +331,15 @@ size_t dcp_num_files(const dcp_checkpoint *ck) { return ck->nfiles; }
 bool dcpi_ck_is_file(const dcp_checkpoint *ck)
 {
     return ck->info.layout && !strcmp(ck->info.layout, "single file") && ck->nfiles == 1;
+}
+
+int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
+{
+    if (dcpi_ck_is_file(ck)) {   /* a single file's checkpoint is that file, not the folder it lies in */
+        char a[PATH_MAX], b[PATH_MAX];
+        return realpath(path, a) && realpath(dcpi_ck_name(ck), b) && !strcmp(a, b);
+    }
+    return dcpi_path_inside_folder(path, ck->path);
 }
 
 const char *dcpi_ck_name(const dcp_checkpoint *ck)

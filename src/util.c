@@ -264,15 +264,6 @@ int dcpi_path_inside_folder(const char *path, const char *folder_path)
     return !strncmp(real, folder, n) && (real[n] == 0 || real[n] == '/');
 }
 
-int dcpi_path_inside(const char *path, dcp_checkpoint *ck)
-{
-    if (dcpi_ck_is_file(ck)) {   /* a single file's checkpoint is that file, not the folder it lies in */
-        char a[PATH_MAX], b[PATH_MAX];
-        return realpath(path, a) && realpath(dcpi_ck_name(ck), b) && !strcmp(a, b);
-    }
-    return dcpi_path_inside_folder(path, ck->path);
-}
-
 int dcpi_dirent_regular(int dirfd, const struct dirent *de)
 {
     if (de->d_type == DT_REG)
