@@ -152,8 +152,12 @@ size_t dcp_dtype_swap_unit(dcp_dtype dt);
 typedef enum dcp_kind { DCP_KIND_TENSOR = 1, DCP_KIND_BYTES = 2 } dcp_kind;
 
 /* Stream transforms a blob may carry: zstd (_StorageInfo.transform_descriptors);
- * latin-1 text, as torch.save (pickle protocol 2) holds a bytes value. */
-enum { DCP_TRANSFORM_ZSTD = 1u << 0, DCP_TRANSFORM_LATIN1 = 1u << 1 };
+ * latin-1 text, as torch.save (pickle protocol 2) holds a bytes value.
+ * DCP_TRANSFORM_MEMORY (since DCP_0.2): the bytes lie in no file; the open
+ * checkpoint holds them (a plain value of a torch.save file, pickled as a
+ * DCP bytes item stores one), offset is no file offset, and they are read
+ * only through the plan (dcp_op_fetch, dcp_plan_execute, dcp_read_*). */
+enum { DCP_TRANSFORM_ZSTD = 1u << 0, DCP_TRANSFORM_LATIN1 = 1u << 1, DCP_TRANSFORM_MEMORY = 1u << 2 };
 
 /* One _StorageInfo: a byte range of a data file. */
 typedef struct dcp_blob {

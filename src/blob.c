@@ -1,7 +1,8 @@
 /* Blobs: the byte range of a shard file one _StorageInfo names, decoded when
  * it carries a stream transform (zstd; latin-1 text, for bytes a torch.save
- * file pickles at protocol 2). Decoded blobs are kept in a small LRU cache in
- * the checkpoint; callers always get copies. */
+ * file pickles at protocol 2), or bytes the checkpoint holds in memory (a
+ * torch.save file's plain values, pickled). Decoded blobs are kept in a
+ * small LRU cache in the checkpoint; callers always get copies. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,10 +174,15 @@ typedef struct dcpi_decoded {
 } dcpi_decoded;
 
 /* ck->blobs: the last few decoded blobs, so that a plan's many ops into one
- * compressed blob decode it once. Made on first use, under ck->lock. */
+ * compressed blob decode it once; and the blobs held in memory
+ * (DCP_TRANSFORM_MEMORY: offset indexes mem). Made on first use, under
+ * ck->lock. */
 struct dcpi_blobcache {
     dcpi_decoded slot[DCPI_DECODED_CACHE];
     uint64_t clock;
+    unsigned char **mem;
+    uint64_t *memlen;
+    size_t nmem, memcap;
 };
 
 static void blobcache_free(void *state)
@@ -184,6 +190,10 @@ static void blobcache_free(void *state)
     struct dcpi_blobcache *c = state;
     for (int i = 0; i < DCPI_DECODED_CACHE; i++)
         free(c->slot[i].data);
+    for (size_t i = 0; i < c->nmem; i++)
+        free(c->mem[i]);
+    free(c->mem);
+    free(c->memlen);
     free(c);
 }
 
@@ -257,9 +267,62 @@ static dcpi_decoded *cached(dcp_checkpoint *ck, const dcp_blob *b, const char *k
     return victim;
 }
 
+int dcpi_blob_hold(dcp_checkpoint *ck, void *data, uint64_t len, dcp_blob *out, dcp_error *err)
+{
+    pthread_mutex_lock(&ck->lock);
+    struct dcpi_blobcache *c = blobs_of(ck, err);
+    int rc = c ? 0 : -1;
+    if (c && c->nmem == c->memcap) {
+        size_t nc = c->memcap ? c->memcap * 2 : 16;
+        unsigned char **nm = realloc(c->mem, nc * sizeof *nm);
+        if (nm)
+            c->mem = nm;
+        uint64_t *nl = nm ? realloc(c->memlen, nc * sizeof *nl) : NULL;
+        if (nl)
+            c->memlen = nl;
+        if (nm && nl)
+            c->memcap = nc;
+        else
+            rc = dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    }
+    if (rc == 0) {
+        *out = (dcp_blob){.file = 0, .transforms = DCP_TRANSFORM_MEMORY, .offset = c->nmem, .length = len};
+        c->mem[c->nmem] = data;
+        c->memlen[c->nmem++] = len;
+    }
+    pthread_mutex_unlock(&ck->lock);
+    if (rc < 0)
+        free(data);
+    return rc;
+}
+
+/* Under ck->lock: the bytes of a held blob; NULL with err. */
+static const unsigned char *held(dcp_checkpoint *ck, const dcp_blob *b, const char *key, dcp_error *err)
+{
+    struct dcpi_blobcache *c = ck->blobs;
+    if (!c || b->offset >= c->nmem || c->memlen[b->offset] != b->length) {
+        dcpi_err(err, EINVAL, "%s: %s: no such in-memory blob (%llu)", ck->path, key,
+                 (unsigned long long)b->offset);
+        return NULL;
+    }
+    return c->mem[b->offset];
+}
+
 int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len, uint64_t off,
                    const char *key, dcp_error *err)
 {
+    if (b->transforms & DCP_TRANSFORM_MEMORY) {
+        pthread_mutex_lock(&ck->lock);
+        const unsigned char *m = held(ck, b, key, err);
+        int rc = m ? 0 : -1;
+        if (m && (off > b->length || b->length - off < len))
+            rc = dcpi_err(err, EIO, "%s: %s: read of %zu bytes at %llu runs past the value (%llu bytes)", ck->path,
+                          key, len, (unsigned long long)off, (unsigned long long)b->length);
+        else if (m)
+            memcpy(buf, m + off, len);
+        pthread_mutex_unlock(&ck->lock);
+        return rc;
+    }
     if (!(b->transforms & DCPI_BLOB_ENCODED)) {
         if (off > b->length || b->length - off < len)
             return dcpi_err(err, EIO, "%s/%s: %s: read of %zu bytes at %llu runs past the blob (%llu bytes)",
@@ -283,7 +346,7 @@ int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len,
 
 int dcpi_blob_size(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *size, const char *key, dcp_error *err)
 {
-    if (!(b->transforms & DCPI_BLOB_ENCODED)) {
+    if (!(b->transforms & DCPI_BLOB_ENCODED)) {   /* a held blob's length is its size */
         *size = b->length;
         return 0;
     }

@@ -75,7 +75,8 @@ static uint64_t space_hash(uint32_t file, int decoded, uint64_t off)
 static int same_space(const dcp_gspace *s, uint32_t file, int decoded, const dcp_blob *b)
 {
     return s->file == file && s->decoded == decoded &&
-           (!decoded || (s->blob.offset == b->offset && s->blob.length == b->length));
+           (!decoded || (s->blob.offset == b->offset && s->blob.length == b->length &&
+                         s->blob.transforms == b->transforms));
 }
 
 /* The stream index of an op, added when new. */

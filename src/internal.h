@@ -335,7 +335,10 @@ int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_err
 int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, uint64_t off,
                    const char *key, dcp_error *err);
 
-/* Blobs (blob.c): read [off, off+len) of a blob, decoding transforms. */
+/* Blobs (blob.c). Hold len bytes of data (malloc'd; ck owns them from now,
+ * freed even on failure) as a DCP_TRANSFORM_MEMORY blob, *out. */
+int dcpi_blob_hold(dcp_checkpoint *ck, void *data, uint64_t len, dcp_blob *out, dcp_error *err);
+/* Read [off, off+len) of a blob, decoding transforms. */
 int dcpi_blob_read(dcp_checkpoint *ck, const dcp_blob *b, void *buf, size_t len, uint64_t off,
                   const char *key, dcp_error *err);
 /* Decoded size of a blob (its length when it has no transform). */

@@ -1281,3 +1281,53 @@ const pk_node *pk_item(const pk_node *n, size_t i)
         return NULL;
     return n->u.seq.items[i];
 }
+
+/* Protocol 2 has no bytes opcode: torch.save pickles bytes as
+ * _codecs.encode('<latin-1 text>', 'latin1'). The text node of such a call,
+ * else NULL. */
+const pk_node *pk_latin1_text(const pk_node *n)
+{
+    const pk_node *g = pk_call_global(n), *t;
+    const char *enc;
+    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
+        pk_len(n->u.call.args) != 2 || !(t = pk_item(n->u.call.args, 0)) || t->type != PK_STR ||
+        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
+        return NULL;
+    return t;
+}
+
+int pk_bytes_copy(const pk_node *n, unsigned char **out, size_t *len)
+{
+    const char *s;
+    size_t sl;
+    if (n && n->type == PK_BYTES) {
+        *out = malloc(n->u.s.len ? n->u.s.len : 1);
+        if (!*out)
+            return -1;
+        memcpy(*out, n->u.s.p, n->u.s.len);
+        *len = n->u.s.len;
+        return 0;
+    }
+    const pk_node *t = pk_latin1_text(n);
+    if (!t)
+        return 1;
+    s = t->u.s.p;
+    sl = t->u.s.len;
+    unsigned char *b = malloc(sl ? sl : 1), *q = b;
+    if (!b)
+        return -1;
+    for (size_t i = 0; i < sl; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            *q++ = c;
+        } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < sl) {
+            *q++ = (unsigned char)(((c & 0x03) << 6) | ((unsigned char)s[++i] & 0x3f));
+        } else {
+            free(b);
+            return 1;   /* not latin-1 text */
+        }
+    }
+    *out = b;
+    *len = (size_t)(q - b);
+    return 0;
+}

@@ -117,5 +117,13 @@ bool pk_str(const pk_node *n, const char **p, size_t *len);
 bool pk_key_text(const pk_node *k, char buf[PK_KEY_TEXT_MAX], const char **s, size_t *len);
 size_t pk_len(const pk_node *n);                       /* seq/dict length, 0 otherwise */
 const pk_node *pk_item(const pk_node *n, size_t i);    /* seq item */
+/* Protocol 2 has no bytes opcode: torch.save pickles bytes as
+ * _codecs.encode('<latin-1 text>', 'latin1'). The text node of such a call,
+ * else NULL. */
+const pk_node *pk_latin1_text(const pk_node *n);
+/* A bytes object as a pickle holds it: BINBYTES, or protocol 2's latin-1
+ * call. 0 with a malloc'd copy of its bytes; 1 when n is not one; -1 out
+ * of memory. */
+int pk_bytes_copy(const pk_node *n, unsigned char **out, size_t *len);
 
 #endif

@@ -5,10 +5,12 @@
  * torch.save file's tensors are found the way the record locator finds a
  * DCP chunk's (torchsave.c parses the rebuild calls): each tensor is one
  * chunk over its storage record, its record (offset, strides, conj/neg)
- * set now so the planner never parses again. A safetensors file is read by
- * safetensors.c, as one file of a Hugging Face folder is. Its non-tensor
- * values are left out here; convert keeps them through hooks
- * (single_file.h), which is where they are re-pickled. */
+ * set now so the planner never parses again. Its non-tensor values are
+ * bytes items, as DCP stores them: a bytes value holding a torch.save blob
+ * read in place, other plain data pickled again into one held in memory
+ * (write/value_blob.c); objects torch.load would rebuild are left out and
+ * counted. A safetensors file is read by safetensors.c, as one file of a
+ * Hugging Face folder is. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -19,10 +21,15 @@
 #include "internal.h"
 #include "pickle.h"
 #include "single_file.h"
+#include "write/value_blob.h"
 #include "zip.h"
 
 #define PKL_MAX (1ull << 30)          /* data.pkl of a torch.save file */
 #define MAX_DEPTH 64                  /* dicts within dicts */
+/* The plain values' bytes items, all together: a hostile data.pkl of tiny
+ * values (each a zip archive of ~400 bytes) cannot make an open hold more. */
+#define VALUES_MAX (256ull << 20)
+#define VALUES_MAX_TEXT "256 MiB"
 
 /* An empty model over path's folder (model.c's, without its folder
  * detection); *base is the file's name in it. */
@@ -64,8 +71,7 @@ typedef struct pt_load {
     uint64_t flen;
     uint64_t pkl_start, pkl_len;      /* data.pkl's bytes in the file (stored, so as they are) */
     uint32_t rec_flags;
-    dcpi_side_bytes *side;
-    size_t nside, side_cap;
+    uint64_t held;                    /* bytes of the plain values pickled so far */
     size_t nskipped;
     dcpi_torch_hooks hooks;
     dcpi_key_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
@@ -111,70 +117,6 @@ static int pt_tensor(pt_load *L, const char *key, const pk_node *n)
     return 0;
 }
 
-static int side_add(pt_load *L, size_t entry, unsigned char *data, size_t len)
-{
-    if (L->nside == L->side_cap) {
-        size_t nc = L->side_cap ? L->side_cap * 2 : 16;
-        dcpi_side_bytes *ns = realloc(L->side, nc * sizeof *ns);
-        if (!ns)
-            return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-        L->side = ns;
-        L->side_cap = nc;
-    }
-    L->side[L->nside++] = (dcpi_side_bytes){entry, data, len};
-    return 0;
-}
-
-/* Protocol 2 has no bytes opcode: torch.save pickles bytes as
- * _codecs.encode('<latin-1 text>', 'latin1'). The text node of such a call,
- * else NULL. */
-static const pk_node *latin1_text(const pk_node *n)
-{
-    const pk_node *g = pk_call_global(n), *t;
-    const char *enc;
-    if (!g || strcmp(g->u.global.module, "_codecs") || strcmp(g->u.global.name, "encode") ||
-        pk_len(n->u.call.args) != 2 || !(t = pk_item(n->u.call.args, 0)) || t->type != PK_STR ||
-        !pk_str(pk_item(n->u.call.args, 1), &enc, NULL) || (strcmp(enc, "latin1") && strcmp(enc, "latin-1")))
-        return NULL;
-    return t;
-}
-
-int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
-{
-    const char *s;
-    size_t sl;
-    if (n && n->type == PK_BYTES) {
-        *out = malloc(n->u.s.len ? n->u.s.len : 1);
-        if (!*out)
-            return -1;
-        memcpy(*out, n->u.s.p, n->u.s.len);
-        *len = n->u.s.len;
-        return 0;
-    }
-    const pk_node *t = latin1_text(n);
-    if (!t)
-        return 1;
-    s = t->u.s.p;
-    sl = t->u.s.len;
-    unsigned char *b = malloc(sl ? sl : 1), *q = b;
-    if (!b)
-        return -1;
-    for (size_t i = 0; i < sl; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x80) {
-            *q++ = c;
-        } else if ((c & 0xe0) == 0xc0 && c <= 0xc3 && i + 1 < sl) {
-            *q++ = (unsigned char)(((c & 0x03) << 6) | ((unsigned char)s[++i] & 0x3f));
-        } else {
-            free(b);
-            return 1;   /* not latin-1 text */
-        }
-    }
-    *out = b;
-    *len = (size_t)(q - b);
-    return 0;
-}
-
 /* A bytes value holding a torch.save blob (what a DCP bytes item holds, and
  * what dcp convert writes for one) as a blob of the file: its bytes lie in
  * data.pkl, raw (BINBYTES) or as latin-1 text (protocol 2, torch.save's
@@ -182,7 +124,7 @@ int dcpi_pickled_bytes(const pk_node *n, unsigned char **out, size_t *len)
  * such value. */
 static int pt_bytes_blob(pt_load *L, const pk_node *n, dcp_blob *b)
 {
-    const pk_node *t = n && n->type == PK_BYTES ? n : latin1_text(n);
+    const pk_node *t = n && n->type == PK_BYTES ? n : pk_latin1_text(n);
     if (!t || t->u.s.at == PK_AT_NONE || t->u.s.len < 4 || memcmp(t->u.s.p, "PK\3\4", 4) ||
         t->u.s.at > L->pkl_len || L->pkl_len - t->u.s.at < t->u.s.len)
         return 0;
@@ -246,57 +188,48 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
     if (dcpi_torch_is_tensor(n))
         return pt_tensor(L, key, n) < 0 ? -1 : pt_leaf_path(L, key, klen, depth);
     /* A non-tensor value: a bytes object holding a torch.save blob is a DCP
-     * bytes item as is; other plain values are pickled into one. */
-    if (!L->hooks.blob) {   /* opened to be read: torch.save blobs are bytes items, in place */
-        dcp_blob b;
-        size_t idx;
-        if (!pt_bytes_blob(L, n, &b)) {
-            pt_skip(L, key, "not a tensor, nor bytes holding a torch.save blob");
-            return 0;
-        }
-        if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0)
-            return -1;
-        if (L->ck->entries[idx].has_blob)
-            return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
-        L->ck->entries[idx].blob = b;
-        L->ck->entries[idx].has_blob = 1;
-        return 0;
-    }
-    unsigned char *data = NULL;
-    size_t len = 0;
-    int r = dcpi_pickled_bytes(n, &data, &len);
-    if (r < 0)
-        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-    if (r == 0 && !(len >= 4 && !memcmp(data, "PK\3\4", 4))) {
-        free(data);
-        r = 1;   /* ordinary bytes: pickled like any plain value */
-    }
-    if (r == 1) {
-        r = L->hooks.blob(L->hooks.ctx, key, n, &data, &len, L->err);
-        if (r < 0)
-            return -1;
-        if (r == 1) {
-            pt_skip(L, key, "a non-tensor value that is not plain data (an object torch.load would rebuild)");
-            return 0;
-        }
-    }
+     * bytes item as it lies in data.pkl; other plain values are pickled
+     * into one, held in memory. */
+    dcp_blob b;
     size_t idx;
-    if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0 || side_add(L, idx, data, len) < 0) {
-        free(data);
-        return -1;
+    if (!pt_bytes_blob(L, n, &b)) {
+        unsigned char *data = NULL;
+        size_t len = 0;
+        uint64_t room = L->held < VALUES_MAX ? VALUES_MAX - L->held : 0;
+        /* torch.save bytes the pickle does not hold as they are (protocol
+         * 0's escaped text): a copy; other values pickled */
+        int r = pk_bytes_copy(n, &data, &len);
+        if (r < 0)
+            return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+        if (r == 0 && !(len >= 4 && !memcmp(data, "PK\3\4", 4))) {
+            free(data);
+            r = 1;
+        }
+        if (r == 1 && (r = dcpw_value_blob(key, n, room, &data, &len, L->err)) < 0)
+            return dcpi_err_prefix(L->err, "%s", L->path);
+        if (r > 0 || len > room) {
+            free(data);
+            if (r != 1)   /* the room is used up: later values are not tried (each */
+                L->held = VALUES_MAX;   /* could share this one's nodes and cost as much) */
+            pt_skip(L, key, r == 1 ? "not plain data (an object torch.load would rebuild)"
+                                   : "the file's plain values pass " VALUES_MAX_TEXT " as bytes items");
+            return 0;
+        }
+        L->held += len;
+        if (dcpi_blob_hold(L->ck, data, len, &b, L->err) < 0)
+            return -1;
     }
+    if (dcpi_model_entry(L->ck, key, klen, DCP_KIND_BYTES, &idx, L->err) < 0)
+        return -1;
+    if (L->ck->entries[idx].has_blob)
+        return dcpi_err(L->err, EIO, "%s: %s: the key appears twice", L->path, key);
+    L->ck->entries[idx].blob = b;
+    L->ck->entries[idx].has_blob = 1;
     return pt_leaf_path(L, key, klen, depth);
 }
 
-void dcpi_side_bytes_free(dcpi_side_bytes *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(s[i].data);
-    free(s);
-}
-
-int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_checkpoint **out,
-                         dcpi_side_bytes **side, size_t *nside, size_t *nskipped, dcp_error *err)
+int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_checkpoint **out, size_t *nskipped,
+                         dcp_error *err)
 {
     *out = NULL;
     dcp_checkpoint *ck = ck_for_file(path, err);
@@ -305,8 +238,6 @@ int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_ch
     pt_load L = {.ck = ck, .path = path, .err = err};
     if (hooks)
         L.hooks = *hooks;
-    if (!side)
-        L.hooks.blob = NULL;   /* nowhere to hand the bytes over */
     pk_doc *doc = NULL;
     char *pkl = NULL;
     int rc = -1, zopen = 0;
@@ -370,15 +301,8 @@ out:
     if (zopen)
         dcpi_zip_close(&L.z);
     if (rc < 0) {
-        dcpi_side_bytes_free(L.side, L.nside);
         dcp_close(ck);
         return -1;
-    }
-    if (side) {
-        *side = L.side;
-        *nside = L.nside;
-    } else {
-        dcpi_side_bytes_free(L.side, L.nside);
     }
     if (nskipped)
         *nskipped = L.nskipped;
@@ -410,7 +334,7 @@ int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t
     if (fmt == DCP_FORMAT_AUTO)
         fmt = dcp_format_guess(path);
     if (fmt == DCP_FORMAT_TORCH_SAVE)
-        return dcpi_open_torch_file(path, NULL, out, NULL, NULL, nskipped, err);
+        return dcpi_open_torch_file(path, NULL, out, nskipped, err);
     if (fmt == DCP_FORMAT_SAFETENSORS)
         return open_safetensors_file(path, out, err);
     return dcpi_err(err, EINVAL, "%s: not a single-file format", path);

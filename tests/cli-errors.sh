@@ -176,12 +176,39 @@ grep -q '^shard files: *1, ' "$SCRATCH/info" && ! grep -q MISSING "$SCRATCH/info
 expect_fail "may not live inside" "$DCP" --catalog "$SCRATCH/single/m.safetensors" verify "$SCRATCH/single/m.safetensors"
 "$DCP" --no-catalog digest "$SCRATCH/single/m.safetensors" >/dev/null || fail "the refused catalog damaged the file"
 
-# A torch.save file's plain values are not keys: every command says how many it does not show.
+# A torch.save file's plain values are bytes items (torch.save of each, as DCP stores them), so a
+# diff sees them; objects torch.load would rebuild are not keys, and every command says how many.
+# A value that shares one list 2^60 times (pickle's memo) ends the plain values at 256 MiB.
 if python3 -c 'import torch' 2>/dev/null; then
-    python3 -c 'import sys, torch; torch.save({"w": torch.ones(2), "epoch": 5, "lr": 0.1}, sys.argv[1])' "$SCRATCH/plain.pt"
-    "$DCP" diff --content "$SCRATCH/plain.pt" "$SCRATCH/plain.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" ||
-        fail "diff of a .pt with itself: $(cat "$SCRATCH/err")"
-    grep -q "plain.pt: 2 non-tensor values not shown" "$SCRATCH/err" || fail "no note of the plain values: $(cat "$SCRATCH/err")"
+    python3 - "$SCRATCH" <<'PY'
+import collections, sys, torch
+d = sys.argv[1]
+torch.save({"w": torch.ones(2), "epoch": 5, "opt": {"lr": 0.1, "groups": [{"params": [0, 1]}]}}, f"{d}/plain.pt")
+torch.save({"w": torch.ones(2), "epoch": 5, "opt": {"lr": 0.2, "groups": [{"params": [0, 1]}]},
+            "seen": collections.Counter("ab")}, f"{d}/plain2.pt")
+deep = []
+for _ in range(60):
+    deep = [deep, deep]
+torch.save({"w": torch.ones(2), "deep": deep, "after": 1}, f"{d}/deep.pt")
+PY
+    "$DCP" ls "$SCRATCH/plain.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || fail "ls of a .pt: $(cat "$SCRATCH/err")"
+    [ "$(awk 'NR > 1 {print $1, $2}' "$SCRATCH/out" | sort | tr '\n' ' ')" = "epoch bytes opt.groups bytes opt.lr bytes w float32 " ] ||
+        fail "a .pt's plain values as bytes items: $(cat "$SCRATCH/out")"
+    [ ! -s "$SCRATCH/err" ] || fail "a .pt of plain values only: $(cat "$SCRATCH/err")"
+    "$DCP" cat "$SCRATCH/plain.pt" opt.groups >"$SCRATCH/groups" || fail "cat of a plain value"
+    python3 -c 'import sys, torch; v = torch.load(sys.argv[1]); assert v == [{"params": [0, 1]}], v' "$SCRATCH/groups" ||
+        fail "a plain value's bytes item is not torch.save of it"
+    rc=0; "$DCP" diff --content "$SCRATCH/plain.pt" "$SCRATCH/plain2.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || rc=$?
+    [ $rc = 1 ] || fail "diff of two .pt differing in a plain value exited $rc"
+    grep -qx "values: opt.lr differ" "$SCRATCH/out" && ! grep -q "epoch\|groups" "$SCRATCH/out" ||
+        fail "diff of two .pt differing in a plain value: $(cat "$SCRATCH/out")"
+    grep -q "plain2.pt: 1 value not shown: not tensors nor plain data" "$SCRATCH/err" ||
+        fail "no note of the value left out: $(cat "$SCRATCH/err")"
+    "$DCP" layout --json "$SCRATCH/plain.pt" epoch | python3 -c 'import json, sys; d = json.load(sys.stdin); assert d["memory"] and d["file"] == "plain.pt" and "offset" not in d, d' ||
+        fail "layout of a plain value"
+    "$DCP" ls "$SCRATCH/deep.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || fail "ls of a .pt sharing one list: $(cat "$SCRATCH/err")"
+    [ "$(awk 'NR > 1 {print $1}' "$SCRATCH/out")" = w ] && grep -q "deep.pt: 2 values not shown" "$SCRATCH/err" ||
+        fail "a .pt sharing one list 2^60 times: $(cat "$SCRATCH/out" "$SCRATCH/err")"
 fi
 
 # Reading never writes into the checkpoint folder.

@@ -459,6 +459,39 @@ def test_key_with_a_lone_surrogate(tmp_path):
         tr._same(theirs[k], want[k], k)
 
 
+def test_torch_save_training_state(tmp_path):
+    """A torch.save training state (model, AdamW, epoch, lr, a name) loads from the .pt
+    as torch.load gives it: tensors in place, plain values (param_groups and all)
+    replaced by theirs; an object torch.load would rebuild is no key."""
+    import collections
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    path = tmp_path / "train.pt"
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 7, "lr": 2.5e-4,
+                "name": "run\u00e9", "sched": {"milestones": [10, 20], "gamma": None}}, path)
+    want = torch.load(path, weights_only=True)
+    ours = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()},
+            "optim": {"state": {i: {k: torch.zeros_like(v) for k, v in st.items()}
+                                for i, st in want["optim"]["state"].items()},
+                      "param_groups": None},
+            "epoch": 0, "lr": 0.0, "name": "", "sched": {"milestones": [], "gamma": 1.0}}
+    dcpfs.torch.load(ours, str(path))
+    assert ours["epoch"] == 7 and ours["lr"] == 2.5e-4 and ours["name"] == "run\u00e9"
+    assert ours["sched"] == {"milestones": [10, 20], "gamma": None}
+    assert ours["optim"]["param_groups"] == want["optim"]["param_groups"]
+    for k, v in want["model"].items():
+        tr._same(ours["model"][k], v, k)
+    for i, st in want["optim"]["state"].items():
+        for k, v in st.items():
+            tr._same(ours["optim"]["state"][i][k], v, f"optim.state.{i}.{k}")
+    torch.save({"w": torch.ones(2), "seen": collections.Counter("ab")}, tmp_path / "obj.pt")
+    with pytest.raises(dcpfs.DcpError, match="obj.pt: seen: no such key"):
+        dcpfs.torch.load({"w": torch.zeros(2), "seen": None}, str(tmp_path / "obj.pt"))
+
+
 def test_cuda_units_through_the_pinned_ring(tmp_path, monkeypatch):
     """CUDA destinations (placement run on CPU tensors): the units go through the
     ring of a few reused buffers, reads started only while one is free, with

@@ -5,6 +5,7 @@ single torch.save/safetensors files, threads, and errors that name file, key and
 Run by tests/python-open.sh (make check) with PYTHONPATH at the package built against the
 build tree. Tests whose names contain "torch" need PyTorch (deselected without it).
 """
+import collections
 import errno
 import hashlib
 import io
@@ -779,7 +780,9 @@ def test_torch_save_bytes_items(tmp_path):
     """A bytes value holding a torch.save blob in a torch.save file (what a DCP bytes
     item holds, and what `dcp convert` writes for one) is a bytes item, read in place:
     pickled raw (protocol 3+) or as latin-1 text (protocol 2, torch.save's default),
-    shared by two keys (pickle's memo); other non-tensor values are left out."""
+    shared by two keys (pickle's memo). Other plain values are bytes items too, each
+    torch.save of the value as DCP stores one; objects torch.load would rebuild are
+    left out."""
     import torch
 
     def blob(obj):
@@ -791,12 +794,15 @@ def test_torch_save_bytes_items(tmp_path):
     other = blob([1, 2, 3])
     assert any(b >= 0x80 for b in state)        # latin-1 text holds two-byte characters
     sd = {"w": torch.arange(6.0), "state": state, "again": state, "other": other,
-          "plain": b"not a torch.save blob", "n": 3}
+          "plain": b"not a torch.save blob", "n": 3, "seen": collections.Counter("ab")}
     for proto in (2, 4):
         f = tmp_path / f"p{proto}.pt"
         torch.save(sd, f, pickle_protocol=proto)
         with dcpfs.open(f) as ck:
-            assert sorted(ck.keys()) == ["again", "other", "state", "w"], proto
+            assert sorted(ck.keys()) == ["again", "n", "other", "plain", "state", "w"], proto
+            for k in ("n", "plain"):
+                assert ck.info(k).kind == "bytes", (proto, k)
+                assert torch.load(io.BytesIO(ck.read_bytes(k))) == sd[k], (proto, k)
             for k in ("state", "again", "other"):
                 assert ck.info(k).kind == "bytes" and ck.info(k).nbytes == len(sd[k]), (proto, k)
                 assert ck.read_bytes(k) == sd[k], (proto, k)

@@ -1,4 +1,5 @@
-/* dcp layout: which file and offset hold each chunk (and where its elements are). */
+/* dcp layout: which file and offset hold each chunk (and where its elements are).
+ * A torch.save file's plain values lie at no offset: pickled anew, in memory. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +22,18 @@ static int show(dcp_checkpoint *ck, const dcp_entry *e, int json)
     int status = 0;
     if (e->kind == DCP_KIND_BYTES) {
         const char *file = e->has_blob ? dcp_file_name(ck, e->blob.file) : "-";
+        if (e->has_blob && e->blob.transforms & DCP_TRANSFORM_MEMORY) {   /* a .pt's plain value, pickled */
+            if (json) {
+                fputs("{\"key\":", stdout);
+                cli_json_string(stdout, e->key);
+                fputs(",\"kind\":\"bytes\",\"file\":", stdout);
+                cli_json_string(stdout, file);
+                printf(",\"length\":%" PRIu64 ",\"memory\":true}\n", e->blob.length);
+            } else {
+                printf("%s  bytes  %s value +%" PRIu64 " memory\n", cli_text(e->key), cli_text(file), e->blob.length);
+            }
+            return 0;
+        }
         if (json) {
             fputs("{\"key\":", stdout);
             cli_json_string(stdout, e->key);

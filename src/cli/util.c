@@ -88,8 +88,8 @@ dcp_checkpoint *cli_open(const char *path)
             return NULL;
         }
         if (skipped)   /* never silently: a diff would not see them */
-            cli_error("%s: %zu non-tensor value%s not shown: plain values, not torch.save bytes (dcp convert "
-                      "keeps them as bytes items)", path, skipped, skipped == 1 ? "" : "s");
+            cli_error("%s: %zu value%s not shown: not tensors nor plain data (dcp convert names each and why)",
+                      path, skipped, skipped == 1 ? "" : "s");
         return ck;
     }
     /* A save that did not finish is named as such, never read as a

@@ -447,6 +447,8 @@ int dcp_catalog_digest(dcp_catalog *cat, dcp_checkpoint *ck, const dcp_blob *b, 
 {
     char id[33];
     *found = 0;
+    if (b->transforms & DCP_TRANSFORM_MEMORY)   /* no stored bytes: nothing recorded */
+        return 0;
     if (dcp_checkpoint_identity(ck, id, err) < 0)
         return -1;
     pthread_mutex_lock(&cat->lock);

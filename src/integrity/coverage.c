@@ -137,7 +137,8 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
         if (e->kind == DCP_KIND_BYTES) {
             if (!e->has_blob)
                 problem(&r, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
-            else if (!missing[e->blob.file] && e->blob.offset + e->blob.length > sizes[e->blob.file])
+            else if (!(e->blob.transforms & DCP_TRANSFORM_MEMORY) && !missing[e->blob.file] &&
+                     e->blob.offset + e->blob.length > sizes[e->blob.file])
                 problem(&r, "%s/%s: %s: blob at offset %llu length %llu ends past the file (%llu bytes)", ck->path,
                         ck->files[e->blob.file], e->key, (unsigned long long)e->blob.offset,
                         (unsigned long long)e->blob.length, (unsigned long long)sizes[e->blob.file]);

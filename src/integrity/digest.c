@@ -26,10 +26,13 @@ int dcp_blob_digest(dcp_checkpoint *ck, const dcp_blob *b, uint64_t *xxh3, dcp_e
         goto out;
     }
     XXH3_64bits_reset(st);
-    /* The stored bytes, as they are in the file (not decoded). */
+    /* The stored bytes, as they are in the file (not decoded); a held
+     * blob's, as the checkpoint holds them. */
     for (uint64_t off = 0; off < b->length; off += piece) {
         size_t n = b->length - off < piece ? (size_t)(b->length - off) : piece;
-        if (dcpi_pread_full(ck, b->file, buf, n, b->offset + off, "(digest)", err) < 0) {
+        if ((b->transforms & DCP_TRANSFORM_MEMORY ? dcpi_blob_read(ck, b, buf, n, off, "(digest)", err)
+                                                  : dcpi_pread_full(ck, b->file, buf, n, b->offset + off, "(digest)",
+                                                                    err)) < 0) {
             rc = -1;
             goto out;
         }
@@ -150,7 +153,7 @@ int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *nout, dcp
     for (size_t i = 0; i < nentries; i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
         if (e->kind == DCP_KIND_BYTES) {
-            if (e->has_blob)
+            if (e->has_blob && !(e->blob.transforms & DCP_TRANSFORM_MEMORY))   /* stored bytes only */
                 r[m++] = (dcpi_blobref){.file = e->blob.file, .offset = e->blob.offset, .length = e->blob.length,
                                         .entry = i, .want = 1};
             continue;

@@ -4,8 +4,8 @@
  * folder through dcp_open, a single .pt or .safetensors file through the
  * core's single-file reader (single_file.c), which builds the same model
  * over the one file (a torch.save storage record or a safetensors range per
- * tensor, strides and all); its hooks let convert keep a torch.save file's
- * plain values as bytes items, re-pickled here, and the keys' nesting.
+ * tensor, strides and all; a torch.save file's plain values as bytes
+ * items); its hooks give convert the keys' nesting.
  * Every destination is fed by one fill callback that plans and reads a few
  * MiB of an entry at a time, so memory is bounded by the key count.
  * The destination is written under a temporary name beside it and renamed
@@ -25,13 +25,9 @@
 #include "atomic.h"
 #include "internal.h"
 #include "sized_opts.h"
-#include "pickle.h"
 #include "keypaths.h"
-#include "pickle_write.h"
 #include "dcp_file.h"   /* dcp_st_refusal */
 #include "single_file.h"
-#include "zip.h"
-#include "zip_write.h"
 
 #define MAX_DEPTH 64                  /* the reader's own limit on nested dicts */
 
@@ -44,39 +40,6 @@ static int has_suffix(const char *s, const char *suf)
 }
 
 /* ------------------------------------- torch.save sources: the reader's hooks */
-
-/* torch.save(obj) of a plain value, in memory: a DCP bytes item's blob
- * (the single-file reader's blob hook, single_file.h). 0, 1 when v is not
- * plain data, -1 with err. */
-static int blob_of_value(void *ctx, const char *key, const pk_node *v, unsigned char **out, size_t *len,
-                         dcp_error *err)
-{
-    (void)ctx;
-    pw p;
-    pw_init(&p, 2, -1, key);
-    if (pw_value(&p, v) < 0) {
-        pw_free(&p);
-        return 1;
-    }
-    zw_out o;
-    zw z;
-    int rc = pw_finish(&p, err);
-    if (rc == 0 && (rc = zw_out_init(&o, -1, 0, key, err)) == 0) {
-        zw_begin(&z, &o, "archive", err);
-        rc = zw_torch_prologue(&z, p.buf, p.len, err);
-        if (rc == 0)
-            rc = zw_finish(&z, NULL, err);
-        zw_free(&z);
-        if (rc == 0) {
-            *out = o.buf;
-            *len = o.len;
-        } else {
-            zw_out_free(&o);
-        }
-    }
-    pw_free(&p);
-    return rc;
-}
 
 /* What the single-file reader's hooks write to. */
 typedef struct pt_hooks_ctx {
@@ -110,8 +73,6 @@ typedef struct src {
     dcp_source source;       /* first: the writers' view of this */
     dcp_checkpoint *ck;
     dcp_plan plan;
-    dcpi_side_bytes *side;
-    size_t nside;
     uint64_t *base;          /* per entry: tensor bytes of the selected entries before it */
     uint64_t done, total;
     const dcp_convert_options *opt;
@@ -197,8 +158,8 @@ static int src_range(void *ctx, uint64_t tag, uint64_t off, uint64_t len, dcp_ru
     if (canceled(s, err) < 0)
         return -1;
     src_progress(s, (size_t)tag, e, off);   /* the writer asks in order: all before off is written */
-    if ((e->kind == DCP_KIND_BYTES && !e->has_blob) || dcp_num_files(s->ck) > 256)
-        return 0;   /* side data; or too many files to pin an fd for each */
+    if (dcp_num_files(s->ck) > 256)
+        return 0;   /* too many files to pin an fd for each */
     if (s->no_run_valid && s->no_run_tag == tag)
         return 0;
     uint64_t want = len < PROBE ? len : PROBE;
@@ -232,17 +193,6 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
     const dcp_entry *e = dcp_entry_at(s->ck, (size_t)tag);
     if (canceled(s, err) < 0)
         return -1;
-    if (e->kind == DCP_KIND_BYTES && !e->has_blob) {
-        for (size_t i = 0; i < s->nside; i++) {
-            if (s->side[i].entry == tag) {
-                if (off > s->side[i].len || len > s->side[i].len - off)
-                    return dcpi_err(err, EIO, "%s: read past the end", e->key);
-                memcpy(buf, s->side[i].data + off, len);
-                return 0;
-            }
-        }
-        return dcpi_err(err, EIO, "%s: bytes item without data", e->key);
-    }
     if (dcp_plan_bytes(s->ck, e, off, len, &s->plan, err) < 0)
         return -1;
     if (s->plan.nbytes != len)
@@ -251,18 +201,6 @@ static int src_fill(void *ctx, uint64_t tag, uint64_t off, void *buf, size_t len
         return -1;
     src_progress(s, (size_t)tag, e, off + len);
     return 0;
-}
-
-static int bytes_len(src *s, size_t i, const dcp_entry *e, uint64_t *len, dcp_error *err)
-{
-    if (e->has_blob)
-        return dcp_entry_nbytes(s->ck, e, len, err);
-    for (size_t k = 0; k < s->nside; k++)
-        if (s->side[k].entry == i) {
-            *len = s->side[k].len;
-            return 0;
-        }
-    return dcpi_err(err, EIO, "%s: bytes item without data", e->key);
 }
 
 /* Remove what a failed conversion left under its temporary name. */
@@ -385,7 +323,7 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
         const dcp_entry *e = dcp_entry_at(s->ck, sel[k]);
         uint64_t len;
         if (e->kind == DCP_KIND_BYTES)
-            rc = bytes_len(s, sel[k], e, &len, err) < 0 ? -1
+            rc = dcp_entry_nbytes(s->ck, e, &len, err) < 0 ? -1
                  : dcp_ckpt_add_bytes(w, e->key, 0, len, &s->source, sel[k], err);
     }
     for (size_t k = 0; k < nsel && rc == 0; k++) {
@@ -462,8 +400,8 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
         pt_hooks_ctx hc = {.paths = &s.paths, .skipped = opt->skipped, .skipped_ctx = opt->skipped_ctx};
-        dcpi_torch_hooks h = {.blob = blob_of_value, .path = path_of_value, .skipped = skipped_value, .ctx = &hc};
-        rc = dcpi_open_torch_file(srcp, &h, &s.ck, &s.side, &s.nside, &nskipped, err);
+        dcpi_torch_hooks h = {.path = path_of_value, .skipped = skipped_value, .ctx = &hc};
+        rc = dcpi_open_torch_file(srcp, &h, &s.ck, &nskipped, err);
     } else if (from == DCP_FORMAT_SAFETENSORS) {
         rc = dcp_open_file(srcp, DCP_FORMAT_SAFETENSORS, &s.ck, NULL, err);
     } else {
@@ -511,7 +449,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
                 !dcpi_add_u64(s.total, it->nbytes, &s.total))
                 rc = dcpi_err(err, EFBIG, "%s: %s: the total size overflows", srcp, e->key);
         } else {
-            rc = bytes_len(&s, i, e, &it->nbytes, err);
+            rc = dcp_entry_nbytes(s.ck, e, &it->nbytes, err);
         }
     }
     if (rc == 0 && opt->keys && nsel == 0)
@@ -560,7 +498,6 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     free(sel);
     free(items);
     free(s.base);
-    dcpi_side_bytes_free(s.side, s.nside);
     dcp_plan_free(&s.plan);
     dcp_close(s.ck);
     dcpw_kp_free(&s.paths);

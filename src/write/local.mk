@@ -1,10 +1,11 @@
 # Writers, converters and synth (issue 4; include/dcp_write.h): part of libdcp.
 include_HEADERS += include/dcp_write.h
-noinst_HEADERS += src/write/keypaths.h src/write/pickle_write.h src/write/zip_write.h src/write/atomic.h \
+noinst_HEADERS += src/write/keypaths.h src/write/pickle_write.h src/write/value_blob.h src/write/zip_write.h src/write/atomic.h \
 	src/write/st_header.h
 libdcp_la_SOURCES += \
 	src/write/atomic.c \
 	src/write/pickle_write.c \
+	src/write/value_blob.c \
 	src/write/zip_write.c \
 	src/write/dcp_writer.c \
 	src/write/torchsave_writer.c \

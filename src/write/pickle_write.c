@@ -11,7 +11,6 @@
 
 #include "pickle_write.h"
 #include "pickle.h"
-#include "single_file.h"   /* dcpi_pickled_bytes */
 
 #define FRAME_TARGET (64u * 1024)     /* CPython's _FRAME_SIZE_TARGET */
 #define FRAME_MIN 4                   /* smaller frames are left unframed */
@@ -579,10 +578,16 @@ void pw_torch_size(pw *w, const int64_t *v, int n)
 
 #define PW_VALUE_DEPTH 64
 
-static int value_at(pw *p, const pk_node *n, int depth)
+static int value_at(pw *p, const pk_node *n, int depth, uint64_t max)
 {
     if (!n || depth > PW_VALUE_DEPTH)
         return -1;
+    /* A node the pickle shares (memo) is written each time it is met: a
+     * hostile pickle's list of the same list twice, 64 deep, would never
+     * end without this bound on what has been written. */
+    if (p->written + p->len > max)
+        return -2;
+    int rc;
     switch (n->type) {
     case PK_NONE: pw_none(p); return 0;
     case PK_BOOL: pw_bool(p, n->u.b); return 0;
@@ -594,16 +599,16 @@ static int value_at(pw *p, const pk_node *n, int depth)
     case PK_TUPLE:
         pw_tuple_begin(p, n->u.seq.n);
         for (size_t i = 0; i < n->u.seq.n; i++)
-            if (value_at(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
+            if ((rc = value_at(p, n->u.seq.items[i], depth + 1, max)) < 0)
+                return rc;
         pw_tuple_end(p, n->u.seq.n);
         return 0;
     case PK_LIST:
         pw_list_begin(p);
         for (size_t i = 0; i < n->u.seq.n; i++) {
             pw_list_elem(p);
-            if (value_at(p, n->u.seq.items[i], depth + 1) < 0)
-                return -1;
+            if ((rc = value_at(p, n->u.seq.items[i], depth + 1, max)) < 0)
+                return rc;
         }
         pw_list_end(p);
         return 0;
@@ -611,8 +616,9 @@ static int value_at(pw *p, const pk_node *n, int depth)
         pw_dict_begin(p);
         for (size_t i = 0; i < n->u.dict.n; i++) {
             pw_dict_key(p);
-            if (value_at(p, n->u.dict.keys[i], depth + 1) < 0 || value_at(p, n->u.dict.vals[i], depth + 1) < 0)
-                return -1;
+            if ((rc = value_at(p, n->u.dict.keys[i], depth + 1, max)) < 0 ||
+                (rc = value_at(p, n->u.dict.vals[i], depth + 1, max)) < 0)
+                return rc;
         }
         pw_dict_end(p);
         return 0;
@@ -620,7 +626,7 @@ static int value_at(pw *p, const pk_node *n, int depth)
         /* A bytes object of a protocol-2 pickle: _codecs.encode(text, 'latin1'). */
         unsigned char *b;
         size_t bl;
-        if (dcpi_pickled_bytes(n, &b, &bl) != 0)
+        if (pk_bytes_copy(n, &b, &bl) != 0)
             return -1;
         pw_bytes(p, b, bl);
         free(b);
@@ -629,7 +635,8 @@ static int value_at(pw *p, const pk_node *n, int depth)
     }
 }
 
-int pw_value(pw *p, const pk_node *n)
+int pw_value(pw *p, const pk_node *n, uint64_t max)
 {
-    return value_at(p, n, 0);
+    int rc = value_at(p, n, 0, max);
+    return rc == 0 && p->written + p->len > max ? -2 : rc;
 }

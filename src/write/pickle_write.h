@@ -98,9 +98,11 @@ void pw_torch_size(pw *w, const int64_t *v, int n);
 
 /* A value the pickle reader parsed (pickle.h), pickled again as torch.save
  * would: None, bool, int, float, str, bytes, tuples, lists and dicts of
- * them (a torch.save source's plain values becoming DCP bytes items). 0, or
- * -1 when it holds anything else (an object torch.load would rebuild). */
+ * them (a torch.save source's plain values becoming DCP bytes items). 0;
+ * -1 when it holds anything else (an object torch.load would rebuild); -2
+ * when the pickle would pass max bytes (a node the source pickle shares is
+ * written each time it is met). */
 struct pk_node;
-int pw_value(pw *w, const struct pk_node *n);
+int pw_value(pw *w, const struct pk_node *n, uint64_t max);
 
 #endif
