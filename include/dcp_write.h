@@ -117,6 +117,18 @@ typedef struct dcp_path_part {
  * (ints in decimal) must give the key. A key without a path gets (key,): a
  * flat top-level key, as torch.save(model.state_dict()) holds it. */
 int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *parts, size_t n, dcp_error *err);
+/* The paths a DCP folder's .metadata records (Metadata.planner_data, what
+ * dcp_ckpt_set_path writes), read back from dir/.metadata without running
+ * its pickle: what torch's _EmptyStateDictLoadPlanner rebuilds the nested
+ * state dict from. Best effort: a folder without .metadata or planner_data
+ * (rank-local __R.metadata files, a single file) gives an empty table, and a
+ * key whose path holds other than str and int parts has none. -1 only on
+ * out of memory. dcp_key_paths_get: key's path (*n parts, valid until
+ * dcp_key_paths_free), or NULL when it has none. */
+typedef struct dcp_key_paths dcp_key_paths;
+int dcp_key_paths_read(const char *dir, dcp_key_paths **out, dcp_error *err);
+const dcp_path_part *dcp_key_paths_get(const dcp_key_paths *kp, const char *key, size_t *n);
+void dcp_key_paths_free(dcp_key_paths *kp);
 /* Check that every tensor's chunks cover it (volumes add up, boxes inside),
  * fsync the data files, write .metadata.tmp and rename it to .metadata. */
 int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err);

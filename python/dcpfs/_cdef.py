@@ -15,6 +15,7 @@ HEADERS = """
 #include <dcp.h>
 #include <dcp_file.h>
 #include <dcp_gplan.h>
+#include <dcp_write.h>
 """
 
 CDEF = """
@@ -182,6 +183,18 @@ typedef enum dcp_format {
 } dcp_format;
 
 int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err);
+
+/* ---------------------------------------------------------------- key paths (dcp_write.h) */
+typedef struct dcp_path_part {
+    const char *str;
+    size_t len;
+    int64_t index;
+    ...;
+} dcp_path_part;
+typedef struct dcp_key_paths dcp_key_paths;
+int dcp_key_paths_read(const char *dir, dcp_key_paths **out, dcp_error *err);
+const dcp_path_part *dcp_key_paths_get(const dcp_key_paths *kp, const char *key, size_t *n);
+void dcp_key_paths_free(dcp_key_paths *kp);
 
 /* ---------------------------------------------------------------- the global plan (dcp_gplan.h) */
 /* Used by dcpfs.torch.load: the plan libdcpload runs over MPI, run over torch.distributed. */

@@ -30,7 +30,8 @@ import os
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Mapping as MappingABC
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint import StorageReader
@@ -46,7 +47,7 @@ from torch.futures import Future
 
 import dcpfs
 
-__all__ = ["Reader", "load", "torch_dtype"]
+__all__ = ["Reader", "PlannerData", "load", "torch_dtype"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -141,8 +142,11 @@ class Reader(StorageReader):
         ``ChunkStorageMetadata`` per stored chunk), other items
         ``BytesStorageMetadata``. ``storage_data`` is a small dict describing
         the checkpoint (``read_data`` needs nothing from it: libdcp locates
-        every chunk itself), ``planner_data`` is None (torch's default
-        planner does not use it for loading).
+        every chunk itself). ``planner_data`` is the checkpoint's own: each
+        key's path in the nested state dict it was flattened from, read from
+        ``.metadata`` by libdcp when first used (a :class:`PlannerData`), so
+        ``_EmptyStateDictLoadPlanner`` (``dcp_to_torch_save``) rebuilds
+        ``{"model": {"w": ...}}`` as with torch's reader, not flat keys.
 
         libdcp opens a folder of rank-local ``__R.metadata`` files as one
         checkpoint, so there is no per-rank fallback: the keyword arguments
@@ -168,7 +172,8 @@ class Reader(StorageReader):
         meta = dict(getattr(ck, "meta", None) or {})
         storage_data = {"reader": "dcpfs", "path": self.path}
         storage_data.update({k: meta[k] for k in ("generation", "serialization", "layout") if k in meta})
-        fields: Dict[str, Any] = {"state_dict_metadata": sdm, "planner_data": None, "storage_data": storage_data}
+        fields: Dict[str, Any] = {"state_dict_metadata": sdm, "planner_data": PlannerData(ck.path, list(sdm)),
+                                  "storage_data": storage_data}
         # Metadata grew storage_meta in torch 2.4 and version in 2.9: set what this torch has.
         known = {f.name for f in dataclasses.fields(Metadata)}
         if "storage_meta" in known:
@@ -246,6 +251,64 @@ class Reader(StorageReader):
                 return True
         except (OSError, ValueError):
             return False
+
+
+class PlannerData(MappingABC):
+    """``Metadata.planner_data`` of a checkpoint: key -> its path in the
+    nested state dict (a tuple of str dict keys and int list indices), as
+    torch's save planner records it and its ``_EmptyStateDictLoadPlanner``
+    and ``unflatten_state_dict`` use it. Read from the folder's
+    ``.metadata`` by libdcp (``dcp_key_paths_read``: no pickle is run) on
+    first use, so a load that never asks costs nothing. Keys without a
+    recorded path (rank-local ``__R.metadata`` folders, single files) are
+    absent: torch's planner then keeps them flat."""
+
+    def __init__(self, path: str, keys: List[str]) -> None:
+        self.path = path
+        self._keys = keys
+        self._paths: Optional[Dict[str, Tuple[Union[str, int], ...]]] = None
+
+    def _table(self) -> Dict[str, Tuple[Union[str, int], ...]]:
+        if self._paths is None:
+            self._paths = _key_paths(self.path, self._keys)
+        return self._paths
+
+    def __getitem__(self, key: str) -> Tuple[Union[str, int], ...]:
+        return self._table()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"PlannerData({self.path!r}, {self._table()!r})"
+
+
+def _key_paths(path: str, keys: List[str]) -> Dict[str, Tuple[Union[str, int], ...]]:
+    """Each key's recorded path (keys without one left out)."""
+    from ._native import ffi, lib
+    err = ffi.new("dcp_error *")
+    out = ffi.new("dcp_key_paths **")
+    if lib.dcp_key_paths_read(os.fsencode(path), out, err) < 0:
+        dcpfs._raise(err)
+    n = ffi.new("size_t *")
+    table: Dict[str, Tuple[Union[str, int], ...]] = {}
+    try:
+        for key in keys:
+            if "\0" in key:
+                continue
+            for form in dcpfs._key_forms(key):
+                parts = lib.dcp_key_paths_get(out[0], form, n)
+                if parts != ffi.NULL:
+                    table[key] = tuple(
+                        ffi.unpack(parts[i].str, parts[i].len).decode("utf-8", "dcpfs.key")
+                        if parts[i].str != ffi.NULL else int(parts[i].index) for i in range(n[0]))
+                    break
+    finally:
+        lib.dcp_key_paths_free(out[0])
+    return table
 
 
 def _default_threads() -> int:

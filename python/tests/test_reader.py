@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -308,6 +309,40 @@ def test_plain_nontensor_roundtrip(tmp_path):
     dcp.load(got, storage_reader=dcpfs.torch.Reader(tmp_path / "plain", threads=1))
     _same_sd(got, sd, local=False, what="plain")
     assert got["nested"]["lst"] == [1, [2, 3]]
+
+
+def test_planner_data_rebuilds_nesting(tmp_path):
+    """Metadata.planner_data is the checkpoint's own (it was None): torch's
+    _EmptyStateDictLoadPlanner (dcp_to_torch_save) and
+    _load_state_dict_from_keys rebuild the nested state dict through Reader
+    as through FileSystemReader, not a dict of flat keys (a dotted key in a
+    dict stays one key; a list index an int)."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict, _load_state_dict_from_keys
+    sd = {"model": {"layers.0.w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3)},
+          "optim": {"state": {"0": {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+          "extra": {"tags": [1, torch.tensor([7, 8]), "a"]}, "epoch": 4}
+    path = tmp_path / "nested"
+    dcp.save(sd, checkpoint_id=path)
+    md, want_md = dcpfs.torch.Reader(path).read_metadata(), FileSystemReader(path).read_metadata()
+    assert dict(md.planner_data) == want_md.planner_data
+    assert md.planner_data["model.layers.0.w"] == ("model", "layers.0.w")
+    assert md.planner_data["extra.tags.1"] == ("extra", "tags", 1)
+    assert dict(pickle.loads(pickle.dumps(md)).planner_data) == want_md.planner_data
+    for keys in (None, ["model"], ["extra.tags"]):
+        got, want = {}, {}
+        _load_state_dict(got, storage_reader=dcpfs.torch.Reader(path), planner=_EmptyStateDictLoadPlanner(keys=keys),
+                         no_dist=True)
+        _load_state_dict(want, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(keys=keys),
+                         no_dist=True)
+        assert set(got) == set(want) and set(want) <= {"model", "optim", "extra", "epoch"}, (keys, list(got))
+        _same_sd(got, want, local=False, what=f"keys={keys}")
+    got = _load_state_dict_from_keys({"model", "extra"}, storage_reader=dcpfs.torch.Reader(path))
+    assert set(got) == {"model", "extra"} and set(got["model"]) == {"layers.0.w", "b"}
+    _same(got["extra"]["tags"][1], torch.tensor([7, 8]), "extra.tags.1")
+    # no planner_data to read (rank-local metadata, a single file): keys stay flat, as torch's planner keeps them
+    torch.save({"a": {"b": torch.ones(2)}}, tmp_path / "f.pt")
+    assert dict(dcpfs.torch.Reader(tmp_path / "f.pt").read_metadata().planner_data) == {}
 
 
 @pytest.mark.parametrize("threads", [1, 3])

@@ -131,3 +131,36 @@ int dcpw_kp_from_metadata(const char *dir, dcpw_keypaths *kp, dcp_error *err)
     free(buf);
     return rc;
 }
+
+/* The public table (dcp_write.h): dcpw_keypaths filled from a folder's .metadata. */
+struct dcp_key_paths {
+    dcpw_keypaths kp;
+};
+
+int dcp_key_paths_read(const char *dir, dcp_key_paths **out, dcp_error *err)
+{
+    *out = NULL;
+    dcp_key_paths *t = malloc(sizeof *t);
+    if (!t)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dir);
+    dcpw_kp_init(&t->kp);
+    if (dcpw_kp_from_metadata(dir, &t->kp, err) < 0) {
+        dcp_key_paths_free(t);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+const dcp_path_part *dcp_key_paths_get(const dcp_key_paths *kp, const char *key, size_t *n)
+{
+    return kp ? dcpw_kp_get(&kp->kp, key, n) : NULL;
+}
+
+void dcp_key_paths_free(dcp_key_paths *kp)
+{
+    if (!kp)
+        return;
+    dcpw_kp_free(&kp->kp);
+    free(kp);
+}
