@@ -152,6 +152,9 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
         if not isinstance(key, str):
             raise DcpError(22, f"{ck.path}: state dict keys are str, not {type(key).__name__} ({key!r})")
         where = f"{ck.path}: {_shown(key)}"
+        if isinstance(value, torch.Tensor) and _stores_bytes(ck, key):
+            # dcp.load's planner reads a stored bytes item whatever the state dict holds: its value replaces it
+            value = None
         if DTensor is not None and isinstance(value, DTensor):
             partial = [p for p in value.placements if p.is_partial()]
             if partial:
@@ -184,6 +187,16 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
         dests.append(d)         # empty ones too: their key and shape are checked, then they are dropped
         reqs.append((key, offsets, lengths))
     return dests, reqs
+
+
+def _stores_bytes(ck, key: str) -> bool:
+    """The checkpoint stores key as a bytes item (a non-tensor value)."""
+    if "\0" in key:
+        return False
+    try:
+        return ck.info(key).kind == "bytes"
+    except KeyError:        # (an unknown key: refused by _check_local)
+        return False
 
 
 def _shown(key: str) -> str:
@@ -353,7 +366,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     Tensors are filled in place (plain tensors whole, DTensors by their local
     shard, in any sharding -- not necessarily the one the checkpoint was
     saved with); non-tensor items are replaced by their stored values, as
-    ``torch.distributed.checkpoint.load`` does. Every stored byte is read from
+    ``torch.distributed.checkpoint.load`` does (a tensor too, where the
+    checkpoint stores a non-tensor value under its key). Every stored byte is read from
     storage once across the job and delivered to the ranks that need it:
     within a node through the page cache (or shared memory), across nodes by point-to-point
     messages of the process group's backend (gloo on CPU, NCCL for CUDA).
@@ -372,7 +386,11 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     filled in place have their autograd version counter bumped.
 
     Args:
-        state_dict: the (nested) state dict to fill, as for ``dcp.load``.
+        state_dict: the (nested) state dict to fill, as for ``dcp.load``; as
+            there, a top-level value that is ``Stateful`` (a module, an
+            optimizer, any object with ``state_dict()`` and
+            ``load_state_dict()``) is loaded into its ``state_dict()``, then
+            handed back with ``load_state_dict``.
         path: the checkpoint folder (or a single torch.save/safetensors file).
         process_group: the group to load over (None: the default group).
         staging_bytes: the largest single read (a unit of the plan).
@@ -446,7 +464,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         item["opts"] = (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct), bool(megatron_fold))
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"dcpfs.torch.load: state_dict must be a dict, not {type(state_dict).__name__}")
-        flat, mappings = _flatten(state_dict)
+        loading, stateful = _stateful_state_dicts(state_dict)
+        flat, mappings = _flatten(loading)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
         dests, reqs = _regions(flat, ck)
         stored, sizes = _check_local(ck, dests, reqs)
@@ -468,12 +487,43 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
             if g["opts"] != gathered[0]["opts"]:
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
-        return _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
-                    state_dict, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, bool(direct), node_sharing,
-                    stats, t0)
+        _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
+             loading, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, bool(direct), node_sharing,
+             stats, t0)
     finally:
         if ck is not None:
             ck.close()
+            ck = None
+    # as dcp.load: Stateful values take their loaded state dicts, other top-level values are replaced
+    for key, value in loading.items():
+        if key in stateful:
+            state_dict[key].load_state_dict(value)
+        else:
+            state_dict[key] = value
+    return stats
+
+
+def _stateful_state_dicts(state_dict: Mapping) -> Tuple[Dict[str, Any], set]:
+    """What is loaded, as dcp.load makes it: a top-level value that is
+    ``Stateful`` (a module, an optimizer, an object with ``state_dict`` and
+    ``load_state_dict``) is loaded into its ``state_dict()`` (asked in sorted key
+    order, the same on every rank), handed back with ``load_state_dict`` after
+    the load; and the keys that were."""
+    from torch.distributed.checkpoint.stateful import Stateful
+    loading: Dict[str, Any] = {}
+    stateful = set()
+    try:
+        keys = sorted(state_dict.keys())
+    except TypeError:       # (keys that are not all str: refused later, naming the key)
+        keys = list(state_dict.keys())
+    for key in keys:
+        value = state_dict[key]
+        if isinstance(value, Stateful):
+            loading[key] = value.state_dict()
+            stateful.add(key)
+        else:
+            loading[key] = value
+    return loading, stateful
 
 
 def _identity(ck) -> tuple:

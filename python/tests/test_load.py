@@ -444,6 +444,79 @@ def test_single_process_without_dist(tmp_path):
     assert st.bytes_read == st.bytes_unique == sum(v.numel() * v.element_size() for v in want.values())
 
 
+class _App:
+    """The Stateful of torch's DCP recipe (and torchtitan's): a model and its
+    optimizer through get_state_dict/set_state_dict (collective under FSDP2)."""
+
+    def __init__(self, model, opt) -> None:
+        self.model, self.opt = model, opt
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        msd, osd = get_state_dict(self.model, self.opt)
+        return {"model": msd, "optim": osd}
+
+    def load_state_dict(self, sd) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        set_state_dict(self.model, self.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def test_stateful_values_as_dcp_load(tmp_path):
+    """Top-level Stateful values (a module, an optimizer, an object with
+    state_dict/load_state_dict) load as dcp.load loads them: into their
+    state_dict(), handed back by load_state_dict (they were taken for
+    non-tensor values: 'app: no such key'); a tensor where the checkpoint
+    stores a non-tensor value is replaced by it, as dcp.load replaces it
+    (it was refused)."""
+    def build(seed):
+        torch.manual_seed(seed)
+        m = torch.nn.Linear(3, 2)
+        o = torch.optim.AdamW(m.parameters(), lr=0.1 * seed)
+        m(torch.randn(4, 3)).sum().backward()
+        o.step()
+        return m, o
+    model, opt = build(1)
+    path = str(tmp_path / "ck")
+    _save_one_process({"app": _App(model, opt), "net": model, "opt": opt, "epoch": 3, "step": 5}, path)
+    got = {}
+    for name in ("dcpfs", "torch"):
+        m, o = build(2)
+        n = torch.nn.Linear(3, 2)
+        sd = {"app": _App(m, o), "net": n, "opt": o, "epoch": 0, "step": torch.tensor(0)}
+        if name == "dcpfs":
+            dcpfs.torch.load(sd, path)
+        else:
+            dcp.load(sd, storage_reader=FileSystemReader(path))
+        assert sd["app"].model is m and sd["net"] is n and sd["opt"] is o   # loaded into, not replaced
+        assert sd["epoch"] == 3 and sd["step"] == 5, (name, sd["epoch"], sd["step"])
+        got[name] = {"app": _App(m, o).state_dict(), "net": n.state_dict()}
+        tr._same_sd(got[name]["app"], _App(model, opt).state_dict(), local=False, what=f"{name}: app")
+        tr._same_sd(got[name]["net"], model.state_dict(), local=False, what=f"{name}: net")
+        assert o.param_groups[0]["lr"] == opt.param_groups[0]["lr"], name
+    tr._same_sd(got["dcpfs"], got["torch"], local=False, what="dcpfs.torch.load vs dcp.load")
+
+
+def _fsdp_stateful(rank: int, world: int, path: str) -> None:
+    model, opt = tr._fsdp_model(world, seed=1)
+    torch.manual_seed(2)
+    model(torch.randint(0, 13, (6,))).sum().backward()
+    opt.step()
+    dcp.save({"app": _App(model, opt), "epoch": 7}, checkpoint_id=path)
+    m2, o2 = tr._fsdp_model(world, seed=400)
+    sd = {"app": _App(m2, o2), "epoch": 0}
+    dcpfs.torch.load(sd, path)
+    assert sd["epoch"] == 7
+    tr._same_sd(_App(m2, o2).state_dict(), _App(model, opt).state_dict(), local=True,
+                what=f"rank {rank}/{world}: FSDP2 app loaded through its load_state_dict")
+
+
+@tr.needs_cpu_fsdp2
+def test_stateful_fsdp2(tmp_path):
+    """The recipe's Stateful app under FSDP2 on 2 ranks (its state_dict and
+    load_state_dict are collectives, called in the same order on every rank)."""
+    distrun.run(2, _fsdp_stateful, str(tmp_path / "app"))
+
+
 def test_key_with_a_lone_surrogate(tmp_path):
     """A key Python pickles with "surrogatepass" is found by the str torch's
     state dict holds, and loads as dcp.load loads it."""
