@@ -73,8 +73,10 @@ typedef struct pt_load {
     uint32_t rec_flags;
     uint64_t held;                    /* bytes of the plain values pickled so far */
     size_t nskipped;
+    uint64_t visits, visit_cap;       /* values walked, and the bound: a pickle's memo can */
+    uint64_t key_bytes, key_cap;      /* share one dict under many keys; their keys' bytes */
     dcpi_torch_hooks hooks;
-    dcpi_key_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
+    dcp_path_part stack[MAX_DEPTH + 1];   /* the path of the value being walked */
     dcp_error *err;
 } pt_load;
 
@@ -147,10 +149,72 @@ static int pt_leaf_path(pt_load *L, const char *key, size_t klen, int depth)
     return 0;
 }
 
+static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth);
+
+/* A value the walk counts: at most visit_cap of them (a pickle's memo can
+ * share one dict under 2^60 paths in a few bytes). */
+static int pt_visit(pt_load *L)
+{
+    if (++L->visits > L->visit_cap)
+        return dcpi_err(L->err, EIO, "%s: more values than its data.pkl has bytes: dicts or lists shared under "
+                        "many keys", L->path);
+    return 0;
+}
+
+/* Walk value v under key.part (a dict key, or a list index when part->str
+ * is NULL). */
+static int pt_walk_under(pt_load *L, const pk_node *v, const char *key, size_t klen, const dcp_path_part *part,
+                         int depth)
+{
+    char num[24];
+    const char *ps = part->str;
+    size_t pl = part->len;
+    if (!ps) {
+        pl = (size_t)snprintf(num, sizeof num, "%" PRId64, part->index);
+        ps = num;
+    }
+    size_t nl = klen + (klen ? 1 : 0) + pl;
+    if (nl < pl || (L->key_bytes += nl) > L->key_cap)
+        return dcpi_err(L->err, EIO, "%s: keys longer in all than its data.pkl can name: dicts shared under many "
+                        "keys", L->path);
+    L->stack[depth] = *part;
+    char *sub = malloc(nl + 1);
+    if (!sub)
+        return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
+    memcpy(sub, key, klen);
+    if (klen)
+        sub[klen] = '.';
+    memcpy(sub + klen + (klen ? 1 : 0), ps, pl);
+    sub[nl] = 0;
+    int rc = pt_walk(L, v, sub, nl, depth + 1);
+    free(sub);
+    return rc;
+}
+
+/* Whether torch's flatten_state_dict walks into list n (_traverse.py's
+ * _is_terminal): it holds a tensor, a dict, or a list it walks into.
+ * Otherwise the list is one value. */
+static int pt_list_walked(pt_load *L, const pk_node *n, int depth, int *walked)
+{
+    *walked = 0;
+    for (size_t i = 0; i < n->u.seq.n && !*walked; i++) {
+        const pk_node *v = n->u.seq.items[i];
+        if (pt_visit(L) < 0)
+            return -1;
+        if (dcpi_torch_is_tensor(v) || pk_as_dict(v))
+            *walked = 1;
+        else if (v && v->type == PK_LIST && depth < MAX_DEPTH && pt_list_walked(L, v, depth + 1, walked) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int depth)
 {
     if (depth > MAX_DEPTH)
         return dcpi_err(L->err, EIO, "%s: values nested too deeply", L->path);
+    if (pt_visit(L) < 0)
+        return -1;
     const pk_node *d = pk_as_dict(n);   /* a dict, or an OrderedDict (state_dict()) */
     if (d && (depth == 0 || d->u.dict.n)) {
         for (size_t i = 0; i < d->u.dict.n; i++) {
@@ -159,25 +223,28 @@ static int pt_walk(pt_load *L, const pk_node *n, char *key, size_t klen, int dep
             const char *ks = NULL;
             size_t kl = 0;
             /* Paths as torch 2.13's flatten_state_dict makes them: dict keys
-             * str()-converted (ints only for list indexes, which stay values
-             * here). */
+             * str()-converted, list indexes as ints. */
             if (!pk_key_text(k, part, &ks, &kl)) {
                 pt_skip(L, klen ? key : "(top level)", "a dict key that is neither a string nor an integer");
                 continue;
             }
-            L->stack[depth] = (dcpi_key_part){.str = ks, .len = kl};
-            size_t nl = klen + (klen ? 1 : 0) + kl;
-            char *sub = malloc(nl + 1);
-            if (!sub)
-                return dcpi_err(L->err, ENOMEM, "%s: out of memory", L->path);
-            memcpy(sub, key, klen);
-            if (klen)
-                sub[klen] = '.';
-            memcpy(sub + klen + (klen ? 1 : 0), ks, kl);
-            sub[nl] = 0;
-            int rc = pt_walk(L, d->u.dict.vals[i], sub, nl, depth + 1);
-            free(sub);
-            if (rc < 0)
+            if (memchr(ks, 0, kl)) {
+                pt_skip(L, klen ? key : "(top level)", "a dict key that holds a NUL byte");
+                continue;
+            }
+            dcp_path_part pp = {.str = ks, .len = kl};
+            if (pt_walk_under(L, d->u.dict.vals[i], key, klen, &pp, depth) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    int walked = 0;
+    if (depth > 0 && n && n->type == PK_LIST && pt_list_walked(L, n, depth, &walked) < 0)
+        return -1;
+    if (walked) {
+        for (size_t i = 0; i < n->u.seq.n; i++) {
+            dcp_path_part pp = {.index = (int64_t)i};
+            if (pt_walk_under(L, n->u.seq.items[i], key, klen, &pp, depth) < 0)
                 return -1;
         }
         return 0;
@@ -278,6 +345,8 @@ int dcpi_open_torch_file(const char *path, const dcpi_torch_hooks *hooks, dcp_ch
         goto out;
     L.pkl_start = pstart;
     L.pkl_len = pe->size;
+    L.visit_cap = 2 * pe->size + 64;             /* a value takes at least one opcode byte */
+    L.key_cap = 16 * pe->size + (1u << 20);      /* a key's parts are in it, once a dict */
     if (!(pkl = malloc(pe->size ? pe->size : 1))) {
         dcpi_err(err, ENOMEM, "%s: out of memory", path);
         goto out;

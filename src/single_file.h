@@ -7,18 +7,14 @@
 #include <stddef.h>
 
 #include "dcp.h"
-
-/* One dict key on the way from the file's top-level dict to a value. */
-typedef struct dcpi_key_part {
-    const char *str;
-    size_t len;
-} dcpi_key_part;
+#include "dcp_write.h"   /* dcp_path_part */
 
 /* What convert needs to know of a torch.save file's values. Every hook may
  * be NULL (dcp_open_file). */
 typedef struct dcpi_torch_hooks {
-    /* The dict keys leading to each value kept (n >= 1). 0, or -1 on out of memory. */
-    int (*path)(void *ctx, const char *key, size_t klen, const dcpi_key_part *parts, size_t n);
+    /* The dict keys and list indexes leading to each value kept (n >= 1). 0,
+     * or -1 on out of memory. */
+    int (*path)(void *ctx, const char *key, size_t klen, const dcp_path_part *parts, size_t n);
     /* Each value left out, with why. */
     void (*skipped)(void *ctx, const char *key, const char *why);
     void *ctx;

@@ -178,7 +178,9 @@ expect_fail "may not live inside" "$DCP" --catalog "$SCRATCH/single/m.safetensor
 
 # A torch.save file's plain values are bytes items (torch.save of each, as DCP stores them), so a
 # diff sees them; objects torch.load would rebuild are not keys, and every command says how many.
-# A value that shares one list 2^60 times (pickle's memo) ends the plain values at 256 MiB.
+# Lists are walked as torch's flatten_state_dict walks them (layers.0). A value that shares one
+# tuple 2^60 times (pickle's memo) ends the plain values at 256 MiB; a dict or list shared under
+# 2^40 keys is refused for what its few bytes could not hold.
 if python3 -c 'import torch' 2>/dev/null; then
     python3 - "$SCRATCH" <<'PY'
 import collections, sys, torch
@@ -186,17 +188,23 @@ d = sys.argv[1]
 torch.save({"w": torch.ones(2), "epoch": 5, "opt": {"lr": 0.1, "groups": [{"params": [0, 1]}]}}, f"{d}/plain.pt")
 torch.save({"w": torch.ones(2), "epoch": 5, "opt": {"lr": 0.2, "groups": [{"params": [0, 1]}]},
             "seen": collections.Counter("ab")}, f"{d}/plain2.pt")
-deep = []
+deep = ()
 for _ in range(60):
-    deep = [deep, deep]
+    deep = (deep, deep)
 torch.save({"w": torch.ones(2), "deep": deep, "after": 1}, f"{d}/deep.pt")
+for name, shared in (("dictbomb", {"t": torch.ones(1)}), ("listbomb", [torch.ones(1)])):
+    for _ in range(40):
+        shared = {"a": shared, "b": shared} if name == "dictbomb" else [shared, shared]
+    torch.save({"w": torch.ones(2), "bomb": shared}, f"{d}/{name}.pt")
+torch.save({"layers": [torch.ones(2), torch.zeros(3)], "mixed": [1, torch.arange(2)], "plain": [1, 2],
+            "nested": [[torch.ones(1)], {"a": torch.ones(4)}], "tup": (1, torch.ones(1))}, f"{d}/lists.pt")
 PY
     "$DCP" ls "$SCRATCH/plain.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || fail "ls of a .pt: $(cat "$SCRATCH/err")"
-    [ "$(awk 'NR > 1 {print $1, $2}' "$SCRATCH/out" | sort | tr '\n' ' ')" = "epoch bytes opt.groups bytes opt.lr bytes w float32 " ] ||
+    [ "$(awk 'NR > 1 {print $1, $2}' "$SCRATCH/out" | sort | tr '\n' ' ')" = "epoch bytes opt.groups.0.params bytes opt.lr bytes w float32 " ] ||
         fail "a .pt's plain values as bytes items: $(cat "$SCRATCH/out")"
     [ ! -s "$SCRATCH/err" ] || fail "a .pt of plain values only: $(cat "$SCRATCH/err")"
-    "$DCP" cat "$SCRATCH/plain.pt" opt.groups >"$SCRATCH/groups" || fail "cat of a plain value"
-    python3 -c 'import sys, torch; v = torch.load(sys.argv[1]); assert v == [{"params": [0, 1]}], v' "$SCRATCH/groups" ||
+    "$DCP" cat "$SCRATCH/plain.pt" opt.groups.0.params >"$SCRATCH/groups" || fail "cat of a plain value"
+    python3 -c 'import sys, torch; v = torch.load(sys.argv[1]); assert v == [0, 1], v' "$SCRATCH/groups" ||
         fail "a plain value's bytes item is not torch.save of it"
     rc=0; "$DCP" diff --content "$SCRATCH/plain.pt" "$SCRATCH/plain2.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || rc=$?
     [ $rc = 1 ] || fail "diff of two .pt differing in a plain value exited $rc"
@@ -206,9 +214,14 @@ PY
         fail "no note of the value left out: $(cat "$SCRATCH/err")"
     "$DCP" layout --json "$SCRATCH/plain.pt" epoch | python3 -c 'import json, sys; d = json.load(sys.stdin); assert d["memory"] and d["file"] == "plain.pt" and "offset" not in d, d' ||
         fail "layout of a plain value"
-    "$DCP" ls "$SCRATCH/deep.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || fail "ls of a .pt sharing one list: $(cat "$SCRATCH/err")"
+    "$DCP" ls "$SCRATCH/deep.pt" >"$SCRATCH/out" 2>"$SCRATCH/err" || fail "ls of a .pt sharing one tuple: $(cat "$SCRATCH/err")"
     [ "$(awk 'NR > 1 {print $1}' "$SCRATCH/out")" = w ] && grep -q "deep.pt: 2 values not shown" "$SCRATCH/err" ||
-        fail "a .pt sharing one list 2^60 times: $(cat "$SCRATCH/out" "$SCRATCH/err")"
+        fail "a .pt sharing one tuple 2^60 times: $(cat "$SCRATCH/out" "$SCRATCH/err")"
+    expect_fail "dictbomb.pt: more values than its data.pkl has bytes" "$DCP" ls "$SCRATCH/dictbomb.pt"
+    expect_fail "listbomb.pt: more values than its data.pkl has bytes" "$DCP" ls "$SCRATCH/listbomb.pt"
+    "$DCP" ls "$SCRATCH/lists.pt" >"$SCRATCH/out" || fail "ls of a .pt with lists"
+    [ "$(awk 'NR > 1 {print $1, $2}' "$SCRATCH/out" | sort | tr '\n' ' ')" = "layers.0 float32 layers.1 float32 mixed.0 bytes mixed.1 int64 nested.0.0 float32 nested.1.a float32 plain bytes " ] ||
+        fail "a .pt's lists as flatten_state_dict walks them: $(cat "$SCRATCH/out")"
 fi
 
 # Reading never writes into the checkpoint folder.

@@ -533,10 +533,12 @@ def test_key_with_a_lone_surrogate(tmp_path):
 
 
 def test_torch_save_training_state(tmp_path):
-    """A torch.save training state (model, AdamW, epoch, lr, a name) loads from the .pt
-    as torch.load gives it: tensors in place, plain values (param_groups and all)
-    replaced by theirs; an object torch.load would rebuild is no key."""
+    """A torch.save training state (model, AdamW, epoch, lr, a name, lists of tensors)
+    loads from the .pt as torch.load gives it: tensors in place, plain values
+    (param_groups' and all) replaced by theirs, lists walked as flatten_state_dict
+    walks them; an object torch.load would rebuild is no key."""
     import collections
+    import copy
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -544,17 +546,21 @@ def test_torch_save_training_state(tmp_path):
     opt.step()
     path = tmp_path / "train.pt"
     torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 7, "lr": 2.5e-4,
-                "name": "run\u00e9", "sched": {"milestones": [10, 20], "gamma": None}}, path)
+                "name": "run\u00e9", "sched": {"milestones": [10, 20], "gamma": None},
+                "ema": [torch.arange(3.0), torch.ones(2, 2)]}, path)
     want = torch.load(path, weights_only=True)
-    ours = {"model": {k: torch.zeros_like(v) for k, v in want["model"].items()},
-            "optim": {"state": {i: {k: torch.zeros_like(v) for k, v in st.items()}
-                                for i, st in want["optim"]["state"].items()},
-                      "param_groups": None},
-            "epoch": 0, "lr": 0.0, "name": "", "sched": {"milestones": [], "gamma": 1.0}}
+    ours = copy.deepcopy(want)
+    ours.update(epoch=0, lr=0.0, name="", sched={"milestones": [], "gamma": 1.0},
+                ema=[torch.zeros(3), torch.zeros(2, 2)])
+    ours["optim"]["param_groups"][0].update(lr=1.0, betas=(0.0, 0.0), params=[])
+    for t in list(ours["model"].values()) + [v for st in ours["optim"]["state"].values() for v in st.values()]:
+        t.zero_()
     dcpfs.torch.load(ours, str(path))
     assert ours["epoch"] == 7 and ours["lr"] == 2.5e-4 and ours["name"] == "run\u00e9"
     assert ours["sched"] == {"milestones": [10, 20], "gamma": None}
     assert ours["optim"]["param_groups"] == want["optim"]["param_groups"]
+    for a, b in zip(ours["ema"], want["ema"]):
+        tr._same(a, b, "ema")
     for k, v in want["model"].items():
         tr._same(ours["model"][k], v, k)
     for i, st in want["optim"]["state"].items():

@@ -29,7 +29,6 @@
 #include "dcp_file.h"   /* dcp_st_refusal */
 #include "single_file.h"
 
-#define MAX_DEPTH 64                  /* the reader's own limit on nested dicts */
 
 /* ---------------------------------------------------------------- formats */
 
@@ -48,16 +47,11 @@ typedef struct pt_hooks_ctx {
     void *skipped_ctx;
 } pt_hooks_ctx;
 
-/* The path hook: each kept value's dict keys, for planner_data. */
-static int path_of_value(void *ctx, const char *key, size_t klen, const dcpi_key_part *parts, size_t n)
+/* The path hook: each kept value's dict keys and list indexes, for planner_data. */
+static int path_of_value(void *ctx, const char *key, size_t klen, const dcp_path_part *parts, size_t n)
 {
     pt_hooks_ctx *h = ctx;
-    dcp_path_part pp[MAX_DEPTH + 1];
-    if (n > MAX_DEPTH + 1)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        pp[i] = (dcp_path_part){.str = parts[i].str, .len = parts[i].len};
-    return dcpw_kp_add(h->paths, key, klen, pp, n);
+    return dcpw_kp_add(h->paths, key, klen, parts, n);
 }
 
 static void skipped_value(void *ctx, const char *key, const char *why)
