@@ -239,7 +239,13 @@ class Reader(StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: PathLike) -> bool:
-        """True when libdcp can open ``checkpoint_id`` as a checkpoint."""
+        """True when libdcp can open ``checkpoint_id`` as a checkpoint.
+
+        The checkpoint is opened without the catalog (it is parsed, and
+        nothing is written to the catalog): this classmethod has no
+        ``catalog`` argument to honour, and a check must not record the
+        checkpoint for a user who reads it with ``catalog=False``.
+        """
         try:
             path = os.fspath(checkpoint_id)
         except TypeError:
@@ -247,7 +253,7 @@ class Reader(StorageReader):
         if not os.path.exists(path):
             return False
         try:
-            with dcpfs.open(path):
+            with dcpfs.open(path, catalog=False):
                 return True
         except (OSError, ValueError):
             return False

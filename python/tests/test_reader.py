@@ -394,6 +394,23 @@ def test_validate_and_metadata(tmp_path):
     assert md2.state_dict_metadata == md.state_dict_metadata
 
 
+def test_validate_writes_no_catalog(tmp_path, monkeypatch):
+    """validate_checkpoint_id parses the checkpoint without the catalog: it
+    records nothing for a user who reads with catalog=False."""
+    src = FIXTURES / "05_mixed_2ranks" / "ckpt"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    catalog = tmp_path / "cache" / "dcpfs" / "catalog.sqlite"
+    assert dcpfs.torch.Reader.validate_checkpoint_id(src)
+    assert not catalog.exists(), "validate_checkpoint_id created the catalog"
+    assert not (tmp_path / "cache").exists(), sorted(str(p) for p in (tmp_path / "cache").rglob("*"))
+    # the catalog is where this test looks: an open with it on records the checkpoint there
+    with dcpfs.open(src) as ck:
+        assert not ck.meta["from_catalog"]
+    assert catalog.is_file()
+    with dcpfs.open(src) as ck:
+        assert ck.meta["from_catalog"]
+
+
 def test_reset_and_reuse(tmp_path):
     """dcp.load(checkpoint_id=...) resets the reader onto that folder; a
     reader serves one load after another."""
