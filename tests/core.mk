@@ -1,7 +1,7 @@
 # Core and CLI integration tests.
 CORE_TESTS = tests/cli-fixtures.sh tests/cli-fixtures-large.sh tests/cli-errors.sh tests/cli-faults.sh \
 	tests/interop-dtensor.sh tests/metadata-rss.sh tests/core-layers.sh tests/cli-digest.sh \
-	tests/cli-digest-cast.sh tests/cli-partial.sh tests/keys-not-utf8.sh
+	tests/cli-digest-cast.sh tests/cli-partial.sh tests/keys-not-utf8.sh tests/cli-columns.sh
 TESTS += $(CORE_TESTS)
 dist_check_SCRIPTS += $(CORE_TESTS)
 # Per-rank DTensor files (torch-checkpointing, verl; src/rankfiles.c).

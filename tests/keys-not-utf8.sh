@@ -56,7 +56,7 @@ mpirun 2 "$DCPLOAD" "$S/bad" --json >"$S/load.json" 2>"$S/err" || fail "dcpload 
 got=$(keys_of "$S/load.json") || fail "dcpload --json is not JSON: $(head -c 600 "$S/load.json")"
 same_keys "dcpload --json" "$got" "$(python3 -c 'import json,sys; print(json.dumps([k for k in json.loads(sys.argv[1]) if k != "extra.epoch"]))' "$KEYS")"
 
-# text output: the stray bytes as \xHH, a valid é as it is (and its column padded by characters)
+# text output: the stray bytes as \xHH, a valid é as it is (and its column padded by display width: tests/cli-columns.sh)
 "$DCP" ls "$S/bad" >"$S/ls.txt" || fail "dcp ls"
 grep -q '^bad\\xff\\xe2\\x82key  ' "$S/ls.txt" || fail "dcp ls: the key with stray bytes: $(cat -v "$S/ls.txt")"
 grep -q '^sur\\xed\\xb2\\x80rogate  ' "$S/ls.txt" || fail "dcp ls: the surrogate key: $(cat -v "$S/ls.txt")"

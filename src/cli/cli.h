@@ -44,6 +44,13 @@ void cli_json_string(FILE *f, const char *s);
  * strict UTF-8) a copy with them written as \n, \t, \r, \xHH, valid until
  * the call after next. --json gives names exactly (dcp_key_json). */
 const char *cli_text(const char *s);
+/* The columns s (UTF-8, as cli_text gives) takes on a terminal: wcwidth of
+ * each character, in a UTF-8 locale whatever the environment's (the text is
+ * UTF-8 whatever it is): 2 for CJK, 0 for combining marks. */
+size_t cli_text_width(const char *s);
+/* Write s, then spaces up to width columns (none when it is wider): a column
+ * of a text table, padded by display width (printf's %-*s pads by bytes). */
+void cli_pad(FILE *f, const char *s, size_t width);
 /* Write a shape as a JSON array "[a,b]". */
 void cli_json_shape(FILE *f, const int64_t *v, int n);
 /* Human-readable byte count ("1.5 MiB"). buf must hold 32 bytes. */

@@ -79,11 +79,8 @@ int cmd_ls(int argc, char **argv)
                 shape_text(e, shape, sizeof shape);
             else
                 snprintf(shape, sizeof shape, "-");
-            const char *name = cli_text(e->key);
-            int cont = 0;   /* UTF-8 continuation bytes take no column: pad by characters */
-            for (const char *c = name; *c; c++)
-                cont += (*c & 0xc0) == 0x80;
-            printf("%-*s %-10s %-20s %s\n", 48 + cont, name,
+            cli_pad(stdout, cli_text(e->key), 48);   /* by display width: CJK 2 columns, marks 0 */
+            printf(" %-10s %-20s %s\n",
                    e->kind == DCP_KIND_TENSOR ? dcp_dtype_name(e->dtype) : "bytes", shape,
                    cli_human_bytes(nbytes, human));
         }

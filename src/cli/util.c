@@ -1,5 +1,7 @@
 /* Helpers shared by the dcp subcommands. */
 #include <errno.h>
+#include <langinfo.h>
+#include <locale.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -7,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include "cli.h"
 #include "dcp_file.h"   /* dcp_open_file */
@@ -138,6 +141,67 @@ const char *cli_text(const char *s)
     }
     dcp_key_text(s, buf[t], n + 1);
     return buf[t];
+}
+
+/* A UTF-8 LC_CTYPE for measuring text: the user's locale when it is UTF-8
+ * (its width table is the one the terminal most likely follows), else
+ * C.UTF-8. (locale_t)0 when there is none. Only cli_text_width uses it
+ * (uselocale, for this thread alone): the program's locale stays "C", so
+ * nothing else (fnmatch of --keys, messages) changes with the environment. */
+static locale_t utf8_ctype(void)
+{
+    static locale_t loc;
+    static int tried;
+    if (tried)
+        return loc;
+    tried = 1;
+    static const char *const names[] = {"", "C.UTF-8", "C.utf8", "en_US.UTF-8"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !loc; i++) {
+        loc = newlocale(LC_CTYPE_MASK, names[i], (locale_t)0);
+        if (loc && strcmp(nl_langinfo_l(CODESET, loc), "UTF-8") != 0) {
+            freelocale(loc);
+            loc = (locale_t)0;
+        }
+    }
+    return loc;
+}
+
+size_t cli_text_width(const char *s)
+{
+    locale_t loc = utf8_ctype();
+    size_t cols = 0;
+    if (!loc) {   /* no UTF-8 locale: one column a character */
+        for (; *s; s++)
+            cols += (*s & 0xc0) != 0x80;
+        return cols;
+    }
+    locale_t old = uselocale(loc);
+    mbstate_t st;
+    memset(&st, 0, sizeof st);
+    size_t left = strlen(s);
+    while (left) {
+        wchar_t wc;
+        size_t n = mbrtowc(&wc, s, left, &st);
+        if (n == (size_t)-1 || n == (size_t)-2 || n == 0) {   /* not UTF-8 (cli_text never gives it) */
+            memset(&st, 0, sizeof st);
+            n = 1;
+            cols++;
+        } else {
+            int w = wcwidth(wc);
+            cols += w > 0 ? (size_t)w : 0;   /* combining marks 0, C1 controls -1: no column */
+        }
+        s += n;
+        left -= n;
+    }
+    uselocale(old);
+    return cols;
+}
+
+void cli_pad(FILE *f, const char *s, size_t width)
+{
+    fputs(s, f);
+    for (size_t w = cli_text_width(s); w < width; w++)
+        fputc(' ', f);
 }
 
 void cli_json_shape(FILE *f, const int64_t *v, int n)
