@@ -105,14 +105,22 @@ for run in INT:130:new TERM:143:given HUP:129:many; do
     [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "synth $dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
 done
 rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
-# A synth that fails part way (the writer refuses the first chunk's shape, its strides overflow,
-# after creating the shard file) leaves nothing either; a full disk: tests/writer-synth-full.sh.
-expect_fail "overflow" $DCP synth "$SCRATCH/part" --keys 2 --shape 0,9223372036854775807 --ranks 4 --shard cols
-[ ! -e "$SCRATCH/part" ] || fail "a failed synth left $SCRATCH/part: $(ls -A "$SCRATCH/part")"
-mkdir "$SCRATCH/part"
-expect_fail "overflow" $DCP synth "$SCRATCH/part" --keys 2 --shape 0,9223372036854775807 --ranks 4 --shard cols
-[ -z "$(ls -A "$SCRATCH/part")" ] || fail "a failed synth left in the folder given: $(ls -A "$SCRATCH/part")"
-rmdir "$SCRATCH/part"
+# A shape the writer refuses (its strides overflow int64, or an element count past 2^59, counted
+# from either end: a 0 does not make it fit) is refused by synth up front, naming DST and the
+# shape, before anything is created: DST's missing parent is not the error, a folder given stays
+# empty. (It failed at the first chunk, naming only the key; a synth that fails part way, a full
+# disk, is in tests/writer-synth-full.sh.)
+for shape in 0,9223372036854775807 4611686018427387904,0 3,4294967296,4294967296; do
+    expect_fail "$SCRATCH/nodir/part: shape [$shape]: too large (its strides or element count overflow)" \
+        $DCP synth "$SCRATCH/nodir/part" --keys 2 --shape $shape --ranks 4 --shard cols
+    expect_fail "$SCRATCH/part: shape [$shape]: too large" $DCP synth "$SCRATCH/part" --total 1M --shape $shape
+    [ ! -e "$SCRATCH/part" ] || fail "a refused synth created $SCRATCH/part: $(ls -A "$SCRATCH/part")"
+    mkdir "$SCRATCH/part"
+    expect_fail "$SCRATCH/part: shape [$shape]: too large" $DCP synth "$SCRATCH/part" --keys 2 --shape $shape
+    [ -z "$(ls -A "$SCRATCH/part")" ] || fail "a refused synth wrote in the folder given: $(ls -A "$SCRATCH/part")"
+    rmdir "$SCRATCH/part"
+done
+[ ! -e "$SCRATCH/nodir" ] || fail "a refused synth created $SCRATCH/nodir"
 # Chunks are bounded before anything is written (DCP_SYNTH_CHUNKS_MAX, 2^24): a zero-size key has
 # no bytes but costs a chunk's record in memory and a torch.save archive on disk; a huge --keys
 # ran on without end. The count is of the chunks a key is written as (compared with a small one).

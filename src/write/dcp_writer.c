@@ -192,10 +192,8 @@ int dcp_ckpt_add_tensor(dcp_ckpt_writer *w, const char *key, dcp_dtype dt, int n
 {
     if (!dcp_dtype_name(dt) || ndim < 0 || ndim > DCPI_MAX_NDIM)
         return dcpi_err(err, EINVAL, "%s: %s: bad dtype or number of dimensions", w->dir, key);
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++)
-        if (shape[d] < 0 || !dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > INT64_MAX / 16)
-            return dcpi_err(err, EINVAL, "%s: %s: bad shape", w->dir, key);
+    if (pw_tensor_shape_check(w->dir, key, ndim, shape, err) < 0)   /* the rule its chunks' pickles follow */
+        return -1;
     wkey *k;
     if (new_key(w, key, DCP_KIND_TENSOR, &k, err) < 0)
         return -1;

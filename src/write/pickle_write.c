@@ -5,6 +5,8 @@
  * Positions that must survive flushes (the open frame, each open batch's
  * MARK) are kept as absolute output offsets: buffer index = offset - written. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -521,6 +523,44 @@ static void int_tuple(pw *w, const int64_t *v, int n)
     pw_tuple_end(w, (size_t)n);
 }
 
+int pw_tensor_shape_fits(int ndim, const int64_t *shape)
+{
+    /* Contiguous strides, with torch's max(size, 1) for empty dimensions;
+     * the element count of every leading and every trailing block (a size
+     * of 0 does not make a huge block before or after it fit). */
+    int64_t s = 1;
+    uint64_t tail = 1, head = 1;
+    if (ndim < 0 || ndim > DCPI_MAX_NDIM)
+        return 0;
+    for (int d = ndim - 1; d >= 0; d--)
+        if (shape[d] < 0 || __builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s) ||
+            !dcpi_mul_u64(tail, (uint64_t)shape[d], &tail) || tail > INT64_MAX / 16)
+            return 0;
+    for (int d = 0; d < ndim; d++)
+        if (!dcpi_mul_u64(head, (uint64_t)shape[d], &head) || head > INT64_MAX / 16)
+            return 0;
+    return 1;
+}
+
+int pw_tensor_shape_check(const char *dir, const char *key, int ndim, const int64_t *shape, dcp_error *err)
+{
+    if (pw_tensor_shape_fits(ndim, shape))
+        return 0;
+    if (ndim < 0 || ndim > DCPI_MAX_NDIM)
+        return dcpi_err(err, EINVAL, "%s%s%s: %d dimensions (at most %d)", dir, key ? ": " : "", key ? key : "",
+                        ndim, DCPI_MAX_NDIM);
+    char shp[DCPI_MAX_NDIM * 21 + 1];
+    size_t used = 0;
+    int negative = 0;
+    for (int d = 0; d < ndim; d++) {
+        used += (size_t)snprintf(shp + used, sizeof shp - used, "%s%" PRId64, d ? "," : "", shape[d]);
+        negative |= shape[d] < 0;
+    }
+    shp[used] = 0;
+    return dcpi_err(err, EINVAL, "%s%s%s: shape [%s]: %s", dir, key ? ": " : "", key ? key : "", shp,
+                    negative ? "a negative size" : "too large (its strides or element count overflow)");
+}
+
 void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const char *storage_key)
 {
     const char *storage = dcp_dtype_storage(dt);
@@ -530,15 +570,15 @@ void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const 
         fail(w, EINVAL, "bad tensor dtype or rank");
         return;
     }
-    /* Contiguous strides, with torch's max(size, 1) for empty dimensions. */
-    int64_t s = 1;
+    if (!pw_tensor_shape_fits(ndim, shape)) {
+        fail(w, EOVERFLOW, "tensor shape too large (its strides or element count overflow)");
+        return;
+    }
+    int64_t s = 1;   /* no overflow: pw_tensor_shape_fits */
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
-        if (shape[d] < 0 || __builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s) ||
-            !dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > INT64_MAX / 16) {
-            fail(w, EOVERFLOW, "tensor shape too large (its strides or element count overflow)");
-            return;
-        }
+        s *= shape[d] > 1 ? shape[d] : 1;
+        numel *= (uint64_t)shape[d];
     }
     pw_global(w, "torch._utils", storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     size_t nargs = storage ? 6 : 7;

@@ -93,6 +93,16 @@ void pw_get(pw *w, uint64_t idx);
  * OrderedDict()), or _rebuild_tensor_v3 with torch.UntypedStorage (numel in
  * bytes) and the dtype for the dtypes torch.save stores untyped. */
 void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const char *storage_key);
+/* The writers' rule for a tensor's shape: 1 when it has 0 to DCPI_MAX_NDIM
+ * dimensions, no size negative, contiguous strides (torch's, an empty
+ * dimension counted as 1) that fit int64, and an element count at most
+ * INT64_MAX / 16 (its bytes fit int64 for every dtype) counted from either
+ * end. A box inside a shape that fits fits too. pw_torch_tensor fails on
+ * a shape that does not fit, dcp_ckpt_add_tensor refuses it. */
+int pw_tensor_shape_fits(int ndim, const int64_t *shape);
+/* 0 when the shape fits, else -1 with err: "DIR: KEY: shape [a,b]: too
+ * large (...)" (or "a negative size"; "DIR: shape ..." when key is NULL). */
+int pw_tensor_shape_check(const char *dir, const char *key, int ndim, const int64_t *shape, dcp_error *err);
 /* torch.Size(v) as the .metadata writer pickles it: REDUCE(torch.Size, (v,)). */
 void pw_torch_size(pw *w, const int64_t *v, int n);
 

@@ -257,13 +257,13 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
         o->chunks_per_key < 1 || o->chunks_per_key > 1 << 20)
         return dcpi_err(err, EINVAL, "%s: bad synth options (ranks 1..65536, up to 8 dimensions, chunks per key >= 1)",
                         dir);
-    for (int d = 0; d < o->ndim; d++)
-        if (o->shape[d] < 0)
-            return dcpi_err(err, EINVAL, "%s: negative shape", dir);
+    /* The writer's rule (dcp_ckpt_add_tensor's), before anything is created:
+     * every chunk is a box inside the shape, so none is refused later. */
+    if (pw_tensor_shape_check(dir, NULL, o->ndim, o->shape, err) < 0)
+        return -1;
     uint64_t numel = 1, kbytes, total;
     for (int d = 0; d < o->ndim; d++)
-        if (!dcpi_mul_u64(numel, (uint64_t)o->shape[d], &numel))
-            return dcpi_err(err, EINVAL, "%s: shape too large", dir);
+        numel *= (uint64_t)o->shape[d];   /* no overflow: pw_tensor_shape_fits */
     if (!dcpi_mul_u64(numel, dcp_dtype_size(o->dtype), &kbytes) || !dcpi_mul_u64(kbytes, o->nkeys, &total))
         return dcpi_err(err, EINVAL, "%s: checkpoint too large", dir);
 

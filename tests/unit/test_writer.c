@@ -595,6 +595,10 @@ START_TEST(dcp_writer_errors)
     ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) == 0);
     ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) < 0);
     ck_assert(strstr(err.msg, "declared twice"));
+    /* A shape its chunks' pickles could not hold is refused when declared, named. */
+    const int64_t wide[] = {0, INT64_MAX};
+    ck_assert(dcp_ckpt_add_tensor(w, "wide", DCP_INT8, 2, wide, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "/bad: wide: shape [0,9223372036854775807]: too large"), "%s", err.msg);
     ck_assert(dcp_ckpt_add_chunk(w, "t", 0, out, sz, &s, 0, NULL, &err) < 0);
     ck_assert(strstr(err.msg, "outside"));
     ck_assert(dcp_ckpt_add_chunk(w, "t", 0, off, sz, &s, 0, NULL, &err) == 0);
@@ -673,6 +677,14 @@ static int empty_folder(const char *path)
 /* A synthetic checkpoint that fails (bounded up front, interrupted, refused
  * by the writer part way) leaves nothing: the folder goes when it made it,
  * a given empty folder stays empty. */
+/* synth_failures' cancel flag, set by synth's progress call after a key. */
+static volatile sig_atomic_t stop_after_key;
+static void stop_at_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    (void)ctx, (void)done, (void)total;
+    stop_after_key = 1;
+}
+
 START_TEST(synth_failures)
 {
     char dir[400], given[400];
@@ -712,21 +724,40 @@ START_TEST(synth_failures)
     ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0 && err.code == ECANCELED);
     ck_assert(empty_folder(given));
 
-    /* Refused part way: the pickle of the first chunk overflows its strides
-     * after __0_0.distcp was created. */
+    /* A shape the writer refuses (its strides overflow: a 0 in front does
+     * not make it fit) is refused up front, naming the folder and the
+     * shape: nothing is created, not even a missing parent's error comes
+     * first. (It failed at the first chunk's pickle, naming the key.) */
     stop = 0;
     o.ndim = 2;
     o.shape[0] = 0;
     o.shape[1] = INT64_MAX;
     o.shard = DCP_SHARD_COLS;
-    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0);
-    ck_assert_msg(strstr(err.msg, "overflow"), "%s", err.msg);
-    ck_assert(!empty_folder(dir));
+    char nodir[420], want[520];
+    snprintf(nodir, sizeof nodir, "%s/nodir/s", tmpdir);
+    snprintf(want, sizeof want, "%s: shape [0,9223372036854775807]: too large (its strides or element count overflow)",
+             nodir);
+    ck_assert(dcp_synth_checkpoint(nodir, &o, &err) < 0);
+    ck_assert_int_eq(err.code, EINVAL);
+    ck_assert_msg(!strcmp(err.msg, want), "%s", err.msg);
     ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "shape [0,9223372036854775807]: too large"), "%s", err.msg);
     ck_assert(empty_folder(given));
 
-    /* And a good one into the folder given. */
+    /* Stopped part way, after __0_0.distcp was created (the flag set once
+     * the first key is written): nothing is left. */
     o.shape[0] = o.shape[1] = 4;
+    o.cancel = &stop_after_key;
+    o.progress = stop_at_progress;
+    ck_assert(dcp_synth_checkpoint(dir, &o, &err) < 0 && err.code == ECANCELED);
+    ck_assert(!empty_folder(dir));
+    stop_after_key = 0;
+    ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0 && err.code == ECANCELED);
+    ck_assert(empty_folder(given));
+    o.cancel = &stop;
+    o.progress = NULL;
+
+    /* And a good one into the folder given. */
     ck_assert_msg(dcp_synth_checkpoint(given, &o, &err) == 0, "%s", err.msg);
     char meta[420];
     snprintf(meta, sizeof meta, "%s/.metadata", given);
