@@ -105,6 +105,56 @@ for run in INT:130:new TERM:143:given HUP:129:many; do
     [ -z "$(ls -A "$SCRATCH/intr")" ] || fail "synth $dst: SIG$sig left behind: $(ls -A "$SCRATCH/intr")"
 done
 rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
+# A signal while .metadata is written (the last step before it is renamed into place) stops synth
+# and convert as an earlier one does: nothing left, exit by the signal. (They went on: a complete
+# checkpoint and exit 0.) The command is frozen (SIGSTOP) at a moment .metadata.tmp exists and
+# .metadata does not, sent the signal, and let go. Once .metadata is in place it is complete:
+# exit 0 is right then, so a run that got past it before the freeze is tried again.
+# at_metadata SIG WANT TMPGLOB FINAL CMD...: TMPGLOB the .metadata.tmp (a glob), FINAL the .metadata
+at_metadata() {
+    local sig=$1 want=$2 tmpglob=$3 final=$4 try i pid rc state caught f
+    shift 4
+    for try in 1 2 3 4 5; do
+        "$@" 2>"$SCRATCH/fin.err" &
+        pid=$!
+        caught=
+        for ((i = 0; i < 20000; i++)); do
+            for f in $tmpglob; do
+                [ -e "$f" ] || continue
+                kill -STOP $pid 2>/dev/null || break
+                state=
+                until [ "$state" = T ] || [ ! -e /proc/$pid/stat ]; do read -r _ _ state _ </proc/$pid/stat || break; done
+                if [ "$state" = T ] && [ -e "$f" ] && [ ! -e "$final" ]; then
+                    kill -$sig $pid && caught=1
+                fi
+                kill -CONT $pid
+                break 2
+            done
+            kill -0 $pid 2>/dev/null || break
+            sleep 0.001
+        done
+        rc=0; wait $pid || rc=$?
+        if [ -n "$caught" ]; then
+            [ $rc = $want ] || fail "$*: SIG$sig while .metadata was written: exit $rc, not $want: $(cat "$SCRATCH/fin.err")"
+            grep -q ": interrupted (" "$SCRATCH/fin.err" || fail "$*: SIG$sig: $(cat "$SCRATCH/fin.err")"
+            echo "dcp $2: SIG$sig while .metadata was written (run $try): exit $rc"
+            return 0
+        fi
+        [ $rc = 0 ] || fail "$*: exit $rc: $(cat "$SCRATCH/fin.err")"
+        rm -rf "$SCRATCH/fin"
+        mkdir "$SCRATCH/fin"
+    done
+    fail "$*: never caught while .metadata.tmp existed in 5 runs (make it bigger)"
+}
+mkdir "$SCRATCH/fin"
+at_metadata TERM 143 "$SCRATCH/fin/s/.metadata.tmp" "$SCRATCH/fin/s/.metadata" \
+    "$DCP" synth "$SCRATCH/fin/s" --keys 20000 --shape 1 --dtype int8
+[ -z "$(ls -A "$SCRATCH/fin")" ] || fail "synth: SIGTERM while .metadata was written left: $(ls -A "$SCRATCH/fin")"
+"$DCP" synth "$SCRATCH/many" --keys 20000 --shape 1 --dtype int8 || fail "synth for convert's .metadata"
+at_metadata INT 130 "$SCRATCH/fin/.c.tmp-*/.metadata.tmp" "$SCRATCH/fin/c" \
+    "$DCP" convert -q --no-sync "$SCRATCH/many" "$SCRATCH/fin/c"
+[ -z "$(ls -A "$SCRATCH/fin")" ] || fail "convert: SIGINT while .metadata was written left: $(ls -A "$SCRATCH/fin")"
+rm -rf "$SCRATCH/fin" "$SCRATCH/many" "$SCRATCH/fin.err"
 # A shape the writer refuses (its strides overflow int64, or an element count past 2^59, counted
 # from either end: a 0 does not make it fit) is refused by synth up front, naming DST and the
 # shape, before anything is created: DST's missing parent is not the error, a folder given stays

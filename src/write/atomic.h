@@ -30,4 +30,10 @@ int dcpw_fsync_dir(const char *dir, dcp_error *err);
  * it only frees, as dcp_ckpt_free. */
 void dcpw_ckpt_discard(dcp_ckpt_writer *w, const char *dir);
 
+/* dcp_ckpt_finish that fails with ECANCELED (removing .metadata.tmp) when
+ * cancel is not NULL and *cancel is set just before .metadata is renamed
+ * into place: a signal while the data files are synced or .metadata is
+ * written stops the writer as one between its pieces does. */
+int dcpw_ckpt_finish(dcp_ckpt_writer *w, volatile sig_atomic_t *cancel, dcp_error *err);
+
 #endif

@@ -483,6 +483,8 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     }
     if (rc == 0 && !single && sync)
         rc = dcpw_fsync_dir(tmp, err);
+    if (rc == 0 && !single)   /* a signal while .metadata (or the index) was written, or files synced */
+        rc = canceled(&s, err);
     if (rc == 0 && !single)
         rc = dcpw_rename(tmp, dst, 1, sync, err);
     if (rc == 0 && s.done < s.total && opt->progress)   /* the last bytes went by kernel copy */

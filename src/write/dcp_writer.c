@@ -589,6 +589,11 @@ static void write_metadata(dcp_ckpt_writer *w, pw *p)
 
 int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err)
 {
+    return dcpw_ckpt_finish(w, NULL, err);
+}
+
+int dcpw_ckpt_finish(dcp_ckpt_writer *w, volatile sig_atomic_t *cancel, dcp_error *err)
+{
     if (w->finished)
         return dcpi_err(err, EINVAL, "%s: finished twice", w->dir);
     if (check_coverage(w, err) < 0)
@@ -617,6 +622,10 @@ int dcp_ckpt_finish(dcp_ckpt_writer *w, dcp_error *err)
         rc = dcpi_err(err, errno, "%s: fsync: %s", what, strerror(errno));
     if (close(fd) < 0 && rc == 0)
         rc = dcpi_err(err, errno, "%s: close: %s", what, strerror(errno));
+    /* The last moment to stop: once .metadata is in place the checkpoint is
+     * complete, and a signal that came while it was written is honoured. */
+    if (rc == 0 && cancel && *cancel)
+        rc = dcpi_err(err, ECANCELED, "%s: interrupted", w->dir);
     if (rc == 0 && renameat(w->dirfd, ".metadata.tmp", w->dirfd, ".metadata") < 0)
         rc = dcpi_err(err, errno, "%s/.metadata: rename: %s", w->dir, strerror(errno));
     if (rc == 0 && sync)

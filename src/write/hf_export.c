@@ -156,6 +156,8 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
     int sync = !(opt->flags & DCP_EXPORT_NO_SYNC);
     if (rc == 0 && sync)
         rc = dcpw_fsync_dir(tmp, err);
+    if (rc == 0 && opt->cancel && *opt->cancel)   /* a signal while the last file was synced */
+        rc = dcpi_err(err, ECANCELED, "%s: interrupted: nothing was written", dst);
     if (rc == 0)
         rc = dcpw_rename(tmp, dst, 1, sync, err);
     if (rc < 0 && tmp[0])

@@ -333,7 +333,7 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
     if (rc == 0)
         rc = canceled(o, dir, err);
     if (rc == 0)
-        rc = dcp_ckpt_finish(w, err);
+        rc = dcpw_ckpt_finish(w, o->cancel, err);   /* a signal before .metadata is in place stops it too */
     /* A failure leaves nothing that looks like a checkpoint, and nothing of
      * someone else's is touched: the rank files this writer created go, and
      * dir too when it made the folder. */

@@ -17,6 +17,7 @@
 #include "dcp_write.h"
 #include "internal.h"
 #include "pickle.h"
+#include "write/atomic.h"
 #include "write/pickle_write.h"
 #include "zip.h"
 #include "write/zip_write.h"
@@ -620,6 +621,47 @@ START_TEST(dcp_writer_errors)
 }
 END_TEST
 
+/* A stop asked for while the data files were synced or .metadata written
+ * (a signal to dcp synth or convert) is honoured just before the rename:
+ * ECANCELED, neither .metadata nor .metadata.tmp; the writer then finishes
+ * or is discarded as after any failure. (The public dcp_ckpt_finish has no
+ * flag: it finished regardless, and synth exited 0.) */
+START_TEST(dcp_writer_cancel_at_finish)
+{
+    for (int discard = 0; discard < 2; discard++) {
+        char dir[300], meta[400], tmp[400], data[400];
+        snprintf(dir, sizeof dir, "%s/cancel%d", tmpdir, discard);
+        snprintf(meta, sizeof meta, "%s/.metadata", dir);
+        snprintf(tmp, sizeof tmp, "%s/.metadata.tmp", dir);
+        snprintf(data, sizeof data, "%s/__0_0.distcp", dir);
+        dcp_error err;
+        dcp_ckpt_writer *w;
+        ck_assert(dcp_ckpt_create(dir, NULL, &w, &err) == 0);
+        const int64_t shape[] = {4}, off[] = {0};
+        char zeros[16] = {0};
+        dcp_source s = {.fill = mem_fill, .ctx = zeros};
+        ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) == 0);
+        ck_assert(dcp_ckpt_add_chunk(w, "t", 0, off, shape, &s, 0, NULL, &err) == 0);
+        volatile sig_atomic_t stop = SIGTERM;
+        ck_assert(dcpw_ckpt_finish(w, &stop, &err) < 0);
+        ck_assert_int_eq(err.code, ECANCELED);
+        ck_assert_msg(strstr(err.msg, "/cancel") && strstr(err.msg, ": interrupted"), "%s", err.msg);
+        struct stat st;
+        ck_assert(stat(meta, &st) < 0 && errno == ENOENT);
+        ck_assert(stat(tmp, &st) < 0 && errno == ENOENT);
+        if (discard) {
+            dcpw_ckpt_discard(w, dir);
+            ck_assert(stat(dir, &st) < 0 && errno == ENOENT);
+        } else {
+            stop = 0;   /* nothing else stopped it: without the flag it finishes */
+            ck_assert_msg(dcpw_ckpt_finish(w, &stop, &err) == 0, "%s", err.msg);
+            dcp_ckpt_free(w);
+            ck_assert(stat(meta, &st) == 0 && stat(data, &st) == 0);
+        }
+    }
+}
+END_TEST
+
 static uint64_t splitmix(uint64_t z)
 {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -1006,6 +1048,7 @@ int main(void)
     tcase_add_test(t, pump_paths);
     tcase_add_test(t, dcp_writer_roundtrip);
     tcase_add_test(t, dcp_writer_errors);
+    tcase_add_test(t, dcp_writer_cancel_at_finish);
     tcase_add_test(t, synth_formula);
     tcase_add_test(t, synth_failures);
     tcase_add_test(t, parse_size);
