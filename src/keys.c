@@ -107,7 +107,9 @@ size_t dcp_key_text(const char *key, char *out, size_t cap)
         long cp = utf8_next(p, &n);
         const char *put = (const char *)p;
         size_t len = n;
-        if (cp < 0 || is_surrogate(cp) || cp < 0x20 || cp == 0x7f) {   /* one byte, escaped */
+        /* C0, DEL and C1 controls (U+009B is a terminal's CSI) and what is not
+         * UTF-8: one byte at a time, escaped */
+        if (cp < 0 || is_surrogate(cp) || cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) {
             n = 1;
             if (*p == '\n' || *p == '\t' || *p == '\r')
                 snprintf(esc, sizeof esc, "\\%c", *p == '\n' ? 'n' : *p == '\t' ? 't' : 'r');

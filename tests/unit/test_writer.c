@@ -1001,6 +1001,8 @@ START_TEST(key_utf8_and_json)
     ck_assert_str_eq(out, "caf\xc3\xa9.w");
     ck_assert_uint_eq(dcp_key_text("a\nb\x1b[\x7f\xff\xed\xb2\x80", out, sizeof out), 29);
     ck_assert_str_eq(out, "a\\nb\\x1b[\\x7f\\xff\\xed\\xb2\\x80");
+    ck_assert_uint_eq(dcp_key_text("a\xc2\x9b""31m\xc2\xa0", out, sizeof out), 14);   /* C1 CSI escaped, NBSP kept */
+    ck_assert_str_eq(out, "a\\xc2\\x9b31m\xc2\xa0");
     ck_assert_uint_eq(dcp_key_text("a\nb", NULL, 0), 4);
     ck_assert_uint_eq(dcp_key_text("a\nbcdef", out, 4), 8);      /* snprintf's contract: cut, terminated */
     ck_assert_str_eq(out, "a\\n");
