@@ -109,12 +109,12 @@ rm -rf "$SCRATCH/s/big" "$SCRATCH/intr" "$SCRATCH/intr.err"
 # and convert as an earlier one does: nothing left, exit by the signal. (They went on: a complete
 # checkpoint and exit 0.) The command is frozen (SIGSTOP) at a moment .metadata.tmp exists and
 # .metadata does not, sent the signal, and let go. Once .metadata is in place it is complete:
-# exit 0 is right then, so a run that got past it before the freeze is tried again.
+# exit 0 is right then, so a run that got past it before the freeze is tried again (10 times).
 # at_metadata SIG WANT TMPGLOB FINAL CMD...: TMPGLOB the .metadata.tmp (a glob), FINAL the .metadata
 at_metadata() {
     local sig=$1 want=$2 tmpglob=$3 final=$4 try i pid rc state caught f
     shift 4
-    for try in 1 2 3 4 5; do
+    for try in 1 2 3 4 5 6 7 8 9 10; do
         "$@" 2>"$SCRATCH/fin.err" &
         pid=$!
         caught=
@@ -144,7 +144,7 @@ at_metadata() {
         rm -rf "$SCRATCH/fin"
         mkdir "$SCRATCH/fin"
     done
-    fail "$*: never caught while .metadata.tmp existed in 5 runs (make it bigger)"
+    fail "$*: never caught while .metadata.tmp existed in 10 runs (make it bigger)"
 }
 mkdir "$SCRATCH/fin"
 at_metadata TERM 143 "$SCRATCH/fin/s/.metadata.tmp" "$SCRATCH/fin/s/.metadata" \
