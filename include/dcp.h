@@ -252,13 +252,27 @@ enum {
      * catalog neither serves nor stores such a model (DCP_OPEN_CATALOG is
      * ignored). An entry whose stored chunks are not what Megatron-Core
      * writes keeps its stored shape; other checkpoints are not changed. */
-    DCP_OPEN_MEGATRON_FOLD = 1u << 1
+    DCP_OPEN_MEGATRON_FOLD = 1u << 1,
+    /* One rank's view of a rank-local checkpoint (a save with
+     * use_collectives=False: one __R.metadata per rank, no .metadata): only
+     * the folder's __R.metadata for R = dcp_open_options.rank (decimal, as
+     * torch names it) is read, so the model holds that rank's items and
+     * names only the shard files it lists. This is what torch's dcp.load
+     * reads on rank R (FileSystemReader.read_metadata(rank=R)), where ranks
+     * that saved other values under one key each get their own. Without the
+     * flag dcp_open merges every rank's file (see dcp_entry_replicated). The
+     * file is read whether or not the folder also holds a .metadata; no
+     * __R.metadata is ENOENT naming it. The catalog is not used
+     * (DCP_OPEN_CATALOG is ignored). Since DCP_0.2 (dcp_open_ex only). */
+    DCP_OPEN_RANK = 1u << 2
 };
 
 typedef struct dcp_open_options {
     size_t size;               /* sizeof(dcp_open_options): set by DCP_OPEN_OPTIONS_INIT */
     unsigned flags;            /* DCP_OPEN_* */
     const char *catalog;       /* catalog file; NULL: $XDG_CACHE_HOME/dcpfs/catalog.sqlite */
+    /* Appended in 0.2 (a struct of the first sized layout, without it, reads as 0): */
+    unsigned rank;             /* with DCP_OPEN_RANK: the rank whose __R.metadata is read */
 } dcp_open_options;
 #define DCP_OPEN_OPTIONS_INIT {.size = sizeof(dcp_open_options)}
 
@@ -337,6 +351,15 @@ const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
  * the message names the checkpoint and the key (or index). */
 int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err);
 int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err);
+/* A rank-local checkpoint opened whole (its __R.metadata files merged, the
+ * default): 1 when e's item (a bytes item) or one of its boxes is listed by
+ * more than one rank's file. The merged view reads such a box from the
+ * lowest rank's shard, whereas torch's dcp.load gives each rank its own
+ * file's, which may hold other values (ranks that saved a per-rank value
+ * under one key): DCP_OPEN_RANK opens one rank's view. 0 for every other
+ * entry, for a rank's view and for every other kind of checkpoint. Since
+ * DCP_0.2. */
+int dcp_entry_replicated(const dcp_checkpoint *ck, const dcp_entry *e);
 /* Keys in byte (strcmp) order, for listings by key prefix that need not hold
  * every key: *out is the entry with the smallest key >= from, or NULL when
  * there is none. The key right after k is the one >= k followed by "\x01". A

@@ -68,7 +68,7 @@ int dcpi_open_ex_0_1(const char *path, const open_options_0_1 *old, dcp_checkpoi
 {
     dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
     if (old) {
-        o.flags = old->flags;
+        o.flags = old->flags & ~(unsigned)DCP_OPEN_RANK;   /* (0.1 had no rank field to go with it) */
         o.catalog = old->catalog;
     }
     return dcp_open_ex(path, &o, out, err);

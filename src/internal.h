@@ -115,6 +115,7 @@ struct dcpi_entry_priv {
     const struct dcpi_fold *fold;   /* megatron_fold.c: the entry shown in its original shape */
     int tiling;                /* planner.c, atomically: 0 not known yet, 1 no two chunks
                                   overlap, 2 some do */
+    int replicated;            /* metadata.c: several __R.metadata files list the item or a box */
 };
 
 /* A Megatron-Core tensor stored reformulated, as the .metadata's mcore_data
@@ -177,6 +178,7 @@ struct dcp_checkpoint {
 
     dcp_info info;
     int from_catalog;              /* the model was rebuilt from the catalog (open.c) */
+    long rank_view;                /* DCP_OPEN_RANK: the rank whose __R.metadata alone is read; -1 */
     dcpi_reform *reform;           /* a parsed model's Megatron-Core mcore_data shapes (arena) */
     size_t nreform;
     dcpi_metadata_id meta;         /* identity.c, integrity/modelcache.c */
@@ -315,6 +317,7 @@ int dcpi_catalog_folder(const char *catalog, dcp_checkpoint *ck, char out[4096])
 /* Format loaders, each fills an empty ck from the folder. */
 int dcpi_load_metadata(dcp_checkpoint *ck, const char *relname, dcp_error *err);      /* metadata.c */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err);                         /* metadata.c */
+int dcpi_load_rank_view(dcp_checkpoint *ck, unsigned rank, dcp_error *err);            /* metadata.c */
 int dcpi_load_huggingface(dcp_checkpoint *ck, dcp_error *err);                        /* safetensors.c */
 /* One safetensors file rel of ck's folder, alone (name: in messages; safetensors.c). */
 int dcpi_load_safetensors_file(dcp_checkpoint *ck, const char *rel, const char *name, dcp_error *err);

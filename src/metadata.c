@@ -48,6 +48,7 @@ typedef struct interp {
     int identity;              /* the global .metadata: its key and stamp come from this read */
     int whole;                 /* parse the whole tree first (no streaming) */
     int sdm_seen;              /* state_dict_metadata items were taken from the stream */
+    int merging;               /* reading every __R.metadata of a rank-local folder into one model */
     dcpi_identity *id;         /* the content key of the file being read, or NULL */
 } interp;
 
@@ -193,6 +194,8 @@ static int drop_replicas(interp *in, size_t idx, size_t first, const char *key)
         }
         drop[ord[i]] = 1;
         ord[i] = ord[i - 1];   /* the kept one, for the next comparison */
+        if (in->merging)   /* a box several ranks saved: their values may differ */
+            in->ck->priv[idx].replicated = 1;
     }
     if (rc == 0) {
         size_t k = 0;
@@ -449,6 +452,8 @@ static int add_storage(interp *in, const pk_node *index, const pk_node *info)
         if (!be->has_blob) {
             be->blob = b;
             be->has_blob = 1;
+        } else if (in->merging) {   /* an item several ranks saved: their values may differ */
+            in->ck->priv[idx].replicated = 1;
         }
     } else if (in->ck->spill) {
         return dcpi_spill_blob(in->ck, idx, off, nd, &b, in->err);
@@ -832,7 +837,9 @@ static long rank_of(const char *name)
 
 /* __R.metadata files (use_collectives=False saves), one per rank, each
  * describing only that rank's items: the union of their chunks, a box listed
- * by several ranks (a replica) kept once, from the lowest rank. */
+ * by several ranks (a replica) kept once, from the lowest rank, its entry
+ * marked replicated (dcp_entry_replicated): torch's own load gives each rank
+ * its own file's, which may hold other values (dcpi_load_rank_view). */
 int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
 {
     int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -873,6 +880,7 @@ int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
     interp in;
     interp_init(&in, ck, err);
     in.whole = whole_parse();
+    in.merging = 1;
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = load_file(&in, files[i].name);
@@ -885,5 +893,37 @@ int dcpi_load_rank_local(dcp_checkpoint *ck, dcp_error *err)
     free(files);
     if (rc == 0)
         ck->info.layout = "rank-local __R.metadata";
+    return rc;
+}
+
+/* One rank's view (DCP_OPEN_RANK): its __R.metadata alone, as torch's
+ * FileSystemReader.read_metadata(rank=R) reads it: the model holds the
+ * items that rank saved and names only the shard files it lists. */
+int dcpi_load_rank_view(dcp_checkpoint *ck, unsigned rank, dcp_error *err)
+{
+    char name[64], layout[96];
+    snprintf(name, sizeof name, "__%u.metadata", rank);
+    struct stat sb;
+    if (fstatat(ck->dirfd, name, &sb, 0) < 0) {
+        int e = errno;
+        if (e == ENOENT)
+            return dcpi_err(err, ENOENT, "%s/%s: no such file: rank %u saved no rank-local metadata here "
+                            "(DCP_OPEN_RANK reads only __R.metadata of a use_collectives=False save)",
+                            ck->path, name, rank);
+        return dcpi_err(err, e, "%s/%s: cannot open: %s", ck->path, name, strerror(e));
+    }
+    interp in;
+    interp_init(&in, ck, err);
+    in.whole = whole_parse();
+    int rc = load_file(&in, name);
+    if (again_whole(&in, rc))
+        rc = load_file(&in, name);
+    interp_free(&in);
+    if (rc == 0) {
+        snprintf(layout, sizeof layout, "rank-local __R.metadata, rank %u's view", rank);
+        if (!(ck->info.layout = dcpi_model_strdup(ck, layout)))
+            return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+        ck->rank_view = (long)rank;
+    }
     return rc;
 }

@@ -259,6 +259,7 @@ dcp_checkpoint *dcpi_ck_new(const char *path, dcp_error *err)
     dcpi_strmap_init(&ck->file_index);
     pthread_mutex_init(&ck->lock, NULL);
     ck->dirfd = -1;
+    ck->rank_view = -1;
     ck->chunk_budget = DCPI_CHUNK_BUDGET;
     ck->store = &dcpi_store_mem;
     ck->path = strdup(path);
@@ -453,6 +454,12 @@ uint64_t dcp_entry_numel(const dcp_entry *e)
 size_t dcpi_entry_index(const dcp_checkpoint *ck, const dcp_entry *e)
 {
     return e >= ck->entries && e < ck->entries + ck->nentries ? (size_t)(e - ck->entries) : SIZE_MAX;
+}
+
+int dcp_entry_replicated(const dcp_checkpoint *ck, const dcp_entry *e)
+{
+    size_t idx = ck && e ? dcpi_entry_index(ck, e) : SIZE_MAX;
+    return idx != SIZE_MAX && ck->priv && ck->priv[idx].replicated;
 }
 
 dcpi_chunkset *dcpi_chunkset_new(size_t idx, size_t n, size_t nd)

@@ -37,6 +37,8 @@ static int has_file(int dirfd, const char *name)
 /* Which layout the folder holds, from what is in it. */
 static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
 {
+    if (ck->rank_view >= 0)   /* DCP_OPEN_RANK: that rank's __R.metadata, whatever else is here */
+        return dcpi_load_rank_view(ck, (unsigned)ck->rank_view, err);
     if (has_file(ck->dirfd, ".metadata"))
         return dcpi_load_metadata(ck, ".metadata", err);
 
@@ -145,12 +147,17 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
     if (dcpi_sized_opts(&o, sizeof o, DCPI_OPTS_MIN(dcp_open_options, catalog), caller, "dcp_open_ex",
                         "DCP_OPEN_OPTIONS_INIT", err) < 0)
         return -1;
+    if ((opts->flags & DCP_OPEN_RANK) && opts->rank > 100000000u)   /* (as rank-local folders are read) */
+        return dcpi_err(err, EINVAL, "%s: rank %u: no job has this many ranks (DCP_OPEN_RANK)", path, opts->rank);
     dcp_checkpoint *ck = dcpi_ck_new(path, err);
     if (!ck)
         return -1;
-    /* A folded model is not the stored one: the catalog neither serves nor keeps it. */
+    if (opts->flags & DCP_OPEN_RANK)
+        ck->rank_view = (long)opts->rank;   /* detect_and_load reads that rank's file alone */
+    /* A folded model, or one rank's view, is not the stored one: the catalog neither serves nor keeps it. */
     int fold = (opts->flags & DCP_OPEN_MEGATRON_FOLD) != 0;
-    int use_catalog = !fold && (opts->flags & DCP_OPEN_CATALOG) && has_file(ck->dirfd, ".metadata");
+    int use_catalog = !fold && ck->rank_view < 0 && (opts->flags & DCP_OPEN_CATALOG) &&
+                      has_file(ck->dirfd, ".metadata");
     if (use_catalog) {
         dcp_checkpoint *served = open_served(path, opts->catalog, ck);
         if (served) {

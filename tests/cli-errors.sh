@@ -224,6 +224,32 @@ PY
         fail "a .pt's lists as flatten_state_dict walks them: $(cat "$SCRATCH/out")"
 fi
 
+# dcp --rank R: rank R's view of a rank-local save (its __R.metadata alone, as
+# torch's dcp.load reads it on rank R); merged without it, info counting the keys several ranks saved.
+rl="$top_srcdir/tests/data/metadata/pt_ranklocal"
+"$DCP" --no-catalog info "$rl" >"$SCRATCH/out" || fail "info of a rank-local save"
+grep -q '^replicated: *1 key saved by several ranks' "$SCRATCH/out" || fail "info's replicated line: $(cat "$SCRATCH/out")"
+for r in 0 1; do
+    "$DCP" --rank $r ls "$rl" >"$SCRATCH/out" || fail "--rank $r ls"
+    [ "$(awk 'NR > 1 {print $1}' "$SCRATCH/out" | LC_ALL=C sort | tr '\n' ' ')" = "rank$r.meta.rank rank$r.only sharded shared " ] ||
+        fail "--rank $r ls lists rank $r's keys only: $(cat "$SCRATCH/out")"
+    "$DCP" --rank $r layout "$rl" shared | grep -q "__${r}_0.distcp" || fail "--rank $r reads its own copy of shared"
+    "$DCP" --rank $r info "$rl" | grep -q "^layout: *rank-local __R.metadata, rank $r's view" || fail "--rank $r info"
+done
+"$DCP" --rank 1 cat "$rl" rank1.only | od -An -tx1 | tr -d ' \n' | grep -qx '003c003c' || fail "--rank 1 cat rank1.only"
+expect_fail "rank1.only" "$DCP" --rank 0 cat "$rl" rank1.only
+expect_fail "pt_ranklocal/__2.metadata: no such file" "$DCP" --rank 2 ls "$rl"
+expect_fail "--rank x: a rank is a decimal number" "$DCP" --rank x ls "$rl"
+expect_fail "--rank -1: a rank is a decimal number" "$DCP" --rank -1 ls "$rl"
+expect_fail "convert: --rank 1 is not supported" "$DCP" --rank 1 convert "$rl" "$SCRATCH/rl.pt"
+[ ! -e "$SCRATCH/rl.pt" ] || fail "convert --rank wrote something"
+"$DCP" --no-catalog convert "$rl" "$SCRATCH/rl.pt" >/dev/null 2>&1 || fail "convert of a rank-local save"
+expect_fail "this is a single file" "$DCP" --rank 0 ls "$SCRATCH/rl.pt"
+rc=0; "$DCP" --rank 5 ls "$rl" >/dev/null 2>&1 || rc=$?
+[ $rc = 1 ] || fail "--rank of a rank that saved nothing exits 1, not $rc"
+rc=0; "$DCP" --rank x ls "$rl" >/dev/null 2>&1 || rc=$?
+[ $rc = 2 ] || fail "--rank x is a usage error (exit 2), not $rc"
+
 # Reading never writes into the checkpoint folder.
 fresh; before=$(ls -lA --time-style=full-iso "$SCRATCH/ck" | sha256sum)
 "$DCP" ls "$SCRATCH/ck" >/dev/null; "$DCP" info "$SCRATCH/ck" >/dev/null

@@ -25,6 +25,11 @@ extern int cli_catalog_enabled;
 extern const char *cli_catalog_path;
 /* dcp --megatron-fold: cli_open asks for DCP_OPEN_MEGATRON_FOLD. */
 extern int cli_megatron_fold;
+/* dcp --rank R: cli_open asks for DCP_OPEN_RANK (rank R's view of a
+ * rank-local checkpoint); -1 without it. cli_parse_rank sets it from text
+ * (a decimal rank), or prints the error and returns -1. */
+extern long cli_rank;
+int cli_parse_rank(const char *text);
 /* Open a checkpoint (through the catalog unless disabled) or print the error; NULL on failure. */
 dcp_checkpoint *cli_open(const char *path);
 /* Set by cli_open when it refused a partial checkpoint (dcp_probe_folder). */

@@ -168,6 +168,11 @@ int cmd_convert(int argc, char **argv)
         cli_error("convert: an empty %s path", *argv[optind] ? "DST" : "SRC");
         return 2;
     }
+    if (cli_rank >= 0) {   /* the writers open their source themselves, merged: never silently another view */
+        cli_error("convert: --rank %ld is not supported: convert reads a rank-local checkpoint with every rank's "
+                  "__R.metadata merged (a key several ranks saved from the lowest rank)", cli_rank);
+        return 2;
+    }
     if (hf || x.recipe || x.config || x.dtype || x.flags)
         return export_hf(argv, hf, &x, &o, quiet);
     if (cli_megatron_fold)   /* dcp --megatron-fold convert: the original shapes written */

@@ -31,7 +31,7 @@ int cmd_info(int argc, char **argv)
     if (!ck)
         return cli_open_status();
     const dcp_info *in = dcp_get_info(ck);
-    size_t tensors = 0, bytes_items = 0, chunks = 0;
+    size_t tensors = 0, bytes_items = 0, chunks = 0, replicated = 0;
     uint64_t by_dtype[DCP_DTYPE_COUNT] = {0}, bytes_total = 0;
     size_t n = dcp_num_entries(ck);
     for (size_t i = 0; i < n; i++) {
@@ -42,6 +42,7 @@ int cmd_info(int argc, char **argv)
             dcp_close(ck);
             return 1;
         }
+        replicated += dcp_entry_replicated(ck, e) != 0;
         if (e->kind == DCP_KIND_TENSOR) {
             tensors++;
             chunks += e->nchunks;
@@ -82,6 +83,9 @@ int cmd_info(int argc, char **argv)
            dcp_from_catalog(ck) ? " (model rebuilt from the catalog, not parsed)" : "");
     printf("keys:           %zu (%zu tensors, %zu bytes items)\n", n, tensors, bytes_items);
     printf("chunks:         %zu\n", chunks);
+    if (replicated)   /* a rank-local save merged: torch's dcp.load gives each rank its own file's */
+        printf("replicated:     %zu key%s saved by several ranks, shown from the lowest rank's file (torch's"
+               " dcp.load gives each rank its own: dcp --rank R)\n", replicated, replicated == 1 ? "" : "s");
     if (in->megatron_reformulated && !in->megatron_folded)
         printf("reformulated:   %zu tensors stored as Megatron-Core's distributed optimizer stores them"
                " (--megatron-fold shows them in their original shapes)\n", in->megatron_reformulated);

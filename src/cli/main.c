@@ -22,13 +22,17 @@ static const struct command {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dcp [--catalog PATH | --no-catalog] [--megatron-fold] COMMAND [ARGS]\n\ncommands:\n");
+    fprintf(f, "usage: dcp [--catalog PATH | --no-catalog] [--megatron-fold] [--rank R] COMMAND [ARGS]\n\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nThe catalog (default $XDG_CACHE_HOME/dcpfs/catalog.sqlite) remembers parsed metadata so\n"
                "later opens skip it; --no-catalog parses every time and writes nothing.\n"
                "--megatron-fold shows Megatron-Core's reformulated optimizer states in their original\n"
                "shapes (as its own load does; PyTorch's shows the stored [X/x, Y/y, x*y]).\n"
+               "--rank R reads a rank-local checkpoint (__R.metadata files) as rank R's dcp.load does:\n"
+               "its __R.metadata alone; without it every rank's file is merged, a value several ranks\n"
+               "saved taken from the lowest rank.\n"
                "'dcp COMMAND --help' describes one command; man dcp describes them all.\n");
 }
 
@@ -40,6 +44,11 @@ int main(int argc, char **argv)
             cli_catalog_enabled = 0;
         } else if (!strcmp(argv[1], "--megatron-fold")) {
             cli_megatron_fold = 1;
+        } else if (!strcmp(argv[1], "--rank") && argc >= 3) {
+            if (cli_parse_rank(argv[2]) < 0)
+                return 2;
+            argv++;
+            argc--;
         } else if (!strcmp(argv[1], "--catalog") && argc >= 3) {
             cli_catalog_path = argv[2];
             argv++;

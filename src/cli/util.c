@@ -74,6 +74,21 @@ int cli_float_dtype(const char *name, dcp_dtype *as)
     return -1;
 }
 const char *cli_catalog_path;
+long cli_rank = -1;
+
+int cli_parse_rank(const char *text)
+{
+    char *end;
+    errno = 0;
+    long r = text[0] >= '0' && text[0] <= '9' ? strtol(text, &end, 10) : -1;
+    if (r < 0 || errno || *end || r > 100000000) {
+        cli_error("--rank %s: a rank is a decimal number from 0 (the R of a rank-local save's __R.metadata)",
+                  text);
+        return -1;
+    }
+    cli_rank = r;
+    return 0;
+}
 
 dcp_checkpoint *cli_open(const char *path)
 {
@@ -82,8 +97,17 @@ dcp_checkpoint *cli_open(const char *path)
     dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
     o.flags = (cli_catalog_enabled ? DCP_OPEN_CATALOG : 0) | (cli_megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0);
     o.catalog = cli_catalog_path;
+    if (cli_rank >= 0) {
+        o.flags |= DCP_OPEN_RANK;
+        o.rank = (unsigned)cli_rank;
+    }
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (cli_rank >= 0) {
+            cli_error("%s: --rank %ld reads a rank-local checkpoint folder's __%ld.metadata; this is a single file",
+                      path, cli_rank, cli_rank);
+            return NULL;
+        }
         /* A single torch.save or safetensors file (dcp_write.h). */
         size_t skipped = 0;
         if (dcp_open_file(path, DCP_FORMAT_AUTO, &ck, &skipped, &err) < 0) {

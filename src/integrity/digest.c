@@ -226,7 +226,11 @@ static int compute_identity(dcp_checkpoint *ck, char id[33], dcp_error *err)
         /* rank-local __R.metadata files are not data files; safetensors headers are */
         rc = add_file(ck, st, ck->files[f], n > 12 && !strcmp(ck->files[f] + n - 12, ".safetensors"), err);
     }
-    if (rc == 0 && !strcmp(ck->info.layout ? ck->info.layout : "", "rank-local __R.metadata")) {
+    if (rc == 0 && ck->rank_view >= 0) {   /* one rank's view (DCP_OPEN_RANK): its file alone */
+        char name[64];
+        snprintf(name, sizeof name, "__%ld.metadata", ck->rank_view);
+        rc = add_file(ck, st, name, 1, err);
+    } else if (rc == 0 && !strcmp(ck->info.layout ? ck->info.layout : "", "rank-local __R.metadata")) {
         for (int r = 0; rc == 0; r++) {
             char name[64];
             snprintf(name, sizeof name, "__%d.metadata", r);

@@ -4,6 +4,7 @@
  * tests/data/gen_metadata.py, synthetic variants of the schema, and the
  * errors the CLI reports (each naming the file). */
 #include <check.h>
+#include <errno.h>
 #include <dirent.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -289,6 +290,84 @@ START_TEST(megatron_subclass_is_opaque)
 }
 END_TEST
 
+/* DCP_OPEN_RANK: rank R's __R.metadata alone, as torch's dcp.load reads it
+ * on rank R; the merged default marks what several ranks saved. */
+static dcp_checkpoint *open_rank(const char *dir, unsigned rank, size_t size, dcp_error *err)
+{
+    dcp_checkpoint *ck = NULL;
+    dcp_open_options o = DCP_OPEN_OPTIONS_INIT;
+    o.flags = DCP_OPEN_RANK | DCP_OPEN_CATALOG;   /* (the catalog is not used for a rank's view) */
+    o.rank = rank;
+    o.size = size;
+    return dcp_open_ex(dir, &o, &ck, err) == 0 ? ck : NULL;
+}
+
+START_TEST(rank_local_one_rank_view)
+{
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/tests/data/metadata/pt_ranklocal", srcdir);
+    dcp_checkpoint *ck = open_ok(dir);   /* merged: "shared" is a box both ranks saved */
+    ck_assert_int_eq(dcp_entry_replicated(ck, dcp_find(ck, "shared")), 1);
+    ck_assert_int_eq(dcp_entry_replicated(ck, dcp_find(ck, "sharded")), 0);      /* one row block each */
+    ck_assert_int_eq(dcp_entry_replicated(ck, dcp_find(ck, "rank1.only")), 0);
+    ck_assert_int_eq(dcp_entry_replicated(ck, dcp_find(ck, "rank1.meta.rank")), 0);
+    ck_assert_int_eq(dcp_entry_replicated(ck, NULL), 0);
+    dcp_close(ck);
+    dcp_error err;
+    for (unsigned r = 0; r < 2; r++) {
+        ck = open_rank(dir, r, sizeof(dcp_open_options), &err);
+        ck_assert_msg(ck != NULL, "rank %u: %s", r, err.msg);
+        char mine[32], other[32], file[32], layout[64];
+        snprintf(mine, sizeof mine, "rank%u.only", r);
+        snprintf(other, sizeof other, "rank%u.only", 1 - r);
+        snprintf(file, sizeof file, "__%u_0.distcp", r);
+        snprintf(layout, sizeof layout, "rank-local __R.metadata, rank %u's view", r);
+        ck_assert_ptr_nonnull(dcp_find(ck, mine));
+        ck_assert_ptr_null(dcp_find(ck, other));
+        ck_assert_uint_eq(dcp_num_files(ck), 1);    /* only the shard its file names */
+        ck_assert_str_eq(dcp_file_name(ck, 0), file);
+        const dcp_entry *sh = dcp_find(ck, "shared");
+        ck_assert_str_eq(dcp_file_name(ck, chunks_of(ck, sh)[0].blob.file), file);   /* its own copy */
+        ck_assert_int_eq(dcp_entry_replicated(ck, sh), 0);
+        const dcp_entry *sd = dcp_find(ck, "sharded");
+        ck_assert_uint_eq(sd->nchunks, 1);
+        ck_assert_int_eq(chunks_of(ck, sd)[0].offsets[0], 3 * (int64_t)r);
+        ck_assert_str_eq(dcp_get_info(ck)->layout, layout);
+        ck_assert_int_eq(dcp_from_catalog(ck), 0);
+        int32_t v[3];
+        void *buf = NULL;
+        uint64_t len = 0;
+        ck_assert_msg(dcp_read_entry(ck, sh, &buf, &len, &err) == 0, "%s", err.msg);
+        ck_assert_uint_eq(len, sizeof v);
+        memcpy(v, buf, sizeof v);
+        free(buf);
+        ck_assert(v[0] == 0 && v[1] == 1 && v[2] == 2);
+        dcp_close(ck);
+    }
+    /* No such rank: ENOENT naming the file; a caller of the first sized layout (no rank field) gets rank 0. */
+    ck_assert_ptr_null(open_rank(dir, 2, sizeof(dcp_open_options), &err));
+    ck_assert_int_eq(err.code, ENOENT);
+    ck_assert_msg(strstr(err.msg, "pt_ranklocal/__2.metadata: no such file") != NULL, "%s", err.msg);
+    ck = open_rank(dir, 1, offsetof(dcp_open_options, rank), &err);
+    ck_assert_msg(ck != NULL, "%s", err.msg);
+    ck_assert_ptr_nonnull(dcp_find(ck, "rank0.only"));
+    dcp_close(ck);
+    ck_assert_ptr_null(open_rank(dir, 1000000000u, sizeof(dcp_open_options), &err));
+    ck_assert_int_eq(err.code, EINVAL);
+    /* A folder with a global .metadata: the rank's file is read all the same (as torch does when asked). */
+    char *tmp = scratch_dir(), cmd[22000];
+    snprintf(cmd, sizeof cmd, "cp '%s'/__1.metadata '%s'/__1_0.distcp '%s'/ && cp '%s'/__0.metadata '%s'/.metadata",
+             dir, dir, tmp, dir, tmp);
+    ck_assert(system(cmd) == 0);
+    ck = open_rank(tmp, 1, sizeof(dcp_open_options), &err);
+    ck_assert_msg(ck != NULL, "%s", err.msg);
+    ck_assert_ptr_nonnull(dcp_find(ck, "rank1.only"));
+    ck_assert_ptr_null(dcp_find(ck, "rank0.only"));
+    dcp_close(ck);
+    remove_tree(tmp);
+}
+END_TEST
+
 /* Rank-local edge cases on a scratch copy: one bad file names itself;
  * differing shapes between files are an error; a lone file works. */
 START_TEST(rank_local_errors)
@@ -526,6 +605,7 @@ static Suite *suite(void)
     tcase_add_test(f, pytorch_2x_rank_local_merge);
     tcase_add_test(f, megatron_subclass_is_opaque);
     tcase_add_test(f, rank_local_errors);
+    tcase_add_test(f, rank_local_one_rank_view);
     suite_add_tcase(s, f);
     TCase *y = tcase_create("synthetic");
     tcase_add_test(y, python313_paths_and_big_offsets);
