@@ -415,6 +415,31 @@ class Checkpoint(Mapping):
                     _raise(err)
         raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint", key)
 
+    def _replicated_keys(self) -> list:
+        """The keys :meth:`replicated` is True for, in metadata order (one pass
+        over the entries: empty for any checkpoint but a merged rank-local one)."""
+        with self._use() as ck:
+            out = []
+            err = _ffi.new("dcp_error *")
+            e = _ffi.new("const dcp_entry **")
+            for i in range(_lib.dcp_num_entries(ck)):
+                if _lib.dcp_get_entry(ck, i, e, err) < 0:
+                    _raise(err)
+                if _lib.dcp_entry_replicated(ck, e[0]):
+                    out.append(_key_text(e[0].key))
+            return out
+
+    def replicated(self, key: str) -> bool:
+        """True when several ranks saved key: a rank-local checkpoint
+        (``__R.metadata`` files) opened whole lists key's bytes item, or one
+        of its boxes, in more than one rank's file. This view reads it from
+        the lowest rank's; torch's ``dcp.load`` gives each rank its own,
+        which may hold other values (``dcpfs.open(path, rank=R)`` is rank
+        R's view). False for every key of other checkpoints and of a rank's
+        view (libdcp's dcp_entry_replicated). Unknown keys raise DcpKeyError."""
+        with self._use() as ck:
+            return bool(_lib.dcp_entry_replicated(ck, self._find(ck, key)))
+
     def info(self, key: str) -> EntryInfo:
         """The header of key: kind, dtype, shape, chunks and nbytes (see EntryInfo)."""
         with self._use() as ck:
@@ -680,7 +705,8 @@ def _pieces(offsets: list, lengths: list, esz: int, limit: int) -> Iterator[Tupl
 # ---------------------------------------------------------------- open
 
 def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
-         catalog_path: Optional[str] = None, megatron_fold: bool = False) -> Checkpoint:
+         catalog_path: Optional[str] = None, megatron_fold: bool = False,
+         rank: Optional[int] = None) -> Checkpoint:
     """Open a checkpoint: a folder (global ``.metadata``, rank-local ``__R.metadata``
     files, a Hugging Face safetensors layout, a Megatron-Core folder) or a single
     torch.save (.pt/.pth) or safetensors file.
@@ -696,9 +722,21 @@ def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
         own load does (libdcp's DCP_OPEN_MEGATRON_FOLD); by default they have the
         stored shape, as PyTorch's ``dcp.load`` sees them. The ``.metadata`` is
         then parsed (the catalog is not used).
+    rank: rank R's view of a rank-local checkpoint (a ``use_collectives=False``
+        save: one ``__R.metadata`` per rank, no ``.metadata``): only
+        ``__R.metadata`` and the shard files it names, as torch's ``dcp.load``
+        reads it on rank R (libdcp's DCP_OPEN_RANK; the catalog is not used).
+        None (the default) opens every rank's file merged, a key several
+        ranks saved read from the lowest rank's (:meth:`Checkpoint.replicated`).
+        A folder without ``__R.metadata`` raises DcpError (ENOENT) naming it;
+        a single file raises ValueError.
 
     Raises DcpError naming the file and the reason when it cannot be opened.
     """
+    if rank is not None:
+        rank = operator.index(rank)
+        if not 0 <= rank <= 100000000:
+            raise ValueError(f"{os.fspath(path)}: rank {rank}: a rank is from 0 to 100000000")
     p = os.fspath(path)
     pb = os.fsencode(p)
     if b"\0" in pb:
@@ -706,13 +744,18 @@ def open(path: Union[str, "os.PathLike[str]"], *, catalog: bool = True,
     err = _ffi.new("dcp_error *")
     out = _ffi.new("dcp_checkpoint **")
     if os.path.isfile(pb):
+        if rank is not None:
+            raise ValueError(f"{p}: rank={rank} reads a rank-local checkpoint folder's __{rank}.metadata; "
+                             "this is a single file")
         # A single torch.save or safetensors file, as `dcp` opens one.
         rc = _lib.dcp_open_file(pb, _lib.DCP_FORMAT_AUTO, out, _ffi.NULL, err)
     else:
         opts = _ffi.new("dcp_open_options *")
         opts.size = _ffi.sizeof("dcp_open_options")   # DCP_OPEN_OPTIONS_INIT
         opts.flags = ((_lib.DCP_OPEN_CATALOG if catalog else _lib.DCP_OPEN_DEFAULT) |
-                      (_lib.DCP_OPEN_MEGATRON_FOLD if megatron_fold else 0))
+                      (_lib.DCP_OPEN_MEGATRON_FOLD if megatron_fold else 0) |
+                      (_lib.DCP_OPEN_RANK if rank is not None else 0))
+        opts.rank = rank or 0
         cat = _ffi.NULL
         if catalog_path is not None:
             cb = os.fsencode(os.fspath(catalog_path))

@@ -106,11 +106,13 @@ typedef struct dcp_checkpoint dcp_checkpoint;
 #define DCP_OPEN_DEFAULT ...
 #define DCP_OPEN_CATALOG ...
 #define DCP_OPEN_MEGATRON_FOLD ...
+#define DCP_OPEN_RANK ...
 
 typedef struct dcp_open_options {
     size_t size;
     unsigned flags;
     const char *catalog;
+    unsigned rank;
     ...;
 } dcp_open_options;
 
@@ -126,6 +128,7 @@ const dcp_entry *dcp_entry_at(const dcp_checkpoint *ck, size_t i);
 const dcp_entry *dcp_find(const dcp_checkpoint *ck, const char *key);
 int dcp_find_entry(const dcp_checkpoint *ck, const char *key, const dcp_entry **out, dcp_error *err);
 int dcp_get_entry(const dcp_checkpoint *ck, size_t i, const dcp_entry **out, dcp_error *err);
+int dcp_entry_replicated(const dcp_checkpoint *ck, const dcp_entry *e);
 int dcp_seek(dcp_checkpoint *ck, const char *from, const dcp_entry **out, dcp_error *err);
 
 int dcp_entry_chunks(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk **out, dcp_error *err);

@@ -78,6 +78,8 @@ class LoadStats:
     seconds_transfer: float = 0.0
     seconds_total: float = 0.0
     transport: str = "torch.distributed"
+    bytes_own: int = 0           #: bytes this rank read alone from its own __R.metadata's shards (keys several
+                                 #: ranks of a rank-local save saved: each rank gets its own, not read once)
 
 
 class _Dest:
@@ -373,6 +375,20 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     messages of the process group's backend (gloo on CPU, NCCL for CUDA).
     The ``.metadata`` is parsed by libdcp: no pickle is executed for it.
 
+    Rank-local checkpoints (``dcp.save(..., use_collectives=False)``: one
+    ``__R.metadata`` per rank, no ``.metadata``) load as torch's ``dcp.load``
+    loads them: a key several ranks saved (a box of it, or its bytes item, in
+    more than one ``__R.metadata``; their values may differ: a per-rank seed,
+    a rank-dependent tensor) is read by each rank from its own
+    ``__R.metadata``'s shards, alone and not read-once (``LoadStats.bytes_own``),
+    R being the rank in ``process_group``, 0 without a group; every other key
+    (disjoint DTensor shards, a key one rank saved) goes through the read-once
+    plan over the merged view, in any sharding. With more ranks than saved
+    files, a rank without ``__R.metadata`` that asks for such a key fails
+    (torch's load fails on that rank; here every rank raises the agreed
+    error); with fewer, ranks read their own files and the others are unused,
+    as with torch.
+
     Errors are agreed: if any rank fails (an unknown key, a box outside its
     tensor, a damaged checkpoint, a failed read, a bad option or a
     destination that cannot be filled), every rank raises the same
@@ -450,6 +466,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     # 1. Check the options, open, find this rank's requests, check them: any
     # failure (of any type: a peer must not wait for this rank) is agreed.
     ck = None
+    own = None
+    own_dests: List[Tuple[_Dest, str, tuple, tuple]] = []
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex}
     dests: List[_Dest] = []
     try:
@@ -470,6 +488,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         dests, reqs = _regions(flat, ck)
         stored, sizes = _check_local(ck, dests, reqs)
         dests, reqs, stored, sizes = _drop_empty(dests, reqs, stored, sizes)
+        own, own_dests, dests, reqs, stored, sizes = _per_rank(ck, me, megatron_fold, dests, reqs, stored, sizes)
         item["identity"] = _identity(ck)
         item["reqs"] = _encode(reqs)
     except DcpError as e:
@@ -489,11 +508,13 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
         _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings,
              loading, staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, bool(direct), node_sharing,
-             stats, t0)
+             stats, t0, own, own_dests)
     finally:
         if ck is not None:
             ck.close()
             ck = None
+        if own is not None:
+            own.close()
     # as dcp.load: Stateful values take their loaded state dicts, other top-level values are replaced
     for key, value in loading.items():
         if key in stateful:
@@ -524,6 +545,63 @@ def _stateful_state_dicts(state_dict: Mapping) -> Tuple[Dict[str, Any], set]:
         else:
             loading[key] = value
     return loading, stateful
+
+
+def _per_rank(ck, me: int, megatron_fold: bool, dests, reqs, stored, sizes):
+    """Keys several ranks of a rank-local save saved (``Checkpoint.replicated``:
+    the merged view lists a box or bytes item of theirs in more than one
+    ``__R.metadata``), whose values may differ from rank to rank: as torch's
+    ``dcp.load`` (each rank reads only its own ``__R.metadata``), this rank
+    reads them from its own view, alone, instead of through the read-once
+    plan. Returns that view (None when this rank asks for no such key), the
+    requests it serves (each with its stored dtype) and the other requests.
+    A rank without ``__R.metadata``, or whose file lacks the key or the box,
+    fails (torch's load fails on such a rank too)."""
+    several = set(ck._replicated_keys())     # (empty unless a rank-local save was merged: one pass)
+    mine = [i for i, (key, _, _) in enumerate(reqs) if key in several]
+    if not mine:
+        return None, [], dests, reqs, stored, sizes
+    own = _open(ck.path, catalog=False, megatron_fold=megatron_fold, rank=me)
+    try:
+        _check_local(own, [dests[i] for i in mine], [reqs[i] for i in mine])
+    except DcpError as e:
+        own.close()
+        raise DcpError(e.errno or 22, f"{e.strerror or e} (several ranks saved this key in their __R.metadata, "
+                                      f"possibly with different values: as torch's dcp.load, rank {me} reads "
+                                      f"its own __{me}.metadata)") from None
+    except BaseException:
+        own.close()
+        raise
+    rest = [i for i in range(len(reqs)) if reqs[i][0] not in several]
+    return (own, [(dests[i], stored[i], reqs[i][1], reqs[i][2]) for i in mine], [dests[i] for i in rest],
+            [reqs[i] for i in rest],
+            [stored[i] for i in rest], [sizes[i] for i in rest])
+
+
+def _read_own(torch, own, own_dests, stats: LoadStats) -> List[Tuple[str, Any]]:
+    """Read the requests _per_rank gave this rank's own view into their
+    tensors (through a temporary of the stored dtype where the target is not
+    a contiguous tensor of it, as dcpfs.torch.Reader reads a box); the
+    bytes items' values, to be set into the state dict."""
+    values = []
+    for d, st, offsets, lengths in own_dests:
+        if d.kind == "bytes":
+            raw = own.read_bytes(d.key)
+            stats.bytes_own += len(raw)
+            values.append((d.key, torch.load(io.BytesIO(raw), weights_only=False)))
+            continue
+        t = d.target
+        box = tuple(zip(offsets, lengths))
+        if t.is_contiguous() and _torch_name(t.dtype) == st and not t.is_conj() and not t.is_neg():
+            own.read(d.key, box=box, out=t.detach())
+            _bump_version(torch, t)
+        else:
+            tmp = torch.empty(tuple(t.shape), dtype=getattr(torch, st),
+                              device=t.device if t.device.type == "cuda" else "cpu")
+            own.read(d.key, box=box, out=tmp)
+            t.detach().copy_(tmp)
+        stats.bytes_own += t.numel() * torch.empty((), dtype=getattr(torch, st)).element_size()
+    return values
 
 
 def _identity(ck) -> tuple:
@@ -601,7 +679,7 @@ def _shm_unit(shm_bytes: int, nlocal: int, nstaging: int, staging_bytes: int) ->
 
 def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mappings, state_dict,
          staging_bytes, nstaging, shm_bytes, plan_ops, io_threads, direct, node_sharing, stats: LoadStats,
-         t0: float) -> LoadStats:
+         t0: float, own=None, own_dests=()) -> LoadStats:
     err = ffi.new("dcp_error *")
     # 2. Every rank decodes every rank's requests: the same table everywhere.
     blocks = [g["reqs"] for g in gathered]
@@ -615,6 +693,7 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         node[r] = node_ids.setdefault(g["node"], r)
     local_err = None
     shms: Dict[int, _Shm] = {}
+    own_values: List[Tuple[str, Any]] = []
     try:
         _prepare_dests(torch, dests, stored, sizes)
         if lib.dcp_greqs_decode(ck._ptr, allb, counts, displs, world, reqs, err) < 0:
@@ -627,6 +706,9 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
             q = reqs.v[first + i]
             q.dest = ffi.cast("void *", d.ptr)
             q.mem = 1 if d.cuda else 0
+        # keys several ranks saved, from this rank's own __R.metadata (failures agreed below)
+        if own_dests:
+            own_values = _read_own(torch, own, own_dests, stats)
     except DcpError as e:
         local_err = (e.errno or 5, e.strerror or str(e))
     except Exception as e:      # any type: agreed, so that no peer waits for this rank
@@ -659,6 +741,8 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         lib.dcp_greqs_free(reqs)
     # 4. Temporaries into their tensors, bytes items into the state dict.
     from torch.distributed.checkpoint._traverse import set_element
+    for key, value in own_values:
+        set_element(state_dict, mappings[key], value)
     for d in dests:
         if d.kind == "bytes":
             value = torch.load(io.BytesIO(d.buf.tobytes()), weights_only=False)

@@ -25,6 +25,9 @@ Non-tensor items are still restored with ``torch.load`` by torch's planner
 from __future__ import annotations
 
 import dataclasses
+import errno
+import functools
+import inspect
 import io
 import os
 import threading
@@ -86,6 +89,22 @@ class Reader(StorageReader):
     The checkpoint is opened once, lazily, by the first call that needs it
     (``read_metadata``), and closed at the end of ``read_data``, by
     ``reset`` or :meth:`close`.
+
+    Rank-local checkpoints (``dcp.save(..., use_collectives=False)``: one
+    ``__R.metadata`` per rank, no ``.metadata``) load as with torch's
+    ``FileSystemReader``: where several ranks saved a key (a box of it, or
+    its bytes item), ``read_metadata()`` raises (torch >= 2.9, whose
+    ``dcp.load`` then asks ``read_metadata(rank=R)`` -- logging "Global
+    metadata is not found. Falling back to rank local metadata." as it does
+    for its own reader), and each rank reads its own ``__R.metadata`` and
+    the shards it names, so ranks that saved different values under one
+    key each get their own, bit for bit as torch's reader gives them; a rank
+    with no ``__R.metadata`` fails as torch's does. A rank-local checkpoint
+    whose ranks saved disjoint boxes (each key or box by one rank) is one
+    global view: read whole, so it also loads on another number of ranks or
+    another sharding. With torch before 2.9 (no per-rank fallback), the
+    merged view is read whole, a key several ranks saved from the lowest
+    rank's file.
     """
 
     def __init__(self, path: PathLike, *, catalog: bool = True, threads: Optional[int] = None,
@@ -97,6 +116,7 @@ class Reader(StorageReader):
         self.threads = max(1, int(threads)) if threads is not None else _default_threads()
         self.load_id = uuid.uuid4().hex
         self.rank: Optional[int] = None
+        self.view_rank: Optional[int] = None     # read_metadata(rank=R): rank R's view of a rank-local save
         self._ck: Optional[Any] = None
         self._lock = threading.Lock()
 
@@ -110,7 +130,8 @@ class Reader(StorageReader):
     def _open(self) -> "dcpfs.Checkpoint":
         with self._lock:
             if self._ck is None:
-                self._ck = dcpfs.open(self.path, catalog=self.catalog, megatron_fold=self.megatron_fold)
+                self._ck = dcpfs.open(self.path, catalog=self.catalog, megatron_fold=self.megatron_fold,
+                                      rank=self.view_rank)
             return self._ck
 
     def close(self) -> None:
@@ -134,8 +155,9 @@ class Reader(StorageReader):
         if checkpoint_id:
             self.path = os.fspath(checkpoint_id)
         self.load_id = uuid.uuid4().hex
+        self.view_rank = None
 
-    def read_metadata(self, *args: Any, **options: Any) -> Metadata:
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """torch's ``Metadata``, built from libdcp's model of the checkpoint.
 
         Tensors become ``TensorStorageMetadata`` (dtype, global shape, one
@@ -148,14 +170,32 @@ class Reader(StorageReader):
         ``_EmptyStateDictLoadPlanner`` (``dcp_to_torch_save``) rebuilds
         ``{"model": {"w": ...}}`` as with torch's reader, not flat keys.
 
-        libdcp opens a folder of rank-local ``__R.metadata`` files as one
-        checkpoint, so there is no per-rank fallback: the keyword arguments
-        are not named ``kwargs`` on purpose, as torch asks a reader whose
-        ``read_metadata`` has a parameter of that name a second time, for
-        ``rank=`` (state_dict_loader.py, ``_load_state_dict``), which would
-        only repeat the same error. ``options`` are ignored.
+        ``rank=R`` (torch's keyword: ``_load_state_dict`` asks a reader whose
+        ``read_metadata`` has a ``**kwargs`` parameter once more, for
+        ``rank=distW.rank``, when ``read_metadata()`` failed): rank R's view
+        of a rank-local checkpoint, only ``__R.metadata`` and the shards it
+        names (``dcpfs.open(path, rank=R)``), which ``read_data`` then reads
+        from; no ``__R.metadata`` raises DcpError (ENOENT) naming it. Without
+        it, a rank-local checkpoint some of whose keys several ranks saved
+        raises DcpError (ENOENT: no global view) where torch asks again per
+        rank (torch >= 2.9), so that each rank gets its own values; other
+        checkpoints, and every one with older torch, are read whole. Other
+        arguments are ignored.
         """
+        rank = kwargs.get("rank")
+        view = None if rank is None else int(rank)
+        if view != self.view_rank:
+            self.close()
+            self.view_rank = view
         ck = self._open()
+        if view is None and _torch_asks_rank():
+            several = ck._replicated_keys()
+            if several:
+                raise dcpfs.DcpError(errno.ENOENT, (
+                    f"{self.path}: no .metadata: a rank-local checkpoint (__R.metadata files) where several ranks "
+                    f"saved {several[0]!r}" + (f" and {len(several) - 1} other keys" if len(several) > 1 else "") +
+                    ", possibly with different values: each rank reads its own __R.metadata "
+                    "(read_metadata(rank=R), as torch's FileSystemReader)"))
         sdm: Dict[str, Union[TensorStorageMetadata, BytesStorageMetadata]] = {}
         for key in ck.keys():
             info = ck.info(key)
@@ -315,6 +355,18 @@ def _key_paths(path: str, keys: List[str]) -> Dict[str, Tuple[Union[str, int], .
     finally:
         lib.dcp_key_paths_free(out[0])
     return table
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_asks_rank() -> bool:
+    """Whether this torch's dcp.load asks ``read_metadata(rank=R)`` when
+    ``read_metadata()`` fails (torch >= 2.9, which writes rank-local
+    checkpoints): its own FileSystemReader takes the keyword since then."""
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+        return "kwargs" in inspect.signature(FileSystemReader.read_metadata).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
 
 
 def _default_threads() -> int:

@@ -642,3 +642,46 @@ def test_direct_reads(tmp_path, monkeypatch, fake_cuda):
     assert len(spy.calls) == st.units > 8, (len(spy.calls), st.units)
     assert all(align == 0 and lead < 4096 and cap >= lead + n + 4096 for align, lead, cap, n in spy.calls), spy.calls
     assert any(lead for _, lead, _, _ in spy.calls)     # units that start inside a block
+
+
+# -- rank-local saves whose ranks disagree --------------------------------------
+
+def _rl_collective(rank: int, world: int, path: str):
+    theirs, ours = tr._rl_state(rank, world, False), tr._rl_state(rank, world, False)
+    dcp.load(theirs, storage_reader=FileSystemReader(path))
+    stats = dcpfs.torch.load(ours, path)
+    tr._same_sd(ours, theirs, local=True, what=f"rank {rank}: dcpfs.torch.load vs dcp.load")
+    tr._same_sd(ours, tr._rl_state(rank, world, True), local=True, what=f"rank {rank}: vs what it saved")
+    return stats
+
+
+def _rl_more_ranks(rank: int, world: int, path: str):
+    sd = tr._rl_state(rank % 2, 2, False)
+    sd.pop("rows")
+    try:
+        dcpfs.torch.load(sd, path)
+    except dcpfs.DcpError as e:
+        return str(e)
+    return None
+
+
+@tr.needs_rank_local
+def test_rank_local_per_rank_values(tmp_path):
+    """Each rank gets its own rank's values under the keys several ranks saved
+    (read alone from its own __R.metadata, as torch's dcp.load does), the rest
+    read once across the job; with more ranks than saved, a rank without
+    __R.metadata fails on every rank (agreed), naming the file."""
+    path = str(tmp_path / "rl")
+    distrun.run(2, tr._rl_save, path, timeout=90)
+    stats = distrun.run(2, _rl_collective, path, timeout=90)
+    assert all(s.bytes_own > 0 for s in stats), stats
+    # the DTensor rows (one box per rank, disjoint) and each rank's own key went through the read-once plan
+    assert sum(s.bytes_read for s in stats) == stats[0].bytes_unique == 24 * 4 + 2 * 2 * 4, stats
+    # one process, no group: rank 0's values, as dcp.load gives them
+    theirs, ours = tr._rl_state(0, 1, False), tr._rl_state(0, 1, False)
+    dcp.load(theirs, storage_reader=FileSystemReader(path), no_dist=True)
+    dcpfs.torch.load(ours, path)
+    tr._same_sd(ours, theirs, local=False, what="one process: dcpfs.torch.load vs dcp.load")
+    errs = distrun.run(3, _rl_more_ranks, path, timeout=90)
+    for e in errs:
+        assert e and "rank 2: " in e and "__2.metadata: no such file" in e, errs

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -467,6 +468,119 @@ def test_hostile(tmp_path, damage):
         assert where in err and reason in err, f"rank {rank}: {err}"
         if damage == "missing_shard":
             assert "enc.weight" in err, err
+
+
+# -- rank-local saves whose ranks disagree ------------------------------------
+
+def _has_rank_local_save() -> bool:
+    import inspect
+    return "use_collectives" in inspect.signature(dcp.save).parameters
+
+
+needs_rank_local = pytest.mark.skipif(not _has_rank_local_save(),
+                                      reason=f"torch {torch.__version__}: dcp.save has no use_collectives (2.9+)")
+
+RL_FULL = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+
+
+def _rl_state(rank: int, world: int, value: bool):
+    """rank's state dict: per-rank values under shared keys (a tensor, an int, a
+    nested non-tensor value), a replicated tensor, a key of its own and a row
+    shard of a DTensor; zeros/None to load into when not value."""
+    api = _dtensor_api()
+    base = torch.linspace(0, 1, 10, dtype=torch.float64).reshape(2, 5)
+    mesh = api.DeviceMesh("cpu", list(range(world))) if world > 1 else None
+    rows = api.distribute_tensor(RL_FULL if value else torch.zeros_like(RL_FULL), mesh, [api.Shard(0)]) \
+        if mesh is not None else None
+    sd = {"model": {"w": base + rank if value else torch.zeros_like(base),
+                    "b": torch.full((3,), rank, dtype=torch.bfloat16) if value else torch.zeros(3, dtype=torch.bfloat16),
+                    "same": torch.arange(4, dtype=torch.int32) if value else torch.zeros(4, dtype=torch.int32),
+                    f"only{rank}": torch.full((2,), 10.0 + rank) if value else torch.zeros(2)},
+          "x": rank if value else -1,
+          "cfg": {"name": f"rank {rank}", "seeds": [rank, rank * 7]} if value else {"name": "", "seeds": None}}
+    if rows is not None:
+        sd["rows"] = rows
+    return sd
+
+
+def _rl_save(rank: int, world: int, path: str) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+    dcp.save(_rl_state(rank, world, True), storage_writer=FileSystemWriter(path), use_collectives=False)
+    dist.barrier()
+
+
+def _rl_load_both(rank: int, world: int, path: str):
+    """dcp.load through torch's FileSystemReader and through dcpfs.torch.Reader: the same state dict."""
+    theirs, ours = _rl_state(rank, world, False), _rl_state(rank, world, False)
+    dcp.load(theirs, storage_reader=FileSystemReader(path))
+    reader = dcpfs.torch.Reader(path)
+    dcp.load(ours, storage_reader=reader)
+    _same_sd(ours, theirs, local=True, what=f"rank {rank}: dcpfs.torch.Reader vs FileSystemReader")
+    want = _rl_state(rank, world, True)
+    _same_sd(ours, want, local=True, what=f"rank {rank}: vs what rank {rank} saved")
+    return reader.view_rank
+
+
+@needs_rank_local
+def test_rank_local_per_rank_values(tmp_path):
+    """A rank-local save (use_collectives=False) where the ranks saved different
+    values under the same keys: torch's dcp.load gives each rank its own
+    __R.metadata's; dcpfs.torch.Reader gives the same, bit for bit (torch asks
+    read_metadata(rank=R) once read_metadata() refused the merged view)."""
+    path = str(tmp_path / "rl")
+    distrun.run(2, _rl_save, path, timeout=90)
+    assert sorted(f for f in os.listdir(path) if f.endswith(".metadata")) == ["__0.metadata", "__1.metadata"]
+    assert distrun.run(2, _rl_load_both, path, timeout=90) == [0, 1]
+    # The merged view names what several ranks saved; each rank's view holds its own values.
+    with dcpfs.open(path, catalog=False) as ck:
+        assert sorted(ck._replicated_keys()) == ["cfg.name", "cfg.seeds", "model.b", "model.same", "model.w", "x"]
+        assert not ck.replicated("rows") and not ck.replicated("model.only1")
+    for r in (0, 1):
+        with dcpfs.open(path, rank=r) as ck:
+            assert ck._replicated_keys() == [] and f"model.only{r}" in ck and f"model.only{1 - r}" not in ck
+            assert ck.meta["files"] == [f"__{r}_0.distcp"] and ck.meta["layout"] == f"rank-local __R.metadata, rank {r}'s view"
+            assert torch.load(io.BytesIO(ck.read_bytes("x")), weights_only=False) == r
+            assert np.array_equal(ck.read("model.w"), (torch.linspace(0, 1, 10, dtype=torch.float64).reshape(2, 5) + r).numpy())
+    with pytest.raises(dcpfs.DcpError, match="__2.metadata: no such file"):
+        dcpfs.open(path, rank=2)
+    # One process (no process group): torch reads rank 0's file; so does the Reader.
+    theirs, ours = _rl_state(0, 1, False), _rl_state(0, 1, False)
+    dcp.load(theirs, storage_reader=FileSystemReader(path), no_dist=True)
+    reader = dcpfs.torch.Reader(path)
+    dcp.load(ours, storage_reader=reader, no_dist=True)
+    assert reader.view_rank == 0
+    _same_sd(ours, theirs, local=False, what="one process: dcpfs.torch.Reader vs FileSystemReader")
+    _same_sd(ours, _rl_state(0, 1, True), local=False, what="one process: rank 0's values")
+    # Without rank=, the Reader refuses the merged view (it is no global .metadata), naming a key.
+    with pytest.raises(dcpfs.DcpError, match="rank-local checkpoint .* several ranks saved 'model.w' and 5 other keys"):
+        dcpfs.torch.Reader(path).read_metadata()
+    md = dcpfs.torch.Reader(path).read_metadata(rank=1)
+    assert "model.only1" in md.state_dict_metadata and "model.only0" not in md.state_dict_metadata
+    assert md.state_dict_metadata["rows"].chunks[0].offsets == torch.Size([3, 0])
+
+
+def _rl_save_disjoint(rank: int, world: int, path: str) -> None:
+    from torch.distributed.checkpoint import FileSystemWriter
+    api = _dtensor_api()
+    mesh = api.DeviceMesh("cpu", list(range(world)))
+    dcp.save({"rows": api.distribute_tensor(RL_FULL, mesh, [api.Shard(0)]), f"only{rank}": torch.full((2,), rank)},
+             storage_writer=FileSystemWriter(path), use_collectives=False)
+    dist.barrier()
+
+
+@needs_rank_local
+def test_rank_local_disjoint_is_one_view(tmp_path):
+    """A rank-local save whose ranks saved disjoint boxes is one global view: the
+    Reader reads it whole (here on one process: every row, both ranks' keys)."""
+    path = str(tmp_path / "rl")
+    distrun.run(2, _rl_save_disjoint, path, timeout=90)
+    got = {"rows": torch.zeros(6, 4), "only0": torch.zeros(2, dtype=torch.int64),
+           "only1": torch.zeros(2, dtype=torch.int64)}
+    reader = dcpfs.torch.Reader(path)
+    dcp.load(got, storage_reader=reader, no_dist=True)
+    assert reader.view_rank is None
+    _same(got["rows"], RL_FULL, "rows")
+    _same(got["only1"], torch.full((2,), 1), "only1")
 
 
 # -- timing (printed) --------------------------------------------------------
