@@ -102,6 +102,9 @@ enum dfs_ntype {
  * dot-name, so `ls` hides them and nothing takes them for checkpoints. */
 #define DFS_PARTIAL_NAME ".partial"
 #define DFS_PARTIAL_XATTR "user.dcp.partial"
+/* An entry's dcp digest (XXH3-128 of its value, hex), computed on request:
+ * it reads the whole value, so a worker answers it (loop.c). */
+#define DFS_DIGEST_XATTR "user.dcp.xxh3_128"
 
 struct dfs_node;
 struct dfs_ckpt;

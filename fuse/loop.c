@@ -24,13 +24,17 @@
 #include "dcpfs.h"
 
 /* The head of every request (the kernel's struct fuse_in_header, which
- * libfuse does not install). */
+ * libfuse does not install): 40 bytes, the request's arguments follow. */
 struct in_header {
     uint32_t len;
     uint32_t opcode;
     uint64_t unique;
     uint64_t nodeid;
+    uint32_t uid, gid, pid;
+    uint16_t total_extlen, padding;
 };
+_Static_assert(sizeof(struct in_header) == 40, "struct fuse_in_header is 40 bytes");
+#define GETXATTR_IN 8   /* struct fuse_getxattr_in (size, padding) before the name */
 
 enum {
     OP_LOOKUP = 1,
@@ -141,13 +145,28 @@ static int hand_off(struct pool *p, struct fuse_buf *buf)
     return 0;
 }
 
+/* Is the request's NUL-terminated name argument, `skip` bytes past the
+ * header, `name`? */
+static int names(const struct fuse_buf *buf, size_t skip, const char *name)
+{
+    size_t at = sizeof(struct in_header) + skip, n = strlen(name) + 1;
+    return buf->size >= at + n && memcmp((const char *)buf->mem + at, name, n) == 0;
+}
+
 /* May the receiving thread answer this request itself? Only names and
- * attributes of what is already in memory (or one catalog query away). */
+ * attributes of what is already in memory (or one catalog query away):
+ * not the digest attribute (it reads the whole value: seconds for a large
+ * tensor, during which no other request of the mount would be received),
+ * nor a lookup of all.safetensors (its first one lays the file out), nor
+ * anything about .partial (it rescans its folder). */
 static int answer_here(struct dfs *fs, const struct fuse_buf *buf)
 {
     if ((buf->flags & FUSE_BUF_IS_FD) || buf->size < sizeof(struct in_header))
         return 0;
     const struct in_header *in = buf->mem;
+    if ((in->opcode == OP_GETXATTR && names(buf, GETXATTR_IN, DFS_DIGEST_XATTR)) ||
+        (in->opcode == OP_LOOKUP && names(buf, 0, DFS_STVIEW_NAME)))
+        return 0;
     switch (in->opcode) {
     case OP_FORGET:
     case OP_BATCH_FORGET:
@@ -175,6 +194,7 @@ static int answer_here(struct dfs *fs, const struct fuse_buf *buf)
         return 1;   /* answered with ENOENT */
     switch (n->type) {
     case DFS_N_SCANDIR:
+    case DFS_N_PARTDIR:
         return 0;   /* may rescan a folder */
     case DFS_N_CKPT:
         return atomic_load(&n->ck->state) == 1;   /* else: opened (parsed) first */

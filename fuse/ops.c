@@ -563,8 +563,6 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* ----------------------------------------------------------------- xattrs */
 
-/* An entry's dcp digest (XXH3-128 of its value, hex), computed on request. */
-#define DIGEST_XATTR "user.dcp.xxh3_128"
 
 /* Builds "name\0value\0..." of a node's attributes into a malloc'd buffer. */
 struct xlist {
@@ -636,7 +634,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         fuse_reply_err(req, ENOENT);
         return;
     }
-    if (n->type == DFS_N_ENTRY && strcmp(name, DIGEST_XATTR) == 0) {
+    if (n->type == DFS_N_ENTRY && strcmp(name, DFS_DIGEST_XATTR) == 0) {
         /* computed when asked: it reads the whole value (dcp digest's digest) */
         unsigned char d[16];
         char hex[33];
@@ -690,7 +688,7 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
         return;
     }
     struct xlist x = {0};
-    if (node_xattrs(n, &x) < 0 || (n->type == DFS_N_ENTRY && xl_add(&x, DIGEST_XATTR, "") < 0)) {
+    if (node_xattrs(n, &x) < 0 || (n->type == DFS_N_ENTRY && xl_add(&x, DFS_DIGEST_XATTR, "") < 0)) {
         free(x.buf);
         fuse_reply_err(req, ENOMEM);
         return;
