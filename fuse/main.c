@@ -337,6 +337,17 @@ int main(int argc, char *argv[])
     }
     if (parse_modes(&fs.opt) < 0 || (fs.opt.view == DFS_VIEW_HF && hf_options(&fs) < 0))
         goto out0;
+    if (fs.opt.catalog) {
+        /* Opened when a checkpoint is, in folder mode after the daemon
+         * went to "/": a relative path is the starting directory's. */
+        char *p = absolute(fs.opt.catalog);
+        if (!p) {
+            fprintf(stderr, "dcpfs: out of memory\n");
+            goto out0;
+        }
+        free(fs.opt.catalog);
+        fs.opt.catalog = p;
+    }
     if (fs.opt.ready_fd >= 0 && fcntl(fs.opt.ready_fd, F_SETFD, FD_CLOEXEC) < 0) {
         fprintf(stderr, "dcpfs: -o ready_fd=%d: %s\n", fs.opt.ready_fd, strerror(errno));
         goto out0;

@@ -134,4 +134,26 @@ done
 [ -f "$mnt/dtypes/float32" ] || fail "dtypes/float32 is not found after negative lookups"
 [ "$(stat -c %h "$mnt/dtypes")" = 2 ] || fail "dtypes has $(stat -c %h "$mnt/dtypes") links"
 unmount_dcpfs "$mnt"
+
+# A relative -o catalog=PATH is the starting directory's, also for a daemon in the
+# background (it works from "/") that opens a checkpoint of a folder on first use: that
+# catalog was made in "/" instead.
+rel="dcpfs-test-catalog-$$.sqlite" cwd="$SCRATCH/cwd" mnt="$SCRATCH/bg"
+mkdir -p "$cwd" "$SCRATCH/run" "$mnt"
+cp -r "$FIXTURES/05_mixed_2ranks/ckpt" "$SCRATCH/run/step_1"
+mkfifo "$SCRATCH/bg.ready"
+MOUNTS+=("$mnt")
+(cd "$cwd" && exec "$DCPFS" -o "ready_fd=3,catalog=$rel" "$SCRATCH/run" "$mnt" 3>"$SCRATCH/bg.ready" 2>"$mnt.log") &
+byte=""
+read -r -t 60 -n 1 byte <"$SCRATCH/bg.ready" || true
+[ "$byte" = 1 ] || fail "dcpfs in the background did not mount: $(cat "$mnt.log")"
+wait $! || fail "dcpfs in the background: its starting process failed: $(cat "$mnt.log")"
+f=$(cd "$mnt/step_1" && find . -type f ! -name all.safetensors | head -1)
+k=$(python3 -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.dcp.key").decode())' "$mnt/step_1/$f")
+"$DCP" --no-catalog cat "$SCRATCH/run/step_1" "$k" | cmp - "$mnt/step_1/$f" || fail "$f differs from dcp cat $k"
+fusermount3 -u "$mnt" || fail "fusermount3 -u $mnt"
+if [ ! -f "$cwd/$rel" ]; then
+    [ -f "/$rel" ] && rm -f "/$rel" "/$rel-wal" "/$rel-shm" && fail "-o catalog=$rel was made in /, not in dcpfs's starting directory"
+    fail "-o catalog=$rel: no catalog in dcpfs's starting directory: $(ls -A "$cwd")"
+fi
 echo "catalog-fuse: ok"
