@@ -69,6 +69,7 @@ struct dfs_options {
     char *hf_keys;          /* -o hf_keys=PATTERN (--keys) */
     int hf_allow_unmapped;  /* -o hf_allow_unmapped (--allow-unmapped) */
     char *hf_recipe;        /* view=hf:FILE: the recipe file's absolute path */
+    char *hf_recipe_dirs;   /* view=hf: $DCP_RECIPE_PATH, its relative folders made absolute */
     char *read_name;        /* -o read=auto|splice|pread */
     int ready_fd;           /* -o ready_fd=N: one byte written when the mount is live */
     int max_depth;          /* -o depth=N: folder levels scanned below SOURCE */

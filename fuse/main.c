@@ -244,6 +244,34 @@ static char *absolute(const char *path)
     return p;
 }
 
+/* A ':'-separated list of folders, the relative ones made absolute (the
+ * recipe is looked up again when a checkpoint is opened, from "/").
+ * malloc'd; NULL on ENOMEM. */
+static char *absolute_dirs(const char *dirs)
+{
+    char cwd[4096];
+    size_t n = strlen(dirs), extra = getcwd(cwd, sizeof cwd) ? strlen(cwd) + 1 : 0, parts = 1;
+    for (const char *c = dirs; *c; c++)
+        parts += *c == ':';
+    char *out = malloc(n + parts * extra + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *d = dirs;; d++) {
+        const char *end = strchr(d, ':');
+        size_t len = end ? (size_t)(end - d) : strlen(d);
+        if (len && d[0] != '/' && extra)
+            o += sprintf(o, "%s/", cwd);
+        memcpy(o, d, len);
+        o += len;
+        if (!end)
+            break;
+        *o++ = ':';
+        d = end;
+    }
+    *o = '\0';
+    return out;
+}
+
 /* view=hf: the export's options, checked (the recipe loaded, the config
  * parsed) so that a bad one fails the mount with the export's message. */
 static int hf_options(struct dfs *fs)
@@ -254,6 +282,10 @@ static int hf_options(struct dfs *fs)
     x->dtype = DCP_DTYPE_INVALID;
     x->recipe = o->view_name + 3;
     x->recipe_dirs = getenv("DCP_RECIPE_PATH");   /* as dcp convert: searched first */
+    if (x->recipe_dirs && !(x->recipe_dirs = o->hf_recipe_dirs = absolute_dirs(x->recipe_dirs))) {
+        fprintf(stderr, "dcpfs: out of memory\n");
+        return -1;
+    }
     x->keys = o->hf_keys;
     x->flags = o->hf_allow_unmapped ? DCP_EXPORT_ALLOW_UNMAPPED : 0;
     if (o->hf_dtype && (x->dtype = dcp_dtype_from_name(o->hf_dtype)) != DCP_FLOAT32 && x->dtype != DCP_FLOAT16 &&
@@ -448,6 +480,7 @@ out0:;   /* a label takes a statement, not a declaration, before C23 */
     free(fs.opt.hf_max_shard);
     free(fs.opt.hf_keys);
     free(fs.opt.hf_recipe);
+    free(fs.opt.hf_recipe_dirs);
     free(fs.opt.read_name);
     free(fs.opt.catalog);
     free(cmd.mountpoint);

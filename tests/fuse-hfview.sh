@@ -122,6 +122,17 @@ for st in 1 2; do
     done
 done
 unmount_dcpfs "$S/m-run"
+# A recipe named from a relative $DCP_RECIPE_PATH in folder mode, where a checkpoint's view
+# is laid out on first use, by a daemon that works from "/": it was not found (EIO).
+mkdir -p "$S/rdir"
+cp "$S/r2.json" "$S/rdir/relname.json"
+cd "$S"
+DCP_RECIPE_PATH=nosuch:rdir mount_dcpfs "$S/run" "$S/m-rel" -o "no_catalog,view=hf:relname"
+cd - >/dev/null
+for f in "$S/e-run1"/*; do
+    cmp "$f" "$S/m-rel/step_1/${f##*/}" || fail "relative DCP_RECIPE_PATH: step_1/${f##*/}: $(cat "$S/m-rel.log")"
+done
+unmount_dcpfs "$S/m-rel"
 
 # Errors fail the mount with the export's message, and nothing stays mounted.
 mnt=$S/m-err
