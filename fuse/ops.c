@@ -23,6 +23,7 @@
 
 #include "dcp_integrity.h"
 #include "dcpfs.h"
+#include "names.h"
 
 #define FS(req) ((struct dfs *)fuse_req_userdata(req))
 
@@ -222,6 +223,12 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct dfs *fs = FS(req);
+    /* No name is longer (statfs says so): the kernel passes up to 1024
+     * bytes, and a disk filesystem answers ENAMETOOLONG, not ENOENT. */
+    if (strlen(name) > DFS_NAME_MAX) {
+        fuse_reply_err(req, ENAMETOOLONG);
+        return;
+    }
     struct dfs_node *dir = ready_dir(req, fs, parent, 0);
     if (!dir)
         return;
@@ -556,7 +563,7 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
     pthread_mutex_lock(&fs->alloc_lock);
     sv.f_files = fs->nnodes;
     pthread_mutex_unlock(&fs->alloc_lock);
-    sv.f_namemax = 255;
+    sv.f_namemax = DFS_NAME_MAX;
     sv.f_flag = ST_RDONLY;
     fuse_reply_statfs(req, &sv);
 }

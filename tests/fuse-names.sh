@@ -1,6 +1,7 @@
 # The name encoding of dcpfs(1), on keys saved by PyTorch: empty components
 # ("x..y", ".lead", "trail."), '%' and '/' in a component, and keys that are
-# also prefixes of other keys ("a.b" beside "a.b.c"), in the raw and npy views.
+# also prefixes of other keys ("a.b" beside "a.b.c"), in the raw and npy views;
+# names longer than 255 bytes are ENAMETOOLONG.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -27,6 +28,18 @@ if python3 -c 'import safetensors, numpy' 2>/dev/null; then
     python3 "$FUSE_CHECK" safetensors "$mnt" "$truth" "$DCP" "$SCRATCH/names/ckpt"
     grep -q "__metadata__: not in all.safetensors" "$mnt.log" || fail "no log line for the key __metadata__"
 fi
+# A name longer than NAME_MAX (255 bytes) is too long, as on a disk filesystem (it was
+# ENOENT: the kernel passes names up to 1024 bytes); one of 255 bytes is just not there.
+n255=$(printf 'x%.0s' $(seq 255))
+for d in "" a/ a/b/; do
+    for name in "${n255}y" "$n255$n255$n255"; do
+        out=$(LC_ALL=C stat "$mnt/$d$name" 2>&1) && fail "$d${name:0:20}...: found"
+        case "$out" in *"File name too long"*) ;; *) fail "$d(${#name} bytes): $out, not ENAMETOOLONG" ;; esac
+    done
+    out=$(LC_ALL=C stat "$mnt/$d$n255" 2>&1) && fail "$d$n255: found"
+    case "$out" in *"No such file or directory"*) ;; *) fail "$d(255 bytes): $out, not ENOENT" ;; esac
+done
+[ "$(stat -f -c %l "$mnt")" = 255 ] || fail "statfs: namemax $(stat -f -c %l "$mnt")"
 unmount_dcpfs "$mnt"
 
 # npy view: tensors are NAME.npy (no collision suffix needed); bytes items keep their names.
