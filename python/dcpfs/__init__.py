@@ -364,15 +364,17 @@ class Checkpoint(Mapping):
         ValueError once closed, as the other methods do."""
         with self._use() as ck:
             if self._keys is None:
-                keys = []
-                err = _ffi.new("dcp_error *")
-                out = _ffi.new("const dcp_entry **")
-                for i in range(_lib.dcp_num_entries(ck)):
-                    if _lib.dcp_get_entry(ck, i, out, err) < 0:
-                        _raise(err)
-                    keys.append(_key_text(out[0].key))
-                self._keys = keys
+                self._keys = [_key_text(e.key) for e in self._entries(ck)]
             return list(self._keys)
+
+    def _entries(self, ck: Any) -> Iterator[Any]:
+        """Each dcp_entry of the open checkpoint ck, in metadata order."""
+        err = _ffi.new("dcp_error *")
+        out = _ffi.new("const dcp_entry **")
+        for i in range(_lib.dcp_num_entries(ck)):
+            if _lib.dcp_get_entry(ck, i, out, err) < 0:
+                _raise(err)
+            yield out[0]
 
     def __len__(self) -> int:
         with self._use() as ck:
@@ -419,15 +421,7 @@ class Checkpoint(Mapping):
         """The keys :meth:`replicated` is True for, in metadata order (one pass
         over the entries: empty for any checkpoint but a merged rank-local one)."""
         with self._use() as ck:
-            out = []
-            err = _ffi.new("dcp_error *")
-            e = _ffi.new("const dcp_entry **")
-            for i in range(_lib.dcp_num_entries(ck)):
-                if _lib.dcp_get_entry(ck, i, e, err) < 0:
-                    _raise(err)
-                if _lib.dcp_entry_replicated(ck, e[0]):
-                    out.append(_key_text(e[0].key))
-            return out
+            return [_key_text(e.key) for e in self._entries(ck) if _lib.dcp_entry_replicated(ck, e)]
 
     def replicated(self, key: str) -> bool:
         """True when several ranks saved key: a rank-local checkpoint
