@@ -61,7 +61,8 @@ typedef struct dcp_ckpt_writer dcp_ckpt_writer;
  * dcp_write_torch_save, dcp_write_safetensors, dcp_convert_options.flags).
  * Each writer ignores the flags that mean nothing to it. */
 enum {
-    /* torch.save: split keys on '.' into nested dicts ("a.b" -> {"a": {"b": t}});
+    /* torch.save: split keys on '.' into nested dicts ("a.b" -> {"a": {"b": t}};
+     * dcp_convert_files nests by the source's own paths instead, where known);
      * otherwise one flat dict, like torch.save(model.state_dict()). */
     DCP_WRITE_NESTED = 1u << 0,
     DCP_WRITE_NO_CRC = 1u << 1,     /* zip CRC-32s written as 0 (torch's save.compute_crc32 =

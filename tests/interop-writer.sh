@@ -56,6 +56,24 @@ $NEST same "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-pt" || fail "planner_da
 $DCP convert -q "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-dcp"
 $NEST same "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/from-dcp" || fail "planner_data of a DCP converted from a DCP"
 $NEST flat "$SCRATCH/synth-rows" || fail "planner_data of a synth checkpoint"
+# convert --nested to a .pt nests as dcp_to_torch_save does, from the source's own paths (a
+# module's "0.weight" stays one key; list indexes make lists), from DCP and from .pt sources.
+$DCP convert -q --nested "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-dcp.pt"
+$NEST pt "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-dcp.pt" || fail "convert --nested of a DCP to .pt"
+$DCP convert -q --nested "$SCRATCH/nest/nested.pt" "$SCRATCH/nest/nested-from-pt.pt"
+$NEST pt "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-pt.pt" || fail "convert --nested of a .pt to .pt"
+# Hostile paths: a list of 2^40 Nones, and "hist" a list for one key and a dict for another,
+# are refused naming the key, no file left; without --nested the keys stay flat and convert.
+$NEST hostile "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest"
+for bad in bigindex:"hist.1099511627776: list index 1099511627776 is out of range" \
+           clash:"hist.2.0: key's path puts a dict key where another key's puts a list index"; do
+    d=${bad%%:*}
+    ! $DCP convert -q --nested "$SCRATCH/nest/$d" "$SCRATCH/nest/$d.pt" 2>"$SCRATCH/nest/$d.err" ||
+        fail "convert --nested of $d succeeded"
+    grep -qF "${bad#*:}" "$SCRATCH/nest/$d.err" || fail "$d: $(cat "$SCRATCH/nest/$d.err")"
+    [ ! -e "$SCRATCH/nest/$d.pt" ] || fail "$d: a failed convert left its output"
+    $DCP convert -q "$SCRATCH/nest/$d" "$SCRATCH/nest/$d-flat.pt" || fail "flat convert of $d"
+done
 # Values convert cannot carry are reported one by one, by key.
 python3 -c "import sys, torch; torch.save({'t': torch.ones(2), 'dev': torch.device('cpu'), 'sub': {'d2': torch.device('cpu')}}, sys.argv[1])" \
     "$SCRATCH/skip.pt"

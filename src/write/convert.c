@@ -390,7 +390,8 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
         dcp_checkpoint *ck;
         rc = dcp_open(srcp, opt->flags & DCP_WRITE_MEGATRON_FOLD ? DCP_OPEN_MEGATRON_FOLD : 0, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
-        if (rc == 0 && to == DCP_FORMAT_DCP && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)
+        int nests = to == DCP_FORMAT_DCP || (to == DCP_FORMAT_TORCH_SAVE && (opt->flags & DCP_WRITE_NESTED));
+        if (rc == 0 && nests && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)
             dcp_close(ck);
     } else if (from == DCP_FORMAT_TORCH_SAVE) {
         pt_hooks_ctx hc = {.paths = &s.paths, .skipped = opt->skipped, .skipped_ctx = opt->skipped_ctx};
@@ -468,7 +469,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             char root[256];
             const char *b = slash ? slash + 1 : dst, *dot = strrchr(b, '.');
             snprintf(root, sizeof root, "%.*s", dot && dot != b ? (int)(dot - b) : (int)strlen(b), b);
-            rc = dcp_write_torch_save(dst, root, items, nitems, wflags, &s.source, NULL, NULL, err);
+            rc = dcpw_write_torch_save(dst, root, items, nitems, wflags, &s.paths, &s.source, NULL, NULL, err);
             break;
         }
         case DCP_FORMAT_SAFETENSORS:

@@ -18,6 +18,7 @@
 #include "atomic.h"
 #include "dcp_write.h"
 #include "internal.h"
+#include "keypaths.h"
 #include "sized_opts.h"
 #include "pickle_write.h"
 #include "zip_write.h"
@@ -345,21 +346,7 @@ int dcp_ckpt_set_path(dcp_ckpt_writer *w, const char *key, const dcp_path_part *
         return dcpi_err(err, EINVAL, "%s: %s: path of an undeclared key", w->dir, key);
     if (n == 0 || n > 4096)
         return dcpi_err(err, EINVAL, "%s: %s: a path of %zu parts", w->dir, key, n);
-    /* The parts joined with dots must give the key back. */
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        char num[24];
-        const char *s = parts[i].str;
-        size_t len = parts[i].len;
-        if (!s) {
-            len = (size_t)snprintf(num, sizeof num, "%" PRId64, parts[i].index);
-            s = num;
-        }
-        if ((i && (at >= kl || key[at++] != '.')) || len > kl - at || memcmp(key + at, s, len))
-            return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
-        at += len;
-    }
-    if (at != kl)
+    if (!dcpw_path_spells(key, kl, parts, n))
         return dcpi_err(err, EINVAL, "%s: %s: the path does not spell the key", w->dir, key);
     dcp_path_part *copy = dcpi_arena_alloc(&w->arena, n * sizeof *copy);
     if (!copy)

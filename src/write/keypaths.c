@@ -3,6 +3,7 @@
  * single-file reader's path hook) or from a DCP source's planner_data. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,24 @@ void dcpw_kp_free(dcpw_keypaths *kp)
     dcpi_arena_free(&kp->arena);
     free(kp->parts);
     free(kp->n);
+}
+
+bool dcpw_path_spells(const char *key, size_t kl, const dcp_path_part *parts, size_t n)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        char num[24];
+        const char *s = parts[i].str;
+        size_t len = parts[i].len;
+        if (!s) {
+            len = (size_t)snprintf(num, sizeof num, "%" PRId64, parts[i].index);
+            s = num;
+        }
+        if ((i && (at >= kl || key[at++] != '.')) || len > kl - at || memcmp(key + at, s, len))
+            return false;
+        at += len;
+    }
+    return n > 0 && at == kl;
 }
 
 int dcpw_kp_add(dcpw_keypaths *kp, const char *key, size_t kl, const dcp_path_part *parts, size_t n)

@@ -1,4 +1,5 @@
-/* The torch.save writer: a dict of tensors (flat, or nested on dotted keys)
+/* The torch.save writer: a dict of tensors (flat, or nested as the source
+ * nested them, else on dotted keys)
  * that torch.load(weights_only=True) accepts, in the zip layout of torch 2.13
  * (zip_write.c). data.pkl names every tensor's storage ("0", "1", ... in item
  * order) and is written first, so the whole pickle is built before any data;
@@ -14,31 +15,50 @@
 #include "dcp_write.h"
 #include "atomic.h"
 #include "internal.h"
+#include "keypaths.h"
 #include "pickle_write.h"
 #include "zip_write.h"
 
 #define PIECE (1u << 20)              /* bytes at a time: stays in L2 between read, CRC and write */
 
-/* A tree of dotted key parts for DCP_WRITE_NESTED: children in first-seen order. */
+/* The nesting for DCP_WRITE_NESTED: each key's path (its source's, as torch's
+ * planner_data records it, or its dot-separated parts), as a tree whose
+ * inner nodes become dicts (str parts) or lists (int parts), as torch's
+ * unflatten_state_dict rebuilds them. Children in first-seen order; a list's
+ * are sorted by index when written, gaps holding None as torch leaves them. */
+#define LIST_SLOTS_MAX (1u << 20)    /* list elements in all, None gaps included */
+
+enum { T_LEAF, T_NEW, T_DICT, T_LIST };
+
 typedef struct tnode {
-    const char *name;        /* arena; the part of the key */
-    size_t len;
-    long item;               /* leaf: index into items; -1 for an inner dict */
+    dcp_path_part part;      /* its key in the parent: str (not owned) or index */
+    int kind;                /* T_LEAF (item), T_NEW (inner, no child yet), T_DICT, T_LIST */
+    size_t item;             /* T_LEAF: index into items */
     size_t first, next;      /* first child, next sibling (SIZE_MAX: none) */
     size_t last;             /* last child (for appending) */
+    int64_t max_index;       /* T_LIST: the largest child index */
 } tnode;
 
 typedef struct tree {
     tnode *n;
     size_t count, cap;
-    dcpi_strmap index;       /* full prefix -> node */
+    dcpi_strmap index;       /* (parent, part) -> node */
+    dcpi_arena arena;        /* the index's keys */
+    uint64_t list_slots;
 } tree;
 
-static int tree_add(tree *t, size_t parent, const char *full, size_t plen, const char *part, size_t len,
-                    long item, size_t *out)
+/* The node under parent for part, made (as kind) if new: 1 made, 0 found, -1 out of memory. */
+static int tree_child(tree *t, size_t parent, dcp_path_part part, int kind, size_t *out)
 {
+    size_t plen = part.str ? part.len : sizeof part.index;
+    char *k = dcpi_arena_alloc(&t->arena, sizeof parent + 1 + plen);
+    if (!k)
+        return -1;
+    memcpy(k, &parent, sizeof parent);
+    k[sizeof parent] = part.str ? 's' : 'i';
+    memcpy(k + sizeof parent + 1, part.str ? (const void *)part.str : (const void *)&part.index, plen);
     uint64_t v;
-    if (dcpi_strmap_get(&t->index, full, plen, &v)) {
+    if (dcpi_strmap_get(&t->index, k, sizeof parent + 1 + plen, &v)) {
         *out = (size_t)v;
         return 0;
     }
@@ -51,7 +71,7 @@ static int tree_add(tree *t, size_t parent, const char *full, size_t plen, const
         t->cap = nc;
     }
     size_t i = t->count++;
-    t->n[i] = (tnode){.name = part, .len = len, .item = item, .first = SIZE_MAX, .next = SIZE_MAX, .last = SIZE_MAX};
+    t->n[i] = (tnode){.part = part, .kind = kind, .first = SIZE_MAX, .next = SIZE_MAX, .last = SIZE_MAX};
     if (parent != SIZE_MAX) {
         tnode *p = &t->n[parent];
         if (p->first == SIZE_MAX)
@@ -60,10 +80,10 @@ static int tree_add(tree *t, size_t parent, const char *full, size_t plen, const
             t->n[p->last].next = i;
         p->last = i;
     }
-    if (dcpi_strmap_put(&t->index, full, plen, i) < 0)
+    if (dcpi_strmap_put(&t->index, k, sizeof parent + 1 + plen, i) < 0)
         return -1;
     *out = i;
-    return 0;
+    return 1;
 }
 
 typedef struct ctx {
@@ -99,15 +119,39 @@ static int value(ctx *c, pw *p, size_t i, const char *storage_key)
 
 static int emit_node(ctx *c, pw *p, const tree *t, size_t node, const char **keys, int depth)
 {
-    if (depth > 60)
+    if (depth > 4100)   /* paths have at most 4096 parts (dcp_ckpt_set_path) */
         return dcpi_err(c->err, EINVAL, "%s: keys nested too deeply", c->path);
     const tnode *n = &t->n[node];
-    if (n->item >= 0)
-        return value(c, p, (size_t)n->item, keys[n->item]);
+    if (n->kind == T_LEAF)
+        return value(c, p, n->item, keys[n->item]);
+    if (n->kind == T_LIST) {
+        size_t nch = 0, *ch = malloc((size_t)(n->max_index + 1) * sizeof *ch);
+        if (!ch)
+            return dcpi_err(c->err, ENOMEM, "%s: out of memory", c->path);
+        for (size_t k = 0; k <= (size_t)n->max_index; k++)
+            ch[k] = SIZE_MAX;
+        for (size_t k = n->first; k != SIZE_MAX; k = t->n[k].next, nch++)
+            ch[t->n[k].part.index] = k;
+        pw_list_begin(p);
+        int rc = 0;
+        for (size_t k = 0; k <= (size_t)n->max_index && rc == 0; k++) {
+            pw_list_elem(p);
+            if (ch[k] == SIZE_MAX)
+                pw_none(p);
+            else
+                rc = emit_node(c, p, t, ch[k], keys, depth + 1);
+        }
+        pw_list_end(p);
+        free(ch);
+        return rc;
+    }
     pw_dict_begin(p);
     for (size_t ch = n->first; ch != SIZE_MAX; ch = t->n[ch].next) {
         pw_dict_key(p);
-        pw_str_shared(p, t->n[ch].name, t->n[ch].len);
+        if (t->n[ch].part.str)
+            pw_str_shared(p, t->n[ch].part.str, t->n[ch].part.len);
+        else   /* an int at the top: torch makes it a key of the root dict */
+            pw_int(p, t->n[ch].part.index);
         if (emit_node(c, p, t, ch, keys, depth + 1) < 0)
             return -1;
     }
@@ -115,8 +159,50 @@ static int emit_node(ctx *c, pw *p, const tree *t, size_t node, const char **key
     return 0;
 }
 
+/* Put item i at its path under the root (node 0). */
+static int tree_place(ctx *c, tree *t, size_t i, const dcp_path_part *parts, size_t np)
+{
+    const char *key = c->items[i].key;
+    size_t node = 0;
+    for (size_t k = 0; k < np; k++) {
+        int leaf = k + 1 == np;
+        size_t child;
+        int made = tree_child(t, node, parts[k], leaf ? T_LEAF : T_NEW, &child);
+        if (made < 0)
+            return dcpi_err(c->err, ENOMEM, "%s: out of memory", c->path);
+        tnode *pn = &t->n[node];
+        int want = parts[k].str || node == 0 ? T_DICT : T_LIST;
+        if (!made && (leaf || t->n[child].kind == T_LEAF))
+            return dcpi_err(c->err, EINVAL, "%s: %s: key clashes with another when nested (use a flat dict)",
+                            c->path, key);
+        if (pn->kind != T_NEW && pn->kind != want)
+            return dcpi_err(c->err, EINVAL,
+                            "%s: %s: key's path puts a %s where another key's puts a %s (use a flat dict)",
+                            c->path, key, want == T_LIST ? "list index" : "dict key",
+                            want == T_LIST ? "dict key" : "list index");
+        pn->kind = want;
+        if (want == T_LIST && made) {
+            if (parts[k].index < 0 || (uint64_t)parts[k].index >= LIST_SLOTS_MAX)
+                return dcpi_err(c->err, EINVAL, "%s: %s: list index %" PRId64 " is out of range for a .pt", c->path,
+                                key, parts[k].index);
+            if (parts[k].index > pn->max_index || pn->first == child) {
+                uint64_t before = pn->first == child ? 0 : (uint64_t)pn->max_index + 1;
+                t->list_slots += (uint64_t)parts[k].index + 1 - before;
+                pn->max_index = parts[k].index;
+                if (t->list_slots > LIST_SLOTS_MAX)
+                    return dcpi_err(c->err, EINVAL, "%s: %s: lists would hold more than %u elements in all", c->path,
+                                    key, LIST_SLOTS_MAX);
+            }
+        }
+        if (leaf)
+            t->n[child].item = i;
+        node = child;
+    }
+    return 0;
+}
+
 /* data.pkl of the whole file: storage keys are the tensors' ordinals. */
-static int build_pickle(ctx *c, unsigned flags, pw *p, char **keys)
+static int build_pickle(ctx *c, unsigned flags, const dcpw_keypaths *paths, pw *p, char **keys)
 {
     if (!(flags & DCP_WRITE_NESTED)) {
         pw_dict_begin(p);
@@ -131,37 +217,41 @@ static int build_pickle(ctx *c, unsigned flags, pw *p, char **keys)
     }
     tree t = {0};
     dcpi_strmap_init(&t.index);
-    int rc = 0;
+    dcpi_arena_init(&t.arena);
+    dcp_path_part *split = NULL;
     size_t root;
-    if (tree_add(&t, SIZE_MAX, "", 0, "", 0, -1, &root) < 0)
+    int rc = 0;
+    if (tree_child(&t, SIZE_MAX, (dcp_path_part){.str = "", .len = 0}, T_DICT, &root) < 0)
         rc = dcpi_err(c->err, ENOMEM, "%s: out of memory", c->path);
     for (size_t i = 0; i < c->n && rc == 0; i++) {
         const char *k = c->items[i].key;
-        size_t parent = root, kl = strlen(k);
-        for (size_t s = 0;;) {
-            const char *dot = memchr(k + s, '.', kl - s);
-            size_t e = dot ? (size_t)(dot - k) : kl, node;
-            uint64_t v;
-            int leaf = !dot;
-            if (dcpi_strmap_get(&t.index, k, e, &v) && (leaf || t.n[v].item >= 0)) {
-                rc = dcpi_err(c->err, EINVAL, "%s: %s: key clashes with another when nested (use a flat dict)",
-                              c->path, k);
-                break;
-            }
-            if (tree_add(&t, parent, k, e, k + s, e - s, leaf ? (long)i : -1, &node) < 0) {
+        size_t kl = strlen(k), np;
+        const dcp_path_part *path = dcpw_kp_get(paths, k, &np);
+        if (!path || !dcpw_path_spells(k, kl, path, np)) {   /* no path known: its dotted parts */
+            free(split);
+            np = 1;
+            for (size_t s = 0; s < kl; s++)
+                np += k[s] == '.';
+            if (!(split = malloc(np * sizeof *split))) {
                 rc = dcpi_err(c->err, ENOMEM, "%s: out of memory", c->path);
                 break;
             }
-            if (leaf)
-                break;
-            parent = node;
-            s = e + 1;
+            for (size_t s = 0, j = 0; j < np; j++) {
+                const char *dot = memchr(k + s, '.', kl - s);
+                size_t e = dot ? (size_t)(dot - k) : kl;
+                split[j] = (dcp_path_part){.str = k + s, .len = e - s};
+                s = e + 1;
+            }
+            path = split;
         }
+        rc = tree_place(c, &t, i, path, np);
     }
     if (rc == 0)
         rc = emit_node(c, p, &t, root, (const char **)keys, 0);
+    free(split);
     free(t.n);
     dcpi_strmap_free(&t.index);
+    dcpi_arena_free(&t.arena);
     return rc;
 }
 
@@ -181,6 +271,13 @@ static const char *stem(const char *path, char *buf, size_t n)
 int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
                          unsigned flags, const dcp_source *src, dcp_progress_fn progress, void *pctx,
                          dcp_error *err)
+{
+    return dcpw_write_torch_save(path, archive_name, items, n, flags, NULL, src, progress, pctx, err);
+}
+
+int dcpw_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
+                          unsigned flags, const dcpw_keypaths *paths, const dcp_source *src,
+                          dcp_progress_fn progress, void *pctx, dcp_error *err)
 {
     ctx c = {items, n, src, NULL, path, err};
     char **keys = calloc(n ? n : 1, sizeof *keys);
@@ -211,7 +308,7 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
     pw p;
     pw_init(&p, 2, -1, path);
     if (rc == 0)
-        rc = build_pickle(&c, flags, &p, keys);
+        rc = build_pickle(&c, flags, paths, &p, keys);
     if (rc == 0)
         rc = pw_finish(&p, err);
     int fd = -1;
