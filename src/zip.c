@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pickle.h"
 #include "zip.h"
 
 #define CD_MAX_ENTRIES 1000000u
@@ -169,4 +170,37 @@ int dcpi_zip_data(dcp_checkpoint *ck, const dcp_blob *b, const char *key, const 
         return bad(ck, b, key, "record data runs past the archive", err);
     *data_offset = start;
     return 0;
+}
+
+int dcpi_zip_pickle(dcp_checkpoint *ck, const dcp_blob *b, const char *key, uint64_t max, char **buf,
+                    struct pk_doc **doc, const struct pk_node **root, dcp_error *err)
+{
+    dcpi_zip z;
+    const dcpi_zip_entry *ze = NULL;
+    uint64_t len, off;
+    *buf = NULL;
+    *doc = NULL;
+    int rc = dcpi_blob_size(ck, b, &len, key, err);
+    if (rc == 0)
+        rc = dcpi_zip_open(ck, b, key, &z, err);
+    if (rc < 0)
+        return -1;
+    if (!(ze = dcpi_zip_find(&z, "data.pkl")))
+        rc = bad(ck, b, key, "no data.pkl record", err);
+    else if (ze->size > max)
+        rc = bad(ck, b, key, "data.pkl is too large", err);
+    if (rc == 0)
+        rc = dcpi_zip_data(ck, b, key, ze, len, &off, err);
+    if (rc == 0 && !(*buf = malloc(ze->size ? (size_t)ze->size : 1)))
+        rc = dcpi_err(err, ENOMEM, "%s: %s: out of memory", ck->path, key);
+    if (rc == 0)
+        rc = dcpi_blob_read(ck, b, *buf, (size_t)ze->size, off, key, err);
+    if (rc == 0)
+        rc = pk_parse(*buf, (size_t)ze->size, key, doc, root, err);
+    if (rc < 0) {
+        free(*buf);
+        *buf = NULL;
+    }
+    dcpi_zip_close(&z);
+    return rc;
 }

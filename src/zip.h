@@ -32,5 +32,12 @@ const dcpi_zip_entry *dcpi_zip_find(const dcpi_zip *z, const char *name);
 /* Data start of a record (from its local header), checked to lie in the blob. */
 int dcpi_zip_data(dcp_checkpoint *ck, const dcp_blob *b, const char *key, const dcpi_zip_entry *ze,
                   uint64_t blob_len, uint64_t *data_offset, dcp_error *err);
+/* Parse the data.pkl record (at most max bytes) of a torch.save blob: *root
+ * is owned by *doc, which points into *buf: the caller frees both (pk_free,
+ * free); a failure leaves neither. */
+struct pk_doc;
+struct pk_node;
+int dcpi_zip_pickle(dcp_checkpoint *ck, const dcp_blob *b, const char *key, uint64_t max, char **buf,
+                    struct pk_doc **doc, const struct pk_node **root, dcp_error *err);
 
 #endif

@@ -62,6 +62,27 @@ $DCP convert -q --nested "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-dc
 $NEST pt "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-dcp.pt" || fail "convert --nested of a DCP to .pt"
 $DCP convert -q --nested "$SCRATCH/nest/nested.pt" "$SCRATCH/nest/nested-from-pt.pt"
 $NEST pt "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest/nested-from-pt.pt" || fail "convert --nested of a .pt to .pt"
+# Values that are no plain data (a torch.device), or whose pickle shares one list under itself
+# 2^40 times, stay the bytes of their torch.save.
+python3 -c "
+import sys, warnings; warnings.filterwarnings('ignore')
+import torch, torch.distributed.checkpoint as dcp
+deep = [1]
+for _ in range(40):
+    deep = (deep, deep)   # a tuple: torch walks lists (2^40 steps), not tuples
+dcp.save({'t': torch.ones(2), 'dev': torch.device('cpu'), 'deep': deep, 'n': {'x': None, 'y': 'z'}},
+         checkpoint_id=sys.argv[1], no_dist=True)" "$SCRATCH/nest/odd"
+$DCP convert -q --nested "$SCRATCH/nest/odd" "$SCRATCH/nest/odd.pt" || fail "convert --nested of odd values"
+python3 -c "
+import io, sys, torch
+sd = torch.load(sys.argv[1], weights_only=True)
+assert torch.equal(sd['t'], torch.ones(2)) and sd['n'] == {'x': None, 'y': 'z'}, sd
+assert isinstance(sd['dev'], bytes) and torch.load(io.BytesIO(sd['dev']), weights_only=False) == torch.device('cpu'), sd
+assert isinstance(sd['deep'], bytes) and len(sd['deep']) < 4096, sd
+d = torch.load(io.BytesIO(sd['deep']), weights_only=False)
+for _ in range(40):
+    assert d[0] is d[1]; d = d[0]
+assert d == [1]" "$SCRATCH/nest/odd.pt" || fail "odd values of a --nested .pt"
 # Hostile paths: a list of 2^40 Nones, and "hist" a list for one key and a dict for another,
 # are refused naming the key, no file left; without --nested the keys stay flat and convert.
 $NEST hostile "$SCRATCH/nest/torch-dcp" "$SCRATCH/nest"

@@ -53,10 +53,24 @@ $CHECK "$SCRATCH/enc.pt" "$m" --no-bytes --keys enc >/dev/null || fail "--keys e
 $DCP convert --keys 'enc.*' "$FIXTURES/05_mixed_2ranks/ckpt" "$SCRATCH/enc2"
 $CHECK "$SCRATCH/enc2" "$m" --keys enc >/dev/null || fail "--keys 'enc.*'"
 
-# Nested dicts in torch.save flatten back to the same keys.
+# Nested dicts in torch.save flatten back to the same tensors; bytes items holding plain data
+# are those values in the .pt (torch.load of the stored blob), as dcp_to_torch_save gives them
+# (a dict value then flattens to its keys, config.act, as dcp.save would store it).
 $DCP convert --nested "$FIXTURES/05_mixed_2ranks/ckpt" "$SCRATCH/nested.pt"
 $DCP convert "$SCRATCH/nested.pt" "$SCRATCH/nested"
-$CHECK "$SCRATCH/nested" "$m" >/dev/null || fail "--nested round trip"
+$CHECK "$SCRATCH/nested" "$m" --tensors >/dev/null || fail "--nested round trip"
+for k in epoch config written_by; do
+    $DCP cat "$FIXTURES/05_mixed_2ranks/ckpt" $k >"$SCRATCH/blob-$k"
+    python3 -c "
+import io, sys, torch
+v = torch.load(sys.argv[1], weights_only=True)[sys.argv[3]]
+want = torch.load(sys.argv[2], weights_only=False)
+assert type(v) is type(want) and v == want, (v, want)" "$SCRATCH/nested.pt" "$SCRATCH/blob-$k" $k ||
+        fail "--nested: value of $k"
+done
+$DCP cat "$SCRATCH/nested" config.act >"$SCRATCH/act" && python3 -c "
+import sys, torch; assert torch.load(sys.argv[1], weights_only=True) == 'gelu'" "$SCRATCH/act" ||
+    fail "--nested round trip: config.act"
 
 # Sharded safetensors: a folder of shards and an index, read back as a checkpoint.
 $DCP convert --max-shard-size 2K "$FIXTURES/05_mixed_2ranks/ckpt" "$SCRATCH/shards" 2>/dev/null

@@ -28,6 +28,9 @@
 #include "keypaths.h"
 #include "dcp_file.h"   /* dcp_st_refusal */
 #include "single_file.h"
+#include "pickle.h"
+#include "pickle_write.h"
+#include "zip.h"
 
 
 /* ---------------------------------------------------------------- formats */
@@ -344,6 +347,58 @@ static int write_dcp(src *s, const char *tmp, const char *dst, const size_t *sel
     return rc;
 }
 
+/* --nested to a .pt gives what torch's dcp_to_torch_save gives: each bytes
+ * item (a torch.save of one value) as that value, where it is plain data
+ * (None, bool, int, float, str, bytes, and tuples, lists and dicts of them)
+ * that pw_value writes whole within 4x its blob (a pickle sharing one list
+ * under itself 2^60 times does not); others stay bytes. values[k] and
+ * docs[k] per item; -1 only on out of memory. */
+typedef struct plain_values {
+    const pk_node **values;
+    pk_doc **docs;
+    char **bufs;
+    size_t n;
+} plain_values;
+
+static void plain_values_free(plain_values *v)
+{
+    for (size_t k = 0; k < v->n; k++) {
+        pk_free(v->docs[k]);
+        free(v->bufs[k]);
+    }
+    free(v->values);
+    free(v->docs);
+    free(v->bufs);
+}
+
+static int plain_values_read(dcp_checkpoint *ck, const dcp_item *items, size_t n, plain_values *v, dcp_error *err)
+{
+    v->n = n;
+    v->values = calloc(n ? n : 1, sizeof *v->values);
+    v->docs = calloc(n ? n : 1, sizeof *v->docs);
+    v->bufs = calloc(n ? n : 1, sizeof *v->bufs);
+    if (!v->values || !v->docs || !v->bufs)
+        return dcpi_err(err, ENOMEM, "%s: out of memory", dcp_path(ck));
+    for (size_t k = 0; k < n; k++) {
+        const dcp_entry *e = dcp_entry_at(ck, (size_t)items[k].tag);
+        if (items[k].kind == DCP_KIND_TENSOR || !e || !e->has_blob)
+            continue;
+        const pk_node *root;
+        dcp_error ignored;
+        if (dcpi_zip_pickle(ck, &e->blob, e->key, items[k].nbytes, &v->bufs[k], &v->docs[k], &root, &ignored) < 0) {
+            if (ignored.code == ENOMEM)
+                return dcpi_err(err, ENOMEM, "%s: out of memory", dcp_path(ck));
+            continue;   /* not a torch.save blob: stays bytes, as it was stored */
+        }
+        pw trial;
+        pw_init(&trial, 2, -1, e->key);
+        if (pw_value(&trial, root, 4 * items[k].nbytes + 4096) == 0)
+            v->values[k] = root;
+        pw_free(&trial);
+    }
+    return 0;
+}
+
 static int convert(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err);
 
 int dcp_convert_files(const char *srcp, const char *dst, const dcp_convert_options *opt, dcp_error *err)
@@ -469,7 +524,13 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
             char root[256];
             const char *b = slash ? slash + 1 : dst, *dot = strrchr(b, '.');
             snprintf(root, sizeof root, "%.*s", dot && dot != b ? (int)(dot - b) : (int)strlen(b), b);
-            rc = dcpw_write_torch_save(dst, root, items, nitems, wflags, &s.paths, &s.source, NULL, NULL, err);
+            plain_values v = {0};
+            if (opt->flags & DCP_WRITE_NESTED)
+                rc = plain_values_read(s.ck, items, nitems, &v, err);
+            if (rc == 0)
+                rc = dcpw_write_torch_save(dst, root, items, nitems, wflags, &s.paths, v.values, &s.source, NULL,
+                                           NULL, err);
+            plain_values_free(&v);
             break;
         }
         case DCP_FORMAT_SAFETENSORS:

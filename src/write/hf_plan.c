@@ -282,25 +282,9 @@ typedef struct mg_args {
 /* The root of a torch.save blob's data.pkl (a->doc, a->buf keep it). */
 static int common_pickle(dcp_checkpoint *ck, const dcp_blob *b, mg_args *a, const pk_node **root, dcp_error *err)
 {
-    dcpi_zip z = {0};
-    const dcpi_zip_entry *ze = NULL;
-    uint64_t len, off;
-    int rc = dcpi_blob_size(ck, b, &len, a->where, err);
-    if (rc == 0)
-        rc = dcpi_zip_open(ck, b, a->where, &z, err);
-    if (rc == 0 && !(ze = dcpi_zip_find(&z, "data.pkl")))
-        rc = dcpi_err(err, EIO, "%s: no data.pkl record", a->where);
-    if (rc == 0)
-        rc = dcpi_zip_data(ck, b, a->where, ze, len, &off, err);
-    if (rc == 0 && (ze->size > ARGS_PKL_MAX || ze->method != 0))
-        rc = dcpi_err(err, EIO, "%s: data.pkl is compressed or over 64 MiB", a->where);
-    if (rc == 0 && !(a->buf = malloc(ze->size ? (size_t)ze->size : 1)))
-        rc = dcpi_err(err, ENOMEM, "%s: out of memory", a->where);
-    if (rc == 0)
-        rc = dcpi_blob_read(ck, b, a->buf, (size_t)ze->size, off, "data.pkl", err);
-    if (rc == 0)
-        rc = pk_parse(a->buf, (size_t)ze->size, a->where, &a->doc, root, err);
-    dcpi_zip_close(&z);
+    char *buf;
+    int rc = dcpi_zip_pickle(ck, b, a->where, ARGS_PKL_MAX, &buf, &a->doc, root, err);
+    a->buf = buf;
     return rc;
 }
 

@@ -33,9 +33,12 @@ bool dcpw_path_spells(const char *key, size_t kl, const dcp_path_part *parts, si
 int dcpw_kp_from_metadata(const char *dir, dcpw_keypaths *kp, dcp_error *err);
 /* dcp_write_torch_save whose DCP_WRITE_NESTED nests each key as paths says
  * (dicts and lists, as torch's dcp_to_torch_save rebuilds them), and on its
- * dots where paths has none (paths may be NULL: every key). */
+ * dots where paths has none (paths may be NULL: every key); values (may be
+ * NULL), by item: a bytes item written as that parsed value, which
+ * pw_value must write whole, instead of as bytes. */
+struct pk_node;
 int dcpw_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
-                          unsigned flags, const dcpw_keypaths *paths, const dcp_source *src,
-                          dcp_progress_fn progress, void *pctx, dcp_error *err);
+                          unsigned flags, const dcpw_keypaths *paths, const struct pk_node *const *values,
+                          const dcp_source *src, dcp_progress_fn progress, void *pctx, dcp_error *err);
 
 #endif

@@ -16,6 +16,7 @@
 #include "atomic.h"
 #include "internal.h"
 #include "keypaths.h"
+#include "pickle.h"
 #include "pickle_write.h"
 #include "zip_write.h"
 
@@ -89,6 +90,7 @@ static int tree_child(tree *t, size_t parent, dcp_path_part part, int kind, size
 typedef struct ctx {
     const dcp_item *items;
     size_t n;
+    const pk_node *const *values;   /* bytes items written as these values (NULL: as bytes) */
     const dcp_source *src;
     unsigned char *piece;
     const char *path;
@@ -100,6 +102,11 @@ static int value(ctx *c, pw *p, size_t i, const char *storage_key)
     const dcp_item *it = &c->items[i];
     if (it->kind == DCP_KIND_TENSOR) {
         pw_torch_tensor(p, it->dtype, it->ndim, it->shape, storage_key);
+        return 0;
+    }
+    if (c->values && c->values[i]) {   /* bounded and plain: the caller rendered it once */
+        if (pw_value(p, c->values[i], UINT64_MAX) < 0)
+            return dcpi_err(c->err, EINVAL, "%s: %s: the value cannot be written", c->path, it->key);
         return 0;
     }
     if (it->nbytes > DCP_WRITE_BYTES_MAX)   /* checked up front; kept for the allocation below */
@@ -272,14 +279,14 @@ int dcp_write_torch_save(const char *path, const char *archive_name, const dcp_i
                          unsigned flags, const dcp_source *src, dcp_progress_fn progress, void *pctx,
                          dcp_error *err)
 {
-    return dcpw_write_torch_save(path, archive_name, items, n, flags, NULL, src, progress, pctx, err);
+    return dcpw_write_torch_save(path, archive_name, items, n, flags, NULL, NULL, src, progress, pctx, err);
 }
 
 int dcpw_write_torch_save(const char *path, const char *archive_name, const dcp_item *items, size_t n,
-                          unsigned flags, const dcpw_keypaths *paths, const dcp_source *src,
-                          dcp_progress_fn progress, void *pctx, dcp_error *err)
+                          unsigned flags, const dcpw_keypaths *paths, const pk_node *const *values,
+                          const dcp_source *src, dcp_progress_fn progress, void *pctx, dcp_error *err)
 {
-    ctx c = {items, n, src, NULL, path, err};
+    ctx c = {items, n, values, src, NULL, path, err};
     char **keys = calloc(n ? n : 1, sizeof *keys);
     char root[200];
     uint64_t total = 0, done = 0;
@@ -291,7 +298,7 @@ int dcpw_write_torch_save(const char *path, const char *archive_name, const dcp_
      * before any data is written: bound their total before reading any. */
     uint64_t bytes_total = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
-        if (items[i].kind != DCP_KIND_TENSOR &&
+        if (items[i].kind != DCP_KIND_TENSOR && !(values && values[i]) &&
             (!dcpi_add_u64(bytes_total, items[i].nbytes, &bytes_total) || bytes_total > DCP_WRITE_BYTES_MAX))
             rc = dcpi_err(err, EFBIG,
                           "%s: %s: bytes items would total more than %llu bytes (they are held in memory in data.pkl)",

@@ -8,8 +8,8 @@ usage:
                                         wrote), and dcp_to_torch_save gives the same structure
                                         and values for both
   writer_nesting.py pt REF PT            PT (dcp convert --nested of REF) holds what
-                                        dcp_to_torch_save of REF gives: same nesting, tensors,
-                                        and each non-tensor value as the bytes of its torch.save
+                                        dcp_to_torch_save of REF gives: same nesting, tensors
+                                        and plain values (others as the bytes of their torch.save)
   writer_nesting.py hostile REF DIR      DIR/bigindex and DIR/clash: REF with its planner_data
                                         made hostile (a list index of 2^40; a path that makes
                                         "hist" a list where another key's makes it a dict)
@@ -48,18 +48,22 @@ def as_torch_save(ckpt):
         return torch.load(out, weights_only=False)
 
 
-def same(a, b, where="root"):
+def same(a, b, where="root", as_bytes=True):
+    """Differences of b from a; as_bytes: b may hold a non-tensor value as the bytes of its
+    torch.save (a bytes item), else only a value that is no plain data may."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
         return [] if ok else [f"{where}: {a!r} != {b!r}"]
     if isinstance(b, bytes) and not isinstance(a, bytes):   # a bytes item: its value's torch.save
+        if not as_bytes and isinstance(a, (type(None), bool, int, float, str, tuple, list, dict)):
+            return [f"{where}: {a!r} is plain data but stayed bytes"]
         b = torch.load(io.BytesIO(b), weights_only=False)
     if isinstance(a, dict) and isinstance(b, dict):
         if list(map(repr, sorted(a, key=repr))) != list(map(repr, sorted(b, key=repr))):
             return [f"{where}: keys {sorted(a, key=repr)} != {sorted(b, key=repr)}"]
-        return [m for k in a for m in same(a[k], b[k], f"{where}.{k!r}")]
+        return [m for k in a for m in same(a[k], b[k], f"{where}.{k!r}", as_bytes)]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [m for i in range(len(a)) for m in same(a[i], b[i], f"{where}[{i}]")]
+        return [m for i in range(len(a)) for m in same(a[i], b[i], f"{where}[{i}]", as_bytes)]
     return [] if type(a) is type(b) and a == b else [f"{where}: {a!r} != {b!r}"]
 
 
@@ -78,7 +82,7 @@ def main():
             bad.append(f"planner_data {ours} != {ref}")
         bad += same(as_torch_save(sys.argv[2]), as_torch_save(sys.argv[3]))
     elif mode == "pt":
-        bad += same(as_torch_save(sys.argv[2]), torch.load(sys.argv[3], weights_only=True))
+        bad += same(as_torch_save(sys.argv[2]), torch.load(sys.argv[3], weights_only=True), as_bytes=False)
     elif mode == "hostile":
         for name in ("bigindex", "clash"):
             out = os.path.join(sys.argv[3], name)
