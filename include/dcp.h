@@ -520,7 +520,10 @@ void dcp_op_place(const dcp_op *op, const void *src, void *region, dcp_dtype dty
 /* A read-only file descriptor of data file `file`, valid until dcp_close (ck
  * owns it; do not close it). For zero-copy paths such as FUSE splice. Other
  * data files' fds are cached and closed when idle to stay under
- * RLIMIT_NOFILE; fds handed out here are never closed early. */
+ * RLIMIT_NOFILE; fds handed out here are never closed early. Fails with
+ * EIO when the file is no longer the one the checkpoint was opened with
+ * (replaced, or written to in place: saved again), so that bytes read
+ * right after are the model's. */
 int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err);
 
 /* Read a whole entry (tensor or bytes item) into a malloc'd buffer.

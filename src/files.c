@@ -19,7 +19,12 @@
  * was opened (same device and inode, noted by dcp_open), and one reopened
  * after its fd was closed the file first opened: a checkpoint replaced by
  * rename gives EIO rather than the new files' bytes at the old offsets,
- * mixed with bytes of the old ones.
+ * mixed with bytes of the old ones. The same holds for a file written to in
+ * place (torch's second save into the same folder truncates and rewrites
+ * each shard, then renames a new .metadata over the old): size and mtime
+ * are noted too, and checked again after the reads of a plan, of a blob,
+ * and when dcp_file_fd hands an fd out. A write moves mtime before its
+ * bytes land, so bytes read before an unchanged mtime are the old ones.
  *
  * Paths come from metadata and were checked lexically when the model was
  * built (relative, no ".."); symlinks inside the folder are followed because
@@ -64,8 +69,10 @@ struct dcpi_files {
     uint32_t *users;      /* reads in flight per file: the fd stays open while > 0 */
     uint64_t *last_use;   /* clock of the last acquire, to close the oldest first */
     uint8_t *pinned;      /* handed out to a caller with no release: open until dcp_close */
-    uint8_t *seen;        /* opened before: dev and ino hold its identity */
+    uint8_t *seen;        /* opened before: dev, ino, size and mtime hold its identity */
     uint64_t *dev, *ino;
+    int64_t *size0;       /* size and mtime when noted: a write changes one or both */
+    struct timespec *mtim0;
     size_t nopen;         /* fds open now, pinned included */
     size_t cap;           /* soft bound on nopen */
     uint64_t clock;
@@ -96,6 +103,8 @@ static void files_free(void *state)
     free(t->seen);
     free(t->dev);
     free(t->ino);
+    free(t->size0);
+    free(t->mtim0);
     free(t);
 }
 
@@ -113,6 +122,8 @@ int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
     t->seen = calloc(n, 1);
     t->dev = calloc(n, sizeof *t->dev);
     t->ino = calloc(n, sizeof *t->ino);
+    t->size0 = calloc(n, sizeof *t->size0);
+    t->mtim0 = calloc(n, sizeof *t->mtim0);
     if (t->fds && t->sizes)
         for (size_t i = 0; i < ck->nfiles; i++) {
             t->fds[i] = -1;
@@ -120,7 +131,8 @@ int dcpi_ck_files_ready(dcp_checkpoint *ck, dcp_error *err)
         }
     t->nfiles = ck->nfiles;
     t->cap = fd_cap();
-    if (!t->fds || !t->sizes || !t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino) {
+    if (!t->fds || !t->sizes || !t->users || !t->last_use || !t->pinned || !t->seen || !t->dev || !t->ino ||
+        !t->size0 || !t->mtim0) {
         files_free(t);
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
     }
@@ -185,6 +197,44 @@ static const char *kernel_fs(int fd)
     return NULL;
 }
 
+/* Under ck->lock: note st as data file `file`'s identity. */
+static void note(struct dcpi_files *t, uint32_t file, const struct stat *st)
+{
+    t->seen[file] = 1;
+    t->dev[file] = (uint64_t)st->st_dev;
+    t->ino[file] = (uint64_t)st->st_ino;
+    t->size0[file] = (int64_t)st->st_size;
+    t->mtim0[file] = st->st_mtim;
+}
+
+/* Under ck->lock: is st (the file now) other than the one noted? NULL when
+ * it is the same (or none was noted), else why, for the error. */
+static const char *changed(const struct dcpi_files *t, uint32_t file, const struct stat *st)
+{
+    if (!t->seen[file])
+        return NULL;
+    if (t->dev[file] != (uint64_t)st->st_dev || t->ino[file] != (uint64_t)st->st_ino)
+        return "the data file was replaced since it was first read (the checkpoint changed)";
+    if (t->size0[file] != (int64_t)st->st_size || t->mtim0[file].tv_sec != st->st_mtim.tv_sec ||
+        t->mtim0[file].tv_nsec != st->st_mtim.tv_nsec)
+        return "the data file was written to since the checkpoint was opened (saved again in place)";
+    return NULL;
+}
+
+int dcpi_file_unchanged(dcp_checkpoint *ck, uint32_t file, int fd, const char *key, dcp_error *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return dcpi_err(err, errno, "%s/%s: %s%scannot stat the data file: %s", ck->path, ck->files[file],
+                        key ? key : "", key ? ": " : "", strerror(errno));
+    pthread_mutex_lock(&ck->lock);
+    const char *why = ck->io && file < ck->io->nfiles ? changed(ck->io, file, &st) : NULL;
+    pthread_mutex_unlock(&ck->lock);
+    if (why)
+        return dcpi_err(err, EIO, "%s/%s: %s%s%s", ck->path, ck->files[file], key ? key : "", key ? ": " : "", why);
+    return 0;
+}
+
 /* Under ck->lock: open data file `file` into t->fds and record its size. */
 static int open_file(dcp_checkpoint *ck, struct dcpi_files *t, uint32_t file, const char *key,
                      dcp_error *err)
@@ -226,14 +276,12 @@ static int open_file(dcp_checkpoint *ck, struct dcpi_files *t, uint32_t file, co
         return dcpi_err(err, EINVAL, "%s/%s: %s%sthe data file is a kernel file (%s), not checkpoint data", ck->path,
                         rel, k, sep, kfs);
     }
-    if (t->seen[file] && (t->dev[file] != (uint64_t)st.st_dev || t->ino[file] != (uint64_t)st.st_ino)) {
+    const char *why = changed(t, file, &st);
+    if (why) {
         close(fd);
-        return dcpi_err(err, EIO, "%s/%s: %s%sthe data file was replaced since it was first read (the checkpoint changed)",
-                        ck->path, rel, k, sep);
+        return dcpi_err(err, EIO, "%s/%s: %s%s%s", ck->path, rel, k, sep, why);
     }
-    t->seen[file] = 1;
-    t->dev[file] = (uint64_t)st.st_dev;
-    t->ino[file] = (uint64_t)st.st_ino;
+    note(t, file, &st);
     int fl = fcntl(fd, F_GETFL);
     if (fl >= 0)
         (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
@@ -252,9 +300,7 @@ void dcpi_files_note_identity(dcp_checkpoint *ck)
         struct stat st;
         if (t->seen[i] || fstatat(ck->dirfd, ck->files[i], &st, 0) != 0 || !S_ISREG(st.st_mode))
             continue;   /* missing or odd: the read that needs it reports it */
-        t->seen[i] = 1;
-        t->dev[i] = (uint64_t)st.st_dev;
-        t->ino[i] = (uint64_t)st.st_ino;
+        note(t, (uint32_t)i, &st);
     }
     pthread_mutex_unlock(&ck->lock);
 }
@@ -312,7 +358,10 @@ int dcpi_ck_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
 
 int dcp_file_fd(dcp_checkpoint *ck, uint32_t file, int *fd, dcp_error *err)
 {
-    return dcpi_fd_acquire(ck, file, NULL, 1, fd, NULL, err);
+    /* the caller reads it right after: the file must still be the one noted */
+    if (dcpi_fd_acquire(ck, file, NULL, 1, fd, NULL, err) < 0)
+        return -1;
+    return dcpi_file_unchanged(ck, file, *fd, NULL, err);
 }
 
 int dcpi_ck_file_size(dcp_checkpoint *ck, uint32_t file, uint64_t *size, dcp_error *err)
@@ -580,6 +629,8 @@ int dcpi_pread_full(dcp_checkpoint *ck, uint32_t file, void *buf, size_t len, ui
     int e = dcpi_pread_exact(fd, buf, len, off, &got), rc = 0;
     if (e || got < len)
         rc = dcpi_read_error(ck, file, key, off, len, fd, e, err);
+    else
+        rc = dcpi_file_unchanged(ck, file, fd, key, err);
     dcpi_fd_release(ck, file);
     return rc;
 }

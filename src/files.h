@@ -24,6 +24,11 @@ size_t dcpi_files_open(dcp_checkpoint *ck);
  * read fails with EIO (the checkpoint was replaced). Missing files are
  * left to the read that needs them. */
 void dcpi_files_note_identity(dcp_checkpoint *ck);
+/* After reading data file `file` through fd: 0 when it is still the file
+ * noted (same device, inode, size and mtime), else -1 with EIO naming the
+ * file and key (replaced, or written to in place: the bytes read may be the
+ * new save's, not those the model describes). */
+int dcpi_file_unchanged(dcp_checkpoint *ck, uint32_t file, int fd, const char *key, dcp_error *err);
 
 /* Read iov[0..cnt) (not modified) from offset off: all of it, up to end of
  * file, or with RWF_NOWAIT in flags the prefix in the page cache. Large

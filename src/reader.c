@@ -401,6 +401,8 @@ static int run_file(struct exec *x, const dcp_op *const *ord, size_t n)
         }
         i = j;
     }
+    if (rc == 0)   /* the bytes read are the model's only while the file is the one noted */
+        rc = dcpi_file_unchanged(x->ck, file, fd, x->key, x->err);
     dcpi_fd_release(x->ck, file);
     return rc;
 }

@@ -587,8 +587,11 @@ START_TEST(records_stored_and_used_while_shards_unchanged)
     for (size_t i = 0; i < dcp_num_entries(p); i++)
         same_entry(p, dcp_entry_at(p, i), c, dcp_entry_at(c, i));
     dcp_close(c);
-    /* a shard touched (new mtime and ctime): its records are located again */
+    /* a shard touched (new mtime and ctime): its records are located again
+     * (p, opened before, would fail its reads now: opened again) */
     run("touch '%s/__0_3.distcp' %s", ck, "");
+    dcp_close(p);
+    p = open_parsed(ck);
     c = open_catalog(ck);
     ck_assert_int_eq(dcp_from_catalog(c), 1);
     preloaded(c, "__0_3.distcp", &have, &all);

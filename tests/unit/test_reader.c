@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -542,6 +543,66 @@ START_TEST(test_cached_and_prefetch)
 }
 END_TEST
 
+/* A data file written to in place after the open (torch's second save into
+ * the same folder rewrites each shard, same name and inode): reads, a blob's
+ * and dcp_file_fd fail with EIO naming file, key and reason, rather than give
+ * the new bytes at the old offsets; so does a file that grew. */
+START_TEST(test_rewritten_in_place)
+{
+    float v[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, out[10];
+    dcp_checkpoint *ck = tck_new();
+    tck_file(ck, "__0_0.distcp", v, sizeof v);
+    size_t a = entry_1d(ck, "w", DCP_FLOAT32, 10, 0, 0);
+    tck_finish(ck);
+    int64_t s1[1] = {1};
+    tck_record(ck, a, 0, DCP_FLOAT32, 0, 40, 0, s1, 0);
+    dcpi_files_note_identity(ck);   /* as dcp_open does */
+    read_all(ck, a, out, sizeof out);
+    ck_assert_int_eq(memcmp(out, v, sizeof v), 0);
+    int fd;
+    dcp_error err;
+    ck_assert_msg(dcp_file_fd(ck, 0, &fd, &err) == 0, "%s", err.msg);
+
+    /* the same bytes' length, other values; an mtime of its own (a write
+     * within the clock tick of the first one would keep it) */
+    float w[10] = {-1, -2, -3, -4, -5, -6, -7, -8, -9, -10};
+    int wfd = openat(ck->dirfd, "__0_0.distcp", O_WRONLY | O_CLOEXEC);
+    ck_assert_int_ge(wfd, 0);
+    struct stat st0;
+    ck_assert_int_eq(fstat(wfd, &st0), 0);
+    ck_assert_int_eq(pwrite(wfd, w, sizeof w, 0), (ssize_t)sizeof w);
+    struct timespec t[2] = {{.tv_nsec = UTIME_OMIT}, {.tv_sec = 1000000000, .tv_nsec = 0}};
+    ck_assert_int_eq(futimens(wfd, t), 0);
+    char want[2048];
+    snprintf(want, sizeof want,
+             "%s/__0_0.distcp: w: the data file was written to since the checkpoint was opened (saved again in place)",
+             ck->path);
+    void *buf = NULL;
+    uint64_t len;
+    ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[a], &buf, &len, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_ptr_null(buf);
+    char small[8];
+    ck_assert_int_eq(dcpi_pread_full(ck, 0, small, 8, 0, "w", &err), -1);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(dcp_file_fd(ck, 0, &fd, &err), -1);
+    ck_assert_int_eq(err.code, EIO);
+    ck_assert_msg(strstr(err.msg, "/__0_0.distcp: the data file was written to since the checkpoint was opened"),
+                  "%s", err.msg);
+
+    /* the old mtime back, and 4 bytes more: the size tells */
+    ck_assert_int_eq(pwrite(wfd, v, sizeof v, 0), (ssize_t)sizeof v);
+    ck_assert_int_eq(pwrite(wfd, v, 4, sizeof v), 4);
+    t[1] = st0.st_mtim;
+    ck_assert_int_eq(futimens(wfd, t), 0);
+    close(wfd);
+    ck_assert_int_eq(dcp_read_entry(ck, &ck->entries[a], &buf, &len, &err), -1);
+    ck_assert_str_eq(err.msg, want);
+    tck_free(ck);
+}
+END_TEST
+
 /* The checkpoint of the O_DIRECT tests: __0_0.distcp holds `size` random
  * bytes (*data, seeded), already seen once so its identity is noted, and
  * __1_0.distcp is named but absent. *can: the file system takes O_DIRECT
@@ -951,6 +1012,7 @@ static Suite *suite(void)
     tcase_set_timeout(t, 300);
     tcase_add_test(t, test_flags);
     tcase_add_test(t, test_short_and_missing);
+    tcase_add_test(t, test_rewritten_in_place);
     tcase_add_test(t, test_batches_and_pieces);
     tcase_add_test(t, test_threads);
     tcase_add_test(t, test_fd_cache);
