@@ -7,7 +7,8 @@
  *   - scan directories: real folders of SOURCE in folder mode, rescanned
  *     (cheap mtime check) on lookup and readdir; short kernel cache timeouts;
  *   - checkpoint roots: a folder with .metadata; opened lazily on first
- *     lookup/readdir, then its key tree is published under it;
+ *     lookup/readdir, then its key tree is published under it; a new
+ *     .metadata under the same name (saved again) makes a new root node;
  *   - key-tree directories: immutable once published; cached for the life of
  *     the mount.
  * Files are checkpoint entries (tensors, bytes items), passthrough files
@@ -177,6 +178,8 @@ struct dfs_node {
 struct dfs_ckpt {
     char *path;                /* absolute or as given: passed to dcp_open */
     struct stat meta_st;       /* stat of .metadata: times, owner */
+    struct stat open_st;       /* stat of .metadata just before the open that made ck (state 1): a
+                                * later .metadata is another save (dfs_ckpt_built) */
     pthread_mutex_t lock;      /* serialises opening */
     _Atomic int state;         /* 0 not opened, 1 open, -1 last open failed */
     struct timespec failed_mtime;  /* .metadata mtime when the last open failed */
@@ -253,6 +256,9 @@ int dfs_dir_list(struct dfs *fs, struct dfs_node *dir, size_t max);
 void dfs_dir_list_if_small(struct dfs *fs, struct dfs_node *dir);
 struct dfs_node *dfs_dir_lookup(struct dfs *fs, struct dfs_node *dir, const char *name, int *rc);
 struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st);
+/* The .metadata a checkpoint node stands for: the one stat'ed just before it
+ * was opened, else the one its folder's probe found. */
+const struct stat *dfs_ckpt_built(struct dfs_ckpt *ck);
 void dfs_free_all(struct dfs *fs);
 
 /* scan.c: SOURCE and folders of checkpoints */
@@ -266,6 +272,11 @@ const struct stat *dfs_scan_stat(const struct dfs_scan *s);
  * to the mtime, which is what tells the kernel that its cached listing is stale. */
 unsigned dfs_scan_version(const struct dfs_scan *s);
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
+/* Before a lookup of name in scan folder dir: when it is a checkpoint saved
+ * again (or removed) since its node was made, a new node (another inode)
+ * takes its place; the old node and its model stay for the handles open on
+ * them. 0 or -errno. */
+int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name);
 /* A scan folder's plain file n (DFS_N_PASSTHRU without a checkpoint): its
  * stat now into *st and/or an fd open for reading into *fd; 0 or -errno. */
 int dfs_scan_file(struct dfs *fs, const struct dfs_node *n, struct stat *st, int *fd);

@@ -232,6 +232,18 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     struct dfs_node *dir = ready_dir(req, fs, parent, 0);
     if (!dir)
         return;
+    /* A checkpoint saved again under this name is another node with another
+     * inode: the kernel, revalidating its dentry (a scan folder's entries
+     * are kept a second), drops the old one with everything cached below
+     * it (entries, attributes, pages kept by keep_cache), so nothing of the
+     * old save is served for the new one. */
+    if (dir->type == DFS_N_SCANDIR) {
+        int rc = dfs_scan_recheck(fs, dir, name);
+        if (rc < 0) {
+            fuse_reply_err(req, -rc);
+            return;
+        }
+    }
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_child(dir, name);
     int listed = dir->type != DFS_N_DIR || atomic_load(&dir->listed);

@@ -12,6 +12,14 @@
  * (one fstatat each), because a .metadata appearing in a subfolder does not
  * touch the parent's mtime. Symbolic links and dot-folders are not followed.
  *
+ * A checkpoint saved again under the same name (torch renames a new
+ * .metadata over the old one after rewriting the shards in place, and the
+ * parent's mtime stays as it is) is found by its .metadata's identity, at
+ * each lookup of its name (dfs_scan_recheck) and each full listing: a new
+ * node, with another inode, takes its place. The old node and its model
+ * stay (nodes are never freed before unmount) for the handles open on them;
+ * libdcp fails their reads of shards written to since (EIO).
+ *
  * The plain files of a scan folder (Megatron-LM's
  * latest_checkpointed_iteration.txt, a run's config) appear as they are,
  * dot-files aside. Unlike a checkpoint's they change in place (the tracker
@@ -353,6 +361,29 @@ static int same_time(const struct timespec *a, const struct timespec *b)
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
+/* Was checkpoint k of dir saved again (or removed) since its node was made?
+ * Its .metadata is compared with the one the node stands for (dfs_ckpt_built):
+ * a save under the same folder name (torch renames a new .metadata over the
+ * old one; rm -rf and a new save; a folder renamed into place) gives another
+ * inode, size or mtime, while the parent folder's mtime may stay as it is.
+ * Then the folder is probed again for a new node: the old one's model must
+ * not be served over the new shard files. */
+static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct dfs_node *k)
+{
+    char *rel = join(dir->scan->rel, k->name);
+    struct stat st;
+    int has = rel && dfs_has_metadata(fs->srcfd, rel, &st);
+    free(rel);
+    if (!rel)
+        return 0;   /* out of memory: keep the node, the next lookup checks again */
+    const struct stat *was = dfs_ckpt_built(k->ck);
+    int changed = !has || st.st_dev != was->st_dev || st.st_ino != was->st_ino || st.st_size != was->st_size ||
+                  !same_time(&st.st_mtim, &was->st_mtim);
+    if (changed)
+        dfs_log(LOG_INFO, "%s: .metadata %s: the folder is read anew", k->ck->path, has ? "changed" : "is gone");
+    return changed;
+}
+
 /* Replace dir's children with kids[0..n) (sorted here); new nodes go into the map. */
 static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids, size_t n, size_t cap)
 {
@@ -516,7 +547,7 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
             struct stat fst;
             struct dfs_node *k = dfs_child(dir, de->d_name);
             if (is_subdir(d, de)) {
-                if (!k || k->type == DFS_N_PASSTHRU)
+                if (!k || k->type == DFS_N_PASSTHRU || (k->type == DFS_N_CKPT && ckpt_changed(fs, dir, k)))
                     k = probe(fs, dir, de->d_name, &rc);
             } else if (is_plain_file(d, de, &fst)) {
                 if (!k || k->type != DFS_N_PASSTHRU)
@@ -552,6 +583,38 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     s->racy = now.tv_sec - st.st_mtim.tv_sec < 2 || now.tv_sec - st.st_ctim.tv_sec < 2;
+out:
+    pthread_mutex_unlock(&fs->scan_lock);
+    return rc;
+}
+
+int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name)
+{
+    if (!dir->scan)
+        return 0;
+    pthread_mutex_lock(&fs->scan_lock);
+    /* Kids are only changed under scan_lock, which we hold: reading them is safe. */
+    struct dfs_node *k = dfs_child(dir, name);
+    int rc = 0;
+    if (!k || k->type != DFS_N_CKPT || !ckpt_changed(fs, dir, k))
+        goto out;
+    struct dfs_node **kids = malloc((dir->nkids + 1) * sizeof *kids);
+    if (!kids) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    /* The new node (NULL while the new save is partial: pending, probed
+     * again by the next refresh) takes the old one's place in the listing. */
+    struct dfs_node *nk = probe(fs, dir, name, &rc);
+    size_t n = 0;
+    for (size_t i = 0; i < dir->nkids; i++)
+        if (dir->kids[i] != k)
+            kids[n++] = dir->kids[i];
+        else if (nk || rc < 0)
+            kids[n++] = nk ? nk : k;   /* a probe that failed keeps the old node */
+    int prc = publish(fs, dir, kids, n, dir->nkids + 1);
+    if (rc == 0)
+        rc = prc;
 out:
     pthread_mutex_unlock(&fs->scan_lock);
     return rc;

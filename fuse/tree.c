@@ -725,8 +725,23 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
     return ck;
 }
 
+const struct stat *dfs_ckpt_built(struct dfs_ckpt *ck)
+{
+    return atomic_load(&ck->state) == 1 ? &ck->open_st : &ck->meta_st;
+}
+
 static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
 {
+    /* What the open reads is this .metadata or a later one: a later one
+     * differs from it, so a save between this stat and the read is seen as
+     * one (dfs_scan_recheck makes a new node), never missed. */
+    char *mp = malloc(strlen(ck->path) + sizeof "/.metadata");
+    if (!mp)
+        return -ENOMEM;
+    strcpy(stpcpy(mp, ck->path), "/.metadata");
+    if (stat(mp, &ck->open_st) < 0)
+        ck->open_st = ck->meta_st;
+    free(mp);
     dcp_error err;
     dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
     oo.flags = (fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG) | (fs->opt.megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0);

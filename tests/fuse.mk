@@ -15,6 +15,9 @@ EXTRA_DIST += \
 	tests/fuse-errors.sh tests/fuse-names.sh tests/fuse-interop.sh tests/fuse-verify.sh \
 	tests/fuse-safetensors.sh tests/fuse-faults.sh tests/fuse-walk.sh tests/fuse-partial.sh \
 	tests/fuse_lib.sh tests/fuse_check.py tests/fuse_readers.py tests/fuse_torch_save.py
+# A checkpoint saved again under the same folder name while mounted (torch's dcp.save).
+TESTS += tests/fuse-resave.sh
+EXTRA_DIST += tests/fuse-resave.sh tests/fuse_resave.py
 # Per-rank DTensor files (torch-checkpointing, verl) through the mount.
 TESTS += tests/fuse-rankfiles.sh
 EXTRA_DIST += tests/fuse-rankfiles.sh

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Checkpoints saved again under the same folder name while dcpfs mounts their run folder.
+
+usage: fuse_resave.py SOURCE MOUNTPOINT
+
+SOURCE is the folder dcpfs mounts at MOUNTPOINT (folder mode), holding SOURCE/latest saved
+with version 1 by `fuse_resave.py save DIR 1` before the mount. Each step saves a new
+version with torch.distributed.checkpoint.save (one process, no process group), waits out
+the scan folder's one-second timeouts and reads the mount: every value must be the new
+version's, whole ('w' is VERSION repeated, its length the version's; the key 'vN' is the
+version's own). Versions alternate between two lengths of 'w', so old offsets into new
+shard files would read other bytes. Steps: a save into the same folder (what torch does on
+a second save: shard files rewritten in place, .metadata renamed over), rm -rf then a save,
+a save elsewhere renamed into place; a file held open across a save in place reads the old
+bytes or fails (EIO/ESTALE), never the new ones; a checkpoint that appears (shards first,
+.metadata last) and one removed.
+"""
+import errno, os, shutil, sys, time, warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+SCAN_TIMEOUT = 1.3   # dcpfs keeps a scan folder's entries one second
+
+
+def length(v):
+    return 1 << 20 if v % 2 else 3 << 18   # 4 MiB or 3 MiB of float32
+
+
+def state(v):
+    return {"w": torch.full((length(v),), float(v), dtype=torch.float32),
+            "b": torch.arange(16, dtype=torch.int64) + v,
+            "v%d" % v: torch.tensor([v], dtype=torch.int32)}
+
+
+def save(path, v):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "no process group", "overwriting"
+        dcp.save(state(v), checkpoint_id=path)
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def values(data):
+    return sorted(set(torch.frombuffer(bytearray(data), dtype=torch.float32).tolist())) if data else []
+
+
+def expect(ckpt, v, what):
+    """The mount's checkpoint folder ckpt holds version v, whole."""
+    try:
+        with open(os.path.join(ckpt, "w"), "rb") as f:
+            data = f.read()
+        names = set(os.listdir(ckpt))
+        with open(os.path.join(ckpt, "b"), "rb") as f:
+            b = torch.frombuffer(bytearray(f.read()), dtype=torch.int64).tolist()
+    except OSError as e:
+        fail("%s: reading %s: %s" % (what, ckpt, e))
+    if len(data) != 4 * length(v) or values(data) != [float(v)]:
+        fail("%s: %s/w has %d bytes of values %s, version %d has %d bytes of %.1f"
+             % (what, ckpt, len(data), values(data)[:6], v, 4 * length(v), v))
+    if b != [i + v for i in range(16)]:
+        fail("%s: %s/b reads %s, version %d's is %s" % (what, ckpt, b[:4], v, [v, v + 1, v + 2, v + 3]))
+    stale = sorted(n for n in names if n.startswith("v") and n != "v%d" % v)
+    if "v%d" % v not in names or stale:
+        fail("%s: %s lists %s (version %d's key is v%d)" % (what, ckpt, sorted(names), v, v))
+
+
+def main():
+    if sys.argv[1] == "save":
+        save(sys.argv[2], int(sys.argv[3]))
+        return
+    src, mnt = sys.argv[1], sys.argv[2]
+    latest, mlatest = os.path.join(src, "latest"), os.path.join(mnt, "latest")
+    expect(mlatest, 1, "before any save")
+
+    # torch's own second save into the same folder
+    save(latest, 2)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 2, "saved again into the same folder")
+
+    # rm -rf, then a save under the same name
+    shutil.rmtree(latest)
+    save(latest, 3)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 3, "removed and saved again")
+
+    # saved elsewhere, then renamed into place (the old one moved aside, then removed)
+    new, old = os.path.join(src, ".latest.new"), os.path.join(src, ".latest.old")
+    save(new, 4)
+    os.rename(latest, old)
+    os.rename(new, latest)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 4, "saved elsewhere and renamed into place")
+    shutil.rmtree(old)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 4, "its old folder removed")
+
+    # Files held open across a save in place of the same length: an error (EIO), never the
+    # new bytes at the old offsets (nor a mix). Their pages are dropped from the kernel's
+    # cache first, so the reads reach dcpfs; the old bytes are gone from the shard.
+    save(latest, 6)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 6, "saved again (version 6)")
+    held = {}
+    try:
+        for name in ("w", "all.safetensors"):
+            fd = held[name] = os.open(os.path.join(mlatest, name), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if values(os.pread(held["w"], 4096, 0)) != [6.0]:
+            fail("a file held open reads other values than version 6's before the save")
+        st_size = os.fstat(held["all.safetensors"]).st_size
+        save(latest, 8)   # the same length as 6
+        for name, fd in held.items():
+            at = (2 << 20) if name == "w" else st_size - (1 << 20)   # inside w either way
+            try:
+                late = os.pread(fd, 4096, at)
+            except OSError as e:
+                if e.errno != errno.EIO:
+                    fail("%s held open across a save fails with %s, not EIO" % (name, e))
+                continue
+            fail("%s held open across a save in place reads %d bytes of values %s at %d: the new "
+                 "save's bytes through the old checkpoint" % (name, len(late), values(late), at))
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mlatest, 8, "after the file held open was closed")
+
+    # A checkpoint that appears while mounted (the folder, the shards, .metadata last),
+    # then one removed
+    step = os.path.join(src, "step_9")
+    save(step, 9)
+    time.sleep(SCAN_TIMEOUT)
+    expect(os.path.join(mnt, "step_9"), 9, "a checkpoint saved while mounted")
+    if sorted(os.listdir(mnt)) != ["latest", "step_9"]:
+        fail("the mount lists %s" % sorted(os.listdir(mnt)))
+    shutil.rmtree(step)
+    time.sleep(SCAN_TIMEOUT)
+    if os.path.exists(os.path.join(mnt, "step_9")) or sorted(os.listdir(mnt)) != ["latest"]:
+        fail("a removed checkpoint is still shown: the mount lists %s" % sorted(os.listdir(mnt)))
+    expect(mlatest, 8, "another checkpoint removed")
+
+
+if __name__ == "__main__":
+    main()
