@@ -272,10 +272,10 @@ const struct stat *dfs_scan_stat(const struct dfs_scan *s);
  * to the mtime, which is what tells the kernel that its cached listing is stale. */
 unsigned dfs_scan_version(const struct dfs_scan *s);
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
-/* Before a lookup of name in scan folder dir: when it is a checkpoint saved
- * again (or removed) since its node was made, a new node (another inode)
- * takes its place; the old node and its model stay for the handles open on
- * them. 0 or -errno. */
+/* Before a lookup of name in scan folder dir (name NULL: a listing, every
+ * checkpoint of dir): a checkpoint saved again (or removed) since its node
+ * was made gets a new node (another inode) in its place; the old node and
+ * its model stay for the handles open on them. 0 or -errno. */
 int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name);
 /* A scan folder's plain file n (DFS_N_PASSTHRU without a checkpoint): its
  * stat now into *st and/or an fd open for reading into *fd; 0 or -errno. */

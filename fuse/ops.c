@@ -47,8 +47,13 @@ static struct dfs_node *get_node(struct dfs *fs, fuse_ino_t ino)
  * checkpoint; list a key-tree directory when it is to be listed. */
 static int prepare_dir(struct dfs *fs, struct dfs_node *n, int listing)
 {
-    if (n->type == DFS_N_SCANDIR)
-        return dfs_scan_refresh(fs, n);
+    if (n->type == DFS_N_SCANDIR) {
+        /* A listing checks every checkpoint's .metadata (one stat each): it
+         * gives each name's inode (readdirplus), and a name listed again
+         * within its second would otherwise never be looked up again. */
+        int rc = dfs_scan_refresh(fs, n);
+        return rc < 0 || !listing ? rc : dfs_scan_recheck(fs, n, NULL);
+    }
     if (n->type == DFS_N_PARTDIR)
         return dfs_scan_refresh(fs, n->parent);
     if (n->type == DFS_N_PARTIAL) {   /* never read as a checkpoint */

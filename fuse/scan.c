@@ -15,7 +15,7 @@
  * A checkpoint saved again under the same name (torch renames a new
  * .metadata over the old one after rewriting the shards in place, and the
  * parent's mtime stays as it is) is found by its .metadata's identity, at
- * each lookup of its name (dfs_scan_recheck) and each full listing: a new
+ * each lookup of its name and each listing (dfs_scan_recheck): a new
  * node, with another inode, takes its place. The old node and its model
  * stay (nodes are never freed before unmount) for the handles open on them;
  * libdcp fails their reads of shards written to since (EIO).
@@ -594,27 +594,34 @@ int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name)
         return 0;
     pthread_mutex_lock(&fs->scan_lock);
     /* Kids are only changed under scan_lock, which we hold: reading them is safe. */
-    struct dfs_node *k = dfs_child(dir, name);
-    int rc = 0;
-    if (!k || k->type != DFS_N_CKPT || !ckpt_changed(fs, dir, k))
-        goto out;
+    size_t n = 0;
+    int rc = 0, moved = 0;
     struct dfs_node **kids = malloc((dir->nkids + 1) * sizeof *kids);
     if (!kids) {
         rc = -ENOMEM;
         goto out;
     }
-    /* The new node (NULL while the new save is partial: pending, probed
-     * again by the next refresh) takes the old one's place in the listing. */
-    struct dfs_node *nk = probe(fs, dir, name, &rc);
-    size_t n = 0;
-    for (size_t i = 0; i < dir->nkids; i++)
-        if (dir->kids[i] != k)
-            kids[n++] = dir->kids[i];
-        else if (nk || rc < 0)
-            kids[n++] = nk ? nk : k;   /* a probe that failed keeps the old node */
-    int prc = publish(fs, dir, kids, n, dir->nkids + 1);
-    if (rc == 0)
-        rc = prc;
+    for (size_t i = 0; i < dir->nkids; i++) {
+        struct dfs_node *k = dir->kids[i];
+        if (rc < 0 || k->type != DFS_N_CKPT || (name && strcmp(k->name, name)) || !ckpt_changed(fs, dir, k)) {
+            kids[n++] = k;
+            continue;
+        }
+        /* The new node takes the old one's place; none while the new save
+         * is partial (pending: probed again by the next refresh); a probe
+         * that failed keeps the old one. */
+        struct dfs_node *nk = probe(fs, dir, k->name, &rc);
+        if (nk || rc < 0)
+            kids[n++] = nk ? nk : k;
+        moved = 1;
+    }
+    if (moved) {
+        int prc = publish(fs, dir, kids, n, dir->nkids + 1);
+        if (rc == 0)
+            rc = prc;
+    } else {
+        free(kids);
+    }
 out:
     pthread_mutex_unlock(&fs->scan_lock);
     return rc;

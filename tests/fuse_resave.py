@@ -12,8 +12,8 @@ version's own). Versions alternate between two lengths of 'w', so old offsets in
 shard files would read other bytes. Steps: a save into the same folder (what torch does on
 a second save: shard files rewritten in place, .metadata renamed over), rm -rf then a save,
 a save elsewhere renamed into place; a file held open across a save in place reads the old
-bytes or fails (EIO/ESTALE), never the new ones; a checkpoint that appears (shards first,
-.metadata last) and one removed.
+bytes or fails (EIO), never the new ones; a save while the folder is listed over and
+over; a checkpoint that appears (shards first, .metadata last) and one removed.
 """
 import errno, os, shutil, sys, time, warnings
 
@@ -129,6 +129,16 @@ def main():
     time.sleep(SCAN_TIMEOUT)
     expect(mlatest, 8, "after the file held open was closed")
 
+    # Saved again while the run folder is listed over and over (a listing gives each name's
+    # inode: were the old one's given, the name would never be looked up again)
+    save(latest, 10)
+    end = time.monotonic() + 3 * SCAN_TIMEOUT
+    while time.monotonic() < end:
+        os.listdir(mnt)
+        os.stat(mlatest)
+        time.sleep(0.1)
+    expect(mlatest, 10, "saved again while its folder is listed")
+
     # A checkpoint that appears while mounted (the folder, the shards, .metadata last),
     # then one removed
     step = os.path.join(src, "step_9")
@@ -141,7 +151,7 @@ def main():
     time.sleep(SCAN_TIMEOUT)
     if os.path.exists(os.path.join(mnt, "step_9")) or sorted(os.listdir(mnt)) != ["latest"]:
         fail("a removed checkpoint is still shown: the mount lists %s" % sorted(os.listdir(mnt)))
-    expect(mlatest, 8, "another checkpoint removed")
+    expect(mlatest, 10, "another checkpoint removed")
 
 
 if __name__ == "__main__":
