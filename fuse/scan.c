@@ -365,7 +365,10 @@ static int same_time(const struct timespec *a, const struct timespec *b)
  * Its .metadata is compared with the one the node stands for (dfs_ckpt_built):
  * a save under the same folder name (torch renames a new .metadata over the
  * old one; rm -rf and a new save; a folder renamed into place) gives another
- * inode, size or mtime, while the parent folder's mtime may stay as it is.
+ * inode, size, mtime or ctime (a freed inode number may come back, and cp -a
+ * keeps mtime; nobody sets ctime), while the parent folder's mtime may stay
+ * as it is. A chmod or a hard link of .metadata moves ctime too: that
+ * checkpoint is opened once more, which costs a parse, never a wrong byte.
  * Then the folder is probed again for a new node: the old one's model must
  * not be served over the new shard files. */
 static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct dfs_node *k)
@@ -378,7 +381,7 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
         return 0;   /* out of memory: keep the node, the next lookup checks again */
     const struct stat *was = dfs_ckpt_built(k->ck);
     int changed = !has || st.st_dev != was->st_dev || st.st_ino != was->st_ino || st.st_size != was->st_size ||
-                  !same_time(&st.st_mtim, &was->st_mtim);
+                  !same_time(&st.st_mtim, &was->st_mtim) || !same_time(&st.st_ctim, &was->st_ctim);
     if (changed)
         dfs_log(LOG_INFO, "%s: .metadata %s: the folder is read anew", k->ck->path, has ? "changed" : "is gone");
     return changed;
