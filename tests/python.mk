@@ -2,10 +2,10 @@
 # suites. `make check` builds the package against this build tree (libdcp-uninstalled.pc)
 # into $(abs_top_builddir)/python-pkg; tests/python_build.sh records why when it cannot
 # (no python3, numpy, cffi or setuptools), and the tests then skip with that reason.
-PYTHON_TESTS = tests/python-open.sh tests/python-reader.sh tests/python-load.sh tests/python-types.sh \
+PYTHON_TESTS = tests/python-open.sh tests/python-reader.sh tests/python-load.sh tests/python-load-torchrun.sh tests/python-types.sh \
 	tests/python-megatron-fold.sh
 TESTS += $(PYTHON_TESTS)
-EXTRA_DIST += $(PYTHON_TESTS) tests/python_lib.sh tests/python_build.sh
+EXTRA_DIST += $(PYTHON_TESTS) tests/python_lib.sh tests/python_build.sh tests/load_torchrun.py
 
 # The package's files and its tests, whoever wrote them (found at make time, relative to
 # the source tree); the package is rebuilt when one of its own files changes.

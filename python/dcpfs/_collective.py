@@ -41,10 +41,10 @@ import socket
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -390,9 +390,10 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     as with torch.
 
     Errors are agreed: if any rank fails (an unknown key, a box outside its
-    tensor, a damaged checkpoint, a failed read, a bad option or a
-    destination that cannot be filled), every rank raises the same
-    :class:`dcpfs.DcpError` naming the rank, file, key and reason.
+    tensor, a damaged checkpoint, a failed read, memory or a thread it
+    cannot get while reading, a bad option or a destination that cannot be
+    filled), every rank raises the same :class:`dcpfs.DcpError` naming the
+    rank, file, key and reason.
     Destinations are checked before anything is read, as ``dcp.load``
     checks them: each key must be stored, each tensor (a DTensor's global
     shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
@@ -1056,14 +1057,24 @@ class _PinnedRing:
         self.busy.append((buf, events))
 
 
+class _NotStarted(Exception):
+    """A read job that was never started (its failure is already noted)."""
+
+
 class _Reads:
     """One round's reads on the I/O threads, taken in order. Jobs that read
     into a pinned buffer ("pinned") are started only while the ring has a
     buffer for them, so at most ring.count of them are in flight; the rest
-    start as the earlier ones are placed (next())."""
+    start as the earlier ones are placed (next()). A job that cannot start
+    (no thread, no pinned buffer: "failed" jobs have no buffer at all) is
+    handed to note(unit, exception) and yields not ok, as a failed read does:
+    the rank keeps to the round's protocol, and the failure is agreed at its
+    end."""
 
-    def __init__(self, pool, read, jobs: list, ring: Optional[_PinnedRing], placer: "_Placer"):
+    def __init__(self, pool, read, jobs: list, ring: Optional[_PinnedRing], placer: "_Placer",
+                 note: Callable[[int, BaseException], None]):
         self.pool, self.read, self.jobs, self.ring, self.placer = pool, read, jobs, ring, placer
+        self.note = note
         self.futures: List[Any] = []
         self.out = 0
         self._submit()
@@ -1072,14 +1083,24 @@ class _Reads:
         while len(self.futures) < len(self.jobs):
             i = len(self.futures)
             k, addr, holder, how, nxt = self.jobs[i]
-            if how == "pinned":
-                assert self.ring is not None     # "pinned" jobs exist only with a ring
-                if self.out >= self.ring.count:
-                    return
-                holder = self.ring.take()
-                self.out += 1
-                self.jobs[i] = (k, holder.data_ptr(), holder, how, nxt)
-            self.futures.append(self.pool.submit(self.read, self.jobs[i]))
+            fut: Future = Future()
+            try:
+                if how == "failed":
+                    raise _NotStarted()
+                if how == "pinned":
+                    assert self.ring is not None     # "pinned" jobs exist only with a ring
+                    if self.out >= self.ring.count:
+                        return
+                    holder = self.ring.take()
+                    self.out += 1
+                    self.jobs[i] = (k, holder.data_ptr(), holder, how, nxt)
+                fut = self.pool.submit(self.read, self.jobs[i])
+            except _NotStarted:
+                fut.set_result(False)
+            except Exception as e:      # (a thread that cannot start: RuntimeError; pinned memory)
+                self.note(k, e)
+                fut.set_result(False)
+            self.futures.append(fut)
 
     def __iter__(self):
         """(job, ok) in order; a pinned job's buffer goes back to the ring when
@@ -1089,7 +1110,7 @@ class _Reads:
                 self._submit()
             ok = self.futures[i].result()
             yield self.jobs[i], ok
-            if self.jobs[i][3] == "pinned":
+            if self.jobs[i][3] == "pinned" and self.jobs[i][2] is not None:     # (it got a buffer)
                 self.ring.give(self.jobs[i][2], self.placer.devices)
                 self.placer.devices = set()
                 self.jobs[i] = self.jobs[i][:2] + (None,) + self.jobs[i][3:]
@@ -1177,9 +1198,27 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
     taking: List[Any] = []
     failure: List[Any] = []     # this rank's first error; it keeps to the protocol until the round ends
 
+    def note(k: int, exc: BaseException) -> None:
+        """An exception on this rank while it handles unit k (out of memory, a
+        thread that cannot start, a failed copy): recorded as a failed read is,
+        named as libdcp names one (shard file, a key reading it), so that the
+        rank keeps posting its sends and receives and every rank raises it at
+        the round's end; raised at once, peers would wait for this rank's
+        messages until the process group's timeout (30 minutes by default)."""
+        if not failure:
+            code = 12 if isinstance(exc, MemoryError) else getattr(exc, "errno", None) or 5
+            failure.append((code, f"{_unit_name(ck, gp, reqs, units[k])}: {type(exc).__name__}: {exc}"))
+
     scratch = threading.local()
 
     def read(job) -> bool:
+        try:
+            return read_unit(job)
+        except Exception as e:      # (MemoryError for its scratch, a torch or numpy error)
+            note(job[0], e)
+            return False
+
+    def read_unit(job) -> bool:
         k, addr, holder, how, nxt = job
         e = ffi.new("dcp_error *")
         nx = ffi.addressof(nxt) if nxt is not None else ffi.NULL
@@ -1248,10 +1287,14 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             elif ring is not None:
                 addr, how = 0, "pinned"      # a buffer of the ring, when _Reads starts it
             else:
-                holder = np.empty(u.len + pad, dtype=np.uint8)
-                addr = holder.ctypes.data
+                try:
+                    holder = np.empty(u.len + pad, dtype=np.uint8)
+                    addr = holder.ctypes.data
+                except MemoryError as e:
+                    note(k, e)
+                    addr, how = 0, "failed"
             jobs.append((k, addr, holder, how, nxt))
-        return _Reads(pool, read, jobs, ring, placer)
+        return _Reads(pool, read, jobs, ring, placer, note)
 
     def any_failed() -> bool:
         """The round's end: every rank's reads of it are done (shared staging
@@ -1285,7 +1328,10 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                     holder = holder[off:] if how == "pinned" else holder
                 if ok and how not in ("direct", "cache"):
                     f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
-                    placer.place(f, n[0], addr, holder if how == "pinned" else None)
+                    try:
+                        placer.place(f, n[0], addr, holder if how == "pinned" else None)
+                    except Exception as e:      # (a failed CUDA copy): agreed, the sends still go
+                        note(k, e)
                 for j in range(u.ndlv):     # sent even after a failed read: the peer must not hang
                     dl = gp.dlvs[u.dlv0 + j]
                     if dl.kind != P2P:
@@ -1303,10 +1349,13 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                 if failure:
                     continue
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(units[k]), me, n)
-                if placer.any_cuda:           # CUDA destinations: from the image where it is
-                    placer.place_device(f, n[0], t)
-                else:
-                    placer.place(f, n[0], t.data_ptr())
+                try:
+                    if placer.any_cuda:           # CUDA destinations: from the image where it is
+                        placer.place_device(f, n[0], t)
+                    else:
+                        placer.place(f, n[0], t.data_ptr())
+                except Exception as e:
+                    note(k, e)
             for _, w in sends:
                 w.wait()
             if any_failed():
@@ -1325,13 +1374,16 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                 if k in along:              # read in its round already
                     continue
                 f = lib.dcp_gunit_frags(gp, ffi.addressof(u), me, n)
-                if not page_cache:
-                    at_unit = shms[u.reader].addr + half + slot_of[k] * slot
-                    placer.place(f, n[0], at_unit + (_direct_lead(u) if direct else 0))
-                else:
-                    assert takes is not None
-                    taking.append(takes.submit(_page_cache_take, ck, gp, reqs, units, k, f, n[0], me, placer,
-                                               failure))
+                try:
+                    if not page_cache:
+                        at_unit = shms[u.reader].addr + half + slot_of[k] * slot
+                        placer.place(f, n[0], at_unit + (_direct_lead(u) if direct else 0))
+                    else:
+                        assert takes is not None
+                        taking.append(takes.submit(_page_cache_take, ck, gp, reqs, units, k, f, n[0], me, placer,
+                                                   failure, note))
+                except Exception as e:      # (no thread to take it on, a failed copy)
+                    note(k, e)
         for t in taking:
             t.result()
     finally:
@@ -1349,23 +1401,40 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
             torch.cuda.synchronize(dev)
 
 
-def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure) -> bool:
+def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure, note) -> bool:
     """Take this rank's fragments of a node peer's unit k from the page cache
     (the reader read it in an earlier round's end): straight into host
     destinations, else (CUDA) the unit read into a host buffer and placed.
-    A failure is recorded for the next agreement; False then."""
+    A failure is recorded for the next agreement (an exception by note); False then."""
     e = ffi.new("dcp_error *")
-    if all(reqs.v[gp.gops[f[i].gop].req].mem == 0 for i in range(nf)):
-        ok = lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf, e) == 0
-    else:
-        buf = np.empty(units[k].len, dtype=np.uint8)
-        ok = lib.dcp_gunit_read(ck._ptr, gp, ffi.addressof(units[k]), ffi.NULL,
-                                ffi.cast("void *", buf.ctypes.data), e) == 0
-        if ok:
-            placer.place(f, nf, buf.ctypes.data)
+    try:
+        if all(reqs.v[gp.gops[f[i].gop].req].mem == 0 for i in range(nf)):
+            ok = lib.dcp_gfrag_read(ck._ptr, gp, reqs, f, nf, e) == 0
+        else:
+            buf = np.empty(units[k].len, dtype=np.uint8)
+            ok = lib.dcp_gunit_read(ck._ptr, gp, ffi.addressof(units[k]), ffi.NULL,
+                                    ffi.cast("void *", buf.ctypes.data), e) == 0
+            if ok:
+                placer.place(f, nf, buf.ctypes.data)
+    except Exception as exc:
+        note(k, exc)
+        return False
     if not ok and not failure:
         failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
     return ok
+
+
+def _unit_name(ck, gp, reqs, u) -> str:
+    """Unit u in messages, as libdcp names a failed read: its shard file and
+    the key of its first fragment."""
+    if not u.nfrag:
+        return ck.path
+    gop = gp.gops[gp.frags[u.frag0].gop]
+    name = lib.dcp_file_name(ck._ptr, gop.op.file)
+    where = ck.path
+    if name != ffi.NULL and os.path.isdir(ck.path):
+        where = os.path.join(ck.path, ffi.string(name).decode("utf-8", "surrogateescape"))
+    return f"{where}: {_shown(ffi.string(reqs.v[gop.req].e.key).decode('utf-8', 'replace'))}"
 
 
 def _delivery(gp, u, kind: int, peer: Optional[int] = None):
