@@ -51,7 +51,7 @@ torchrun_cases enomem,clean,other,badkey,clean2
 # the first load of the job, before threads that ended left their stacks to reuse)
 agreed enomem "rank 1: $CK" "can't start new thread"
 clean clean
-agreed other "rank 1 passes another checkpoint than rank 0"
+agreed other "rank 1 passes another checkpoint than rank 0: $SCRATCH/other (rank 0: $CK): __0_0.distcp: 5000 bytes on rank 1, "
 agreed badkey "rank 1: $CK: no.such.key: no such key in the checkpoint"
 clean clean2
 

@@ -393,7 +393,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     tensor, a damaged checkpoint, a failed read, memory or a thread it
     cannot get while reading, a bad option or a destination that cannot be
     filled), every rank raises the same :class:`dcpfs.DcpError` naming the
-    rank, file, key and reason.
+    rank, file, key and reason; a rank passing another checkpoint (a copy
+    with a shard of another size) is told which file differs.
     Destinations are checked before anything is read, as ``dcp.load``
     checks them: each key must be stored, each tensor (a DTensor's global
     shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
@@ -491,6 +492,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         dests, reqs, stored, sizes = _drop_empty(dests, reqs, stored, sizes)
         own, own_dests, dests, reqs, stored, sizes = _per_rank(ck, me, megatron_fold, dests, reqs, stored, sizes)
         item["identity"] = _identity(ck)
+        item["path"] = ck.path
         item["reqs"] = _encode(reqs)
     except DcpError as e:
         item["error"] = (e.errno or 5, e.strerror or str(e))
@@ -503,7 +505,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         _raise_first(gathered, world)
         for r, g in enumerate(gathered):
             if g["identity"] != gathered[0]["identity"]:
-                raise DcpError(22, f"dcpfs.torch.load: rank {r} passes another checkpoint than rank 0")
+                raise DcpError(22, f"dcpfs.torch.load: rank {r} passes another checkpoint than rank 0: "
+                                   + _identity_diff(r, g, gathered[0]))
             if g["opts"] != gathered[0]["opts"]:
                 raise DcpError(22, f"dcpfs.torch.load: rank {r} passes other options than rank 0 "
                                    f"({g['opts']}; rank 0: {gathered[0]['opts']})")
@@ -617,6 +620,28 @@ def _identity(ck) -> tuple:
             size = -1
         names.append((rel, size))
     return (len(ck), tuple(names))
+
+
+def _identity_diff(r: int, mine: Dict[str, Any], first: Dict[str, Any]) -> str:
+    """How rank r's checkpoint differs from rank 0's (their _identity and
+    path): the first data file whose size differs or that only one has, else
+    the key count. A node-local copy cut short or missing a shard is named so,
+    not only as 'another checkpoint'."""
+    n_r, files_r = mine["identity"]
+    n_0, files_0 = first["identity"]
+    head = f"{mine['path']} (rank 0: {first['path']})"
+    size_0 = dict(files_0)
+    for name, size in files_r:
+        if name not in size_0:
+            return f"{head}: {name} is not a data file of rank 0's"
+        if size != size_0[name]:
+            # (-1: gone since it was opened), in dcp_load's words
+            return f"{head}: {name}: {size} bytes on rank {r}, {size_0[name]} on rank 0"
+    named = {name for name, _ in files_r}
+    for name, _ in files_0:
+        if name not in named:
+            return f"{head}: {name} is a data file of rank 0's only"
+    return f"{head}: {n_r} keys on rank {r}, {n_0} on rank 0"
 
 
 def _prepare_dests(torch, dests, stored, sizes) -> None:
