@@ -10,9 +10,11 @@
  */
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <mpi.h>
 
@@ -306,8 +308,15 @@ int main(int argc, char **argv)
         static float sink2[8];
         int64_t z[2] = {0, 0}, o1[2] = {1, 1};
         dcp_load_region tiny = {"model.tiny", DCP_FLOAT32, 2, z, o1, sink2, DCP_LOAD_HOST};
-        char want[128];
-        snprintf(want, sizeof want, "dcp_load: rank %d passes another checkpoint than rank 0", culprit);
+        /* the message says how they differ: the data file of other sizes */
+        char want[2 * PATH_MAX + 256], mine[PATH_MAX + 32];
+        struct stat sb;
+        snprintf(mine, sizeof mine, "%s/02_rowwise_4ranks/ckpt/__3_1.distcp", argv[1]);
+        long long size = stat(mine, &sb) == 0 ? (long long)sb.st_size : -1;
+        snprintf(want, sizeof want,
+                 "dcp_load: rank %d passes another checkpoint than rank 0: %s (rank 0: %s/02_rowwise_4ranks/ckpt): "
+                 "__3_1.distcp: %lld bytes on rank %d, %lld on rank 0",
+                 culprit, other, argv[1], size + 1, culprit, size);
         expect_error_opts(ck, &tiny, 1, NULL, want, 1, "another checkpoint");
         dcp_close(ck);
     }

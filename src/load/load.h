@@ -65,6 +65,14 @@ typedef struct ldi_call {
 /* Local: a cheap identity of ck (its data files' names and sizes, entry
  * count, .metadata size). */
 int ldi_identity(dcp_checkpoint *ck, uint64_t *out, dcp_error *err);
+/* Collective, once every rank saw that rank rk's identity is not rank 0's:
+ * "dcp_load: rank RK passes another checkpoint than rank 0: ITS NAME (rank
+ * 0: NAME): HOW" in err on every rank, HOW the first data file whose size
+ * differs or that one of them lacks, else .metadata's size or the entry
+ * counts (a node-local copy cut short is named, not only "another"). Rank 0
+ * sends its names and sizes to rank rk alone (at most 1 MiB of them; past
+ * that HOW may be missing); never fails (MPI errors are fatal). */
+void ldi_identity_diff(MPI_Comm comm, dcp_checkpoint *ck, int rk, dcp_error *err);
 
 /* Check this rank's regions against the checkpoint (unknown key, ndim, box,
  * dtype, dest) and CUDA availability. Local; the caller agrees. */

@@ -43,7 +43,8 @@ int ldi_check_regions(dcp_checkpoint *ck, const dcp_load_region *regions, size_t
 }
 
 /* Every rank's call header against rank 0's: the same result on every rank,
- * since all hold every header. */
+ * since all hold every header. 0; -1 with err for other options; the rank,
+ * with err, whose checkpoint is not rank 0's. */
 static int check_calls(const unsigned char *all, const int *counts, const int *displs, int nranks,
                        dcp_error *err)
 {
@@ -54,8 +55,10 @@ static int check_calls(const unsigned char *all, const int *counts, const int *d
         memcpy(rk ? &c : &c0, all + displs[rk], sizeof c);
         if (!rk)
             continue;
-        if (c.identity != c0.identity)
-            return ldi_err(err, EINVAL, "dcp_load: rank %d passes another checkpoint than rank 0", rk);
+        if (c.identity != c0.identity) {
+            ldi_err(err, EINVAL, "dcp_load: rank %d passes another checkpoint than rank 0", rk);
+            return rk;   /* the caller finds out how (ldi_identity_diff) */
+        }
         if (c.flags != c0.flags || c.nstaging != c0.nstaging || c.staging != c0.staging)
             return ldi_err(err, EINVAL,
                            "dcp_load: rank %d passes other options than rank 0 (flags 0x%" PRIx64
@@ -134,7 +137,10 @@ int ldi_exchange(MPI_Comm comm, dcp_checkpoint *ck, const ldi_call *call, const 
         goto out;
     rc = -1;
     ldi_allgatherv(mine, mylen, all, counts, displs, comm);
-    if (check_calls(all, counts, displs, nranks, err) < 0) {
+    int differs = check_calls(all, counts, displs, nranks, err);
+    if (differs != 0) {
+        if (differs > 0)
+            ldi_identity_diff(comm, ck, differs, err);
         rc = LDI_AGREED;
         goto out;
     }
