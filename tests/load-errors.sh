@@ -1,6 +1,6 @@
 # Collective errors: one rank asking for an unknown key, a missing
 # checkpoint, a read failing mid-transfer, a CUDA destination without a
-# usable GPU. Every rank must fail
+# usable GPU, ranks given different arguments. Every rank must fail
 # with the same message, within the timeout (never hang).
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
@@ -63,3 +63,19 @@ rc=0
 mpirun 2 "$DCPLOAD" "$CK" --layout diagonal >/dev/null 2>"$SCRATCH/err" || rc=$?
 [ "$rc" -eq 2 ] || fail "bad layout: status $rc"
 grep -q "unknown layout 'diagonal'" "$SCRATCH/err" || fail "bad layout message: $(cat "$SCRATCH/err")"
+# ranks given different arguments (mpiexec's MPMD form): a usage error on one
+# rank, or --device on some ranks only, ends every rank with status 2 (the
+# others waited in the first collective for ever)
+mpmd() {
+    RC=0
+    mpirun "$@" >/dev/null 2>"$SCRATCH/err" || RC=$?
+    [ "$RC" -ne 124 ] && [ "$RC" -ne 137 ] || fail "MPMD $*: hung (timeout)"
+    [ "$RC" -eq 2 ] || fail "MPMD $*: status $RC: $(cat "$SCRATCH/err")"
+}
+mpmd 1 "$DCPLOAD" "$CK" : -n 2 "$DCPLOAD" "$CK" --layout diagonal
+[ "$(grep -c "unknown layout 'diagonal'" "$SCRATCH/err")" -eq 2 ] ||
+    fail "MPMD bad layout: the ranks with it do not say why: $(cat "$SCRATCH/err")"
+grep -qx "dcpload: rank 1 was given bad arguments (its message above)" "$SCRATCH/err" ||
+    fail "MPMD bad layout: rank 0 does not name rank 1: $(cat "$SCRATCH/err")"
+mpmd 1 "$DCPLOAD" "$CK" --device cuda : -n 1 "$DCPLOAD" "$CK"
+grep -q "every rank must pass the same --device" "$SCRATCH/err" || fail "MPMD --device: $(cat "$SCRATCH/err")"

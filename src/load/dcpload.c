@@ -565,9 +565,21 @@ int main(int argc, char **argv)
 
     struct opts o;
     int prc = parse(argc, argv, &o);
-    if (prc) {
+    /* Ranks may be given different arguments (mpiexec's MPMD form, A : B,
+     * as for node-local copies of a checkpoint): a usage error on one rank,
+     * or --device on some ranks only (the CUDA device query is collective
+     * among the ranks asking for it), must end every rank, not leave the
+     * others waiting in the first collective. v: the lowest rank with a usage
+     * error, whether none asked for --help, cuda, -cuda (minima). */
+    int v[4] = {prc == 2 ? me : nranks, prc == 1 ? 0 : 1, prc ? 0 : o.cuda, prc ? 0 : -o.cuda}, w[4];
+    MPI_Allreduce(v, w, 4, MPI_INT, MPI_MIN, comm);
+    if (w[0] < nranks || w[1] == 0 || w[2] != -w[3]) {
+        if (w[0] < nranks && prc != 2)
+            fprintf(stderr, "dcpload: rank %d was given bad arguments (its message above)\n", w[0]);
+        else if (w[0] == nranks && w[1] && me == 0)
+            fprintf(stderr, "dcpload: every rank must pass the same --device: some pass cuda, others host\n");
         MPI_Finalize();
-        return prc == 1 ? 0 : 2;
+        return w[0] == nranks && !w[1] ? 0 : 2;
     }
     dcp_error err = {0};
     dcp_checkpoint *ck = NULL;
