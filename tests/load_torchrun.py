@@ -12,6 +12,8 @@ short. CASES, comma-separated, run in order in one process group:
             few MiB above its size: its read threads cannot start);
   other     rank 1 passes OTHER;
   badkey    rank 1 asks for a key the checkpoint lacks;
+  unpickle  rank 1 lacks the class of a stored object (as a node without
+            the module that defines it): "Can't get attribute 'Obj'";
   kill      rank 1 is killed (SIGKILL) as the load starts.
 ``make CKPT`` saves the checkpoint (no process group).
 """
@@ -24,19 +26,27 @@ import signal
 import sys
 from typing import Dict
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class Obj:
+    """A stored object (pickled as __main__.Obj: this script runs as __main__ when saving and under torchrun)."""
+    n: int
 
 
 def values() -> Dict[str, object]:
     """What the checkpoint holds."""
     g = torch.Generator().manual_seed(5)
     return {"a": torch.randn(512, 1024, generator=g), "b": torch.randn(64, 3, generator=g),
-            "e": torch.zeros(0, 5), "step": 7}
+            "e": torch.zeros(0, 5), "step": 7, "obj": Obj(3)}
 
 
 def fresh() -> Dict[str, object]:
     """A state dict to load into: every tensor zeroed, of the saved shape."""
-    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in values().items()}
+    return {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else None for k, v in values().items()}
 
 
 def make(path: str) -> None:
@@ -60,6 +70,11 @@ def one_case(case: str, rank: int, path: str, other: str) -> str:
         sd["no.such.key"] = torch.zeros(3)
     if case == "kill" and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    main = sys.modules["__main__"]
+    hidden = case == "unpickle" and rank == 1
+    cls = Obj       # (this module is __main__: its global goes with the attribute)
+    if hidden:
+        del main.Obj     # type: ignore[attr-defined]
     try:
         dcpfs.torch.load(sd, path)
     except Exception as e:     # (any type: the test wants one agreed DcpError)
@@ -67,6 +82,8 @@ def one_case(case: str, rank: int, path: str, other: str) -> str:
     finally:
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, limit)
+        if hidden:
+            main.Obj = cls     # type: ignore[attr-defined]
     want = values()
     for k, v in want.items():
         got = sd[k]

@@ -2,7 +2,8 @@
 # ends the load on every rank with the same DcpError naming that rank, and
 # the ranks stay in step for the next load (never a hang, never one rank
 # raising while its peer waits for its messages): rank 1 out of address space
-# mid-load, passing a copy with a shard cut short, asking for an unknown key;
+# mid-load, passing a copy with a shard cut short, asking for an unknown key,
+# lacking the class of a stored object;
 # rank 1 killed: torchrun ends non-zero. The checkpoint folder is never
 # written to. Worker: tests/load_torchrun.py.
 . "$top_srcdir/tests/python_lib.sh"
@@ -45,7 +46,7 @@ clean() {
         fail "$1: the load after the failures: rank 0: $(result 0 "$1") / rank 1: $(result 1 "$1")"
 }
 
-torchrun_cases enomem,clean,other,badkey,clean2
+torchrun_cases enomem,clean,other,badkey,unpickle,clean2
 [ "$RC" -eq 0 ] || fail "torchrun exited $RC: $(tail -20 "$SCRATCH/log")"
 # out of memory on rank 1 while the plan runs (its read threads cannot start:
 # the first load of the job, before threads that ended left their stacks to reuse)
@@ -53,6 +54,8 @@ agreed enomem "rank 1: $CK" "can't start new thread"
 clean clean
 agreed other "rank 1 passes another checkpoint than rank 0: $SCRATCH/other (rank 0: $CK): __0_0.distcp: 5000 bytes on rank 1, "
 agreed badkey "rank 1: $CK: no.such.key: no such key in the checkpoint"
+# a stored object whose class rank 1 lacks: every rank raises, none returns
+agreed unpickle "rank 1: $CK: obj: AttributeError: Can't get attribute 'Obj'"
 clean clean2
 
 # rank 1 killed: the job ends, non-zero, and rank 0 does not report a load

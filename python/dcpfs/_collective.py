@@ -391,8 +391,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
 
     Errors are agreed: if any rank fails (an unknown key, a box outside its
     tensor, a damaged checkpoint, a failed read, memory or a thread it
-    cannot get while reading, a bad option or a destination that cannot be
-    filled), every rank raises the same :class:`dcpfs.DcpError` naming the
+    cannot get while reading, a stored value that does not unpickle there,
+    a bad option or a destination that cannot be filled), every rank raises the same :class:`dcpfs.DcpError` naming the
     rank, file, key and reason; a rank passing another checkpoint (a copy
     with a shard of another size) is told which file differs.
     Destinations are checked before anything is read, as ``dcp.load``
@@ -765,18 +765,29 @@ def _run(torch, dist, group, me, world, ck, dests, stored, sizes, gathered, mapp
         for sh in shms.values():
             sh.close()
         lib.dcp_greqs_free(reqs)
-    # 4. Temporaries into their tensors, bytes items into the state dict.
+    # 4. Temporaries into their tensors, bytes items unpickled, then agreed
+    # (as dcp.load agrees on its read_data): a value that does not unpickle on
+    # one rank (its class missing there: "Can't get attribute") or a copy that
+    # fails must not leave that rank raising alone while its peers go on to
+    # their next collective. The state dict takes the values once all agree.
     from torch.distributed.checkpoint._traverse import set_element
-    for key, value in own_values:
-        set_element(state_dict, mappings[key], value)
+    values = list(own_values)
+    local_err = None
     for d in dests:
-        if d.kind == "bytes":
-            value = torch.load(io.BytesIO(d.buf.tobytes()), weights_only=False)
-            set_element(state_dict, mappings[d.key], value)
-        elif d.finish is not None:
-            d.finish()
-        else:
-            _bump_version(torch, d.target)     # written through its data pointer, behind autograd
+        try:
+            if d.kind == "bytes":
+                values.append((d.key, torch.load(io.BytesIO(d.buf.tobytes()), weights_only=False)))
+            elif d.finish is not None:
+                d.finish()
+            else:
+                _bump_version(torch, d.target)     # written through its data pointer, behind autograd
+        except Exception as e:      # (any type: agreed)
+            local_err = (12 if isinstance(e, MemoryError) else 22,
+                         f"{ck.path}: {_shown(d.key)}: {type(e).__name__}: {e}")
+            break
+    _agree_error(dist, group, me, world, local_err)
+    for key, value in values:
+        set_element(state_dict, mappings[key], value)
     stats.seconds_total = time.perf_counter() - t0
     return stats
 
