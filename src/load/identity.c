@@ -91,7 +91,8 @@ static const char *next_str(const char *s, const char *end)
 static void compare(const char *mine, size_t mlen, const char *first, size_t flen, int rk, char *why, size_t cap)
 {
     const char *mend = mine + mlen, *fend = first + flen;
-    if (!flen || first[flen - 1] != '\0') {   /* cut short: whole strings only */
+    int cut = !flen || first[flen - 1] != '\0';
+    if (cut) {   /* cut short (DIFF_TEXT_MAX): whole strings only */
         const char *z = flen ? memrchr(first, '\0', flen) : NULL;
         fend = z ? z + 1 : first;
     }
@@ -108,8 +109,8 @@ static void compare(const char *mine, size_t mlen, const char *first, size_t fle
         for (const char *f = next_str(f_md, fend); f && !fsz; f = next_str(next_str(f, fend), fend))
             if (!strcmp(f, m))
                 fsz = next_str(f, fend);
-        if (!f_md) {
-            return;   /* nothing of rank 0's files arrived */
+        if (!f_md || (!fsz && cut)) {
+            return;   /* rank 0's files did not arrive, or not all of them */
         } else if (!fsz) {
             snprintf(why, cap, ": %s is not a data file of rank 0's", m);
             return;
