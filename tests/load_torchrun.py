@@ -14,6 +14,8 @@ short. CASES, comma-separated, run in order in one process group:
   badkey    rank 1 asks for a key the checkpoint lacks;
   unpickle  rank 1 lacks the class of a stored object (as a node without
             the module that defines it): "Can't get attribute 'Obj'";
+  subgroup  the load runs over a process group of rank 0 alone: rank 1, not
+            in it, is told so at once;
   kill      rank 1 is killed (SIGKILL) as the load starts.
 ``make CKPT`` saves the checkpoint (no process group).
 """
@@ -75,8 +77,12 @@ def one_case(case: str, rank: int, path: str, other: str) -> str:
     cls = Obj       # (this module is __main__: its global goes with the attribute)
     if hidden:
         del main.Obj     # type: ignore[attr-defined]
+    group = None
+    if case == "subgroup":
+        import torch.distributed as dist
+        group = dist.new_group([0])     # (collective: every rank creates it)
     try:
-        dcpfs.torch.load(sd, path)
+        dcpfs.torch.load(sd, path, process_group=group)
     except Exception as e:     # (any type: the test wants one agreed DcpError)
         return f"error {type(e).__name__}: {e}"
     finally:

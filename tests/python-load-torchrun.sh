@@ -3,7 +3,7 @@
 # the ranks stay in step for the next load (never a hang, never one rank
 # raising while its peer waits for its messages): rank 1 out of address space
 # mid-load, passing a copy with a shard cut short, asking for an unknown key,
-# lacking the class of a stored object;
+# lacking the class of a stored object; rank 1 outside the process group;
 # rank 1 killed: torchrun ends non-zero. The checkpoint folder is never
 # written to. Worker: tests/load_torchrun.py.
 . "$top_srcdir/tests/python_lib.sh"
@@ -46,7 +46,7 @@ clean() {
         fail "$1: the load after the failures: rank 0: $(result 0 "$1") / rank 1: $(result 1 "$1")"
 }
 
-torchrun_cases enomem,clean,other,badkey,unpickle,clean2
+torchrun_cases enomem,clean,other,badkey,unpickle,subgroup,clean2
 [ "$RC" -eq 0 ] || fail "torchrun exited $RC: $(tail -20 "$SCRATCH/log")"
 # out of memory on rank 1 while the plan runs (its read threads cannot start:
 # the first load of the job, before threads that ended left their stacks to reuse)
@@ -56,6 +56,10 @@ agreed other "rank 1 passes another checkpoint than rank 0: $SCRATCH/other (rank
 agreed badkey "rank 1: $CK: no.such.key: no such key in the checkpoint"
 # a stored object whose class rank 1 lacks: every rank raises, none returns
 agreed unpickle "rank 1: $CK: obj: AttributeError: Can't get attribute 'Obj'"
+# a group of rank 0 alone: rank 0 loads, rank 1 (outside it) is told so
+[ "$(result 0 subgroup)" = ok ] || fail "subgroup: rank 0: $(result 0 subgroup)"
+[ "$(result 1 subgroup)" = "error ValueError: dcpfs.torch.load: this rank (global rank 1) is not in process_group: call it on the group's ranks only" ] ||
+    fail "subgroup: rank 1: $(result 1 subgroup)"
 clean clean2
 
 # rank 1 killed: the job ends, non-zero, and rank 0 does not report a load

@@ -459,6 +459,9 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         group = process_group
         me = dist.get_rank(group)
         world = dist.get_world_size(group)
+        if me < 0:      # (torch's collectives return at once on a rank outside their group: alone, at once)
+            raise ValueError(f"dcpfs.torch.load: this rank (global rank {dist.get_rank()}) is not in "
+                             "process_group: call it on the group's ranks only")
     else:
         if process_group is not None:
             raise ValueError("dcpfs.torch.load: a process group was given but torch.distributed is not initialised")
