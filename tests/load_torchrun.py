@@ -9,7 +9,8 @@ short. CASES, comma-separated, run in order in one process group:
   clean     every rank loads every tensor (replicated, an empty one too)
             and checks the values;
   enomem    rank 1 runs out of address space during the load (RLIMIT_AS a
-            few MiB above its size: its read threads cannot start);
+            few MiB above its size, threads of 16 MiB stacks: its read
+            threads cannot start);
   other     rank 1 passes OTHER;
   badkey    rank 1 asks for a key the checkpoint lacks;
   unpickle  rank 1 lacks the class of a stored object (as a node without
@@ -26,6 +27,7 @@ import re
 import resource
 import signal
 import sys
+import threading
 from typing import Dict
 
 from dataclasses import dataclass
@@ -63,6 +65,9 @@ def one_case(case: str, rank: int, path: str, other: str) -> str:
     sd = fresh()
     limit = None
     if case == "enomem" and rank == 1:
+        # threads of 16 MiB stacks (whatever ulimit -s says, and no stack
+        # an ended thread left fits them), 4 MiB of address space left
+        threading.stack_size(16 << 20)
         size = int(re.search(r"VmSize:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
         limit = resource.getrlimit(resource.RLIMIT_AS)
         resource.setrlimit(resource.RLIMIT_AS, (size + (4 << 20), limit[1]))
@@ -88,6 +93,7 @@ def one_case(case: str, rank: int, path: str, other: str) -> str:
     finally:
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_AS, limit)
+            threading.stack_size(0)
         if hidden:
             main.Obj = cls     # type: ignore[attr-defined]
     want = values()

@@ -48,8 +48,7 @@ clean() {
 
 torchrun_cases enomem,clean,other,badkey,unpickle,subgroup,clean2
 [ "$RC" -eq 0 ] || fail "torchrun exited $RC: $(tail -20 "$SCRATCH/log")"
-# out of memory on rank 1 while the plan runs (its read threads cannot start:
-# the first load of the job, before threads that ended left their stacks to reuse)
+# out of memory on rank 1 while the plan runs (its read threads cannot start)
 agreed enomem "rank 1: $CK" "can't start new thread"
 clean clean
 agreed other "rank 1 passes another checkpoint than rank 0: $SCRATCH/other (rank 0: $CK): __0_0.distcp: 5000 bytes on rank 1, "
