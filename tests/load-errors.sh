@@ -64,8 +64,9 @@ mpirun 2 "$DCPLOAD" "$CK" --layout diagonal >/dev/null 2>"$SCRATCH/err" || rc=$?
 [ "$rc" -eq 2 ] || fail "bad layout: status $rc"
 grep -q "unknown layout 'diagonal'" "$SCRATCH/err" || fail "bad layout message: $(cat "$SCRATCH/err")"
 # ranks given different arguments (mpiexec's MPMD form): a usage error on one
-# rank, or --device on some ranks only, ends every rank with status 2 (the
-# others waited in the first collective for ever)
+# rank, or --device or --megatron-fold on some ranks only, ends every rank
+# with status 2 (the others waited in the first collective for ever; views
+# of other shapes were refused as a region of the wrong rank)
 mpmd() {
     RC=0
     mpirun "$@" >/dev/null 2>"$SCRATCH/err" || RC=$?
@@ -79,3 +80,5 @@ grep -qx "dcpload: rank 1 was given bad arguments (its message above)" "$SCRATCH
     fail "MPMD bad layout: rank 0 does not name rank 1: $(cat "$SCRATCH/err")"
 mpmd 1 "$DCPLOAD" "$CK" --device cuda : -n 1 "$DCPLOAD" "$CK"
 grep -q "every rank must pass the same --device" "$SCRATCH/err" || fail "MPMD --device: $(cat "$SCRATCH/err")"
+mpmd 1 "$DCPLOAD" "$CK" : -n 1 "$DCPLOAD" "$CK" --megatron-fold
+grep -q "every rank must pass the same --megatron-fold" "$SCRATCH/err" || fail "MPMD --megatron-fold: $(cat "$SCRATCH/err")"

@@ -569,15 +569,19 @@ int main(int argc, char **argv)
      * as for node-local copies of a checkpoint): a usage error on one rank,
      * or --device on some ranks only (the CUDA device query is collective
      * among the ranks asking for it), must end every rank, not leave the
-     * others waiting in the first collective. v: the lowest rank with a usage
-     * error, whether none asked for --help, cuda, -cuda (minima). */
-    int v[4] = {prc == 2 ? me : nranks, prc == 1 ? 0 : 1, prc ? 0 : o.cuda, prc ? 0 : -o.cuda}, w[4];
-    MPI_Allreduce(v, w, 4, MPI_INT, MPI_MIN, comm);
-    if (w[0] < nranks || w[1] == 0 || w[2] != -w[3]) {
+     * others waiting in the first collective; --megatron-fold on some ranks
+     * only gives ranks other shapes of one key (refused by dcp_load, but as
+     * a region of the wrong rank). v: the lowest rank with a usage error,
+     * whether none asked for --help, cuda, -cuda, fold, -fold (minima). */
+    int v[6] = {prc == 2 ? me : nranks, prc == 1 ? 0 : 1, prc ? 0 : o.cuda, prc ? 0 : -o.cuda,
+                prc ? 0 : o.fold, prc ? 0 : -o.fold}, w[6];
+    MPI_Allreduce(v, w, 6, MPI_INT, MPI_MIN, comm);
+    if (w[0] < nranks || w[1] == 0 || w[2] != -w[3] || w[4] != -w[5]) {
         if (w[0] < nranks && prc != 2)
             fprintf(stderr, "dcpload: rank %d was given bad arguments (its message above)\n", w[0]);
         else if (w[0] == nranks && w[1] && me == 0)
-            fprintf(stderr, "dcpload: every rank must pass the same --device: some pass cuda, others host\n");
+            fprintf(stderr, "dcpload: every rank must pass the same %s: some ranks pass it, others not\n",
+                    w[2] != -w[3] ? "--device" : "--megatron-fold");
         MPI_Finalize();
         return w[0] == nranks && !w[1] ? 0 : 2;
     }
