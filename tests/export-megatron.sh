@@ -5,7 +5,8 @@
 # rank; the Llama-shaped one also from 2 tensor-parallel gloo ranks), exported by the shipped
 # recipes (llama-megatron, gpt-neox-megatron, gpt2-megatron, the last also without --config
 # from common.pt's arguments); AutoModelForCausalLM.from_pretrained of each export gives
-# Megatron's forward's float32 logits (relative error <= 1e-5). See tests/interop/export_megatron.py
+# Megatron's forward's float32 logits (relative error <= 1e-5); a mixture-of-experts one exported by
+# mixtral-megatron gives the model's own expert, router and norm parameters. See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"
 framework_setup megatron.core megatron-core "pip install --no-deps megatron-core==0.16.1 psutil==7.2.2" export_megatron.py
@@ -36,6 +37,17 @@ cp -r "$SCRATCH/gpt2" "$SCRATCH/gpt2-args"
 python3 "$SCRATCH/gpt2-args.py" "$SCRATCH/gpt2-args" || fail "writing gpt2-args/common.pt"
 $D convert -q --to hf --recipe gpt2-megatron "$SCRATCH/gpt2-args" "$SCRATCH/o-gpt2-args" ||
     fail "export of gpt2 without --config"
+# A mixture of experts as dist_checkpointing stores it (the experts one key stacked over layers
+# and experts, the local spec's pre-MLP norm as mlp.linear_fc1.layer_norm_weight) beside a second
+# optimizer's state (a ChainedOptimizer's chained_1.optimizer.* key): mixtral-megatron exports
+# the experts and leaves the optimizer state out (it knew only the module names
+# mlp.experts.local_experts.E and refused both).
+out=$($D convert --to hf --recipe mixtral-megatron --config "$SCRATCH/mixtral-config.json" "$SCRATCH/mixtral" \
+    "$SCRATCH/o-mixtral" 2>&1) || fail "export of mixtral by mixtral-megatron: $out"
+case "$out" in *"skipped chained_1.optimizer.state.exp_avg.decoder.final_layernorm.weight: left out by the recipe"*) ;;
+    *) fail "mixtral: the chained optimizer's state not reported left out: $out" ;; esac
+$PY moe "$SCRATCH" o-mixtral >"$SCRATCH/moe.log" 2>&1 || { cat "$SCRATCH/moe.log"; fail "the Mixtral export differs from the model"; }
+cat "$SCRATCH/moe.log"
 $PY check "$SCRATCH" o-llama llama o-neox neox o-llama-tp2 llama-tp2 o-gpt2 gpt2 o-gpt2-args gpt2 \
     >"$SCRATCH/check.log" 2>&1 ||
     { cat "$SCRATCH/check.log"; fail "logits differ from Megatron-Core's forward"; }

@@ -8,6 +8,14 @@ initialised by Megatron (use_cpu_initialization; norms then perturbed so a swapp
   neox   LayerNorm, GeLU, biases, multi-head attention, rope on half of each head (rotary_percent 0.5)
   gpt2   LayerNorm, GeLU, biases, multi-head attention, learned absolute position embeddings (GPT-2)
   llama-tp2  the llama one again (same weights), tensor parallel 2 on 2 gloo ranks
+  mixtral    the llama one with a mixture of experts in each layer (4 SequentialMLP experts, top 2,
+             the local spec's MoE layer), plus one state of a second optimizer's as a
+             ChainedOptimizer names it (chained_1.optimizer.state...): dist_checkpointing stores
+             the experts as one key stacked over layers and experts
+             (decoder.layers.mlp.experts.experts.linear_fc1.weight [layers, experts, 2 ffn, hidden])
+             and the pre-MLP norm as mlp.linear_fc1.layer_norm_weight. Its forward does not run
+             without TransformerEngine (the router's gemm), so the export is checked against the
+             model's own parameters (OUT/mixtral-params.pt), not logits.
 
 and for each writes OUT/KIND, its sharded_state_dict() saved by
 megatron.core.dist_checkpointing.save (the torch_dist backend: layer-stacked keys, TE-style
@@ -93,6 +101,55 @@ def build(kind):
     return m.eval()
 
 
+def build_moe():
+    """The llama model's shape with a mixture of experts in each layer (the allgather dispatcher:
+    alltoall asks for a CUDA stream)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    cfg = TransformerConfig(num_layers=L, hidden_size=H, num_attention_heads=NH, use_cpu_initialization=True,
+                            params_dtype=torch.float32, layernorm_epsilon=1e-5, bias_dropout_fusion=False,
+                            apply_rope_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
+                            masked_softmax_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
+                            num_query_groups=2, ffn_hidden_size=FF, normalization="RMSNorm", gated_linear_unit=True,
+                            activation_func=torch.nn.functional.silu, add_bias_linear=False, num_moe_experts=4,
+                            moe_router_topk=2, moe_ffn_hidden_size=FF // 2, moe_token_dispatcher_type="allgather")
+    torch.manual_seed(14)
+    spec = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=False, normalization="RMSNorm")
+    m = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=V, max_sequence_length=256,
+                 position_embedding_type="rope", rotary_base=10000, share_embeddings_and_output_weights=False)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n and n.endswith("weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return m
+
+
+def moe_check(out, dst):
+    """The Mixtral export against the MoE model's own parameters (by their module names)."""
+    from safetensors.torch import load_file
+    got = {}
+    for f in sorted(os.listdir(os.path.join(out, dst))):
+        if f.endswith(".safetensors"):
+            got.update(load_file(os.path.join(out, dst, f)))
+    want = {}
+    for n, t in torch.load(f"{out}/mixtral-params.pt").items():
+        n = n.replace("decoder.layers.", "model.layers.")
+        if ".mlp.experts.local_experts." in n:
+            n = n.replace(".mlp.experts.local_experts.", ".block_sparse_moe.experts.")
+            if n.endswith("linear_fc1.weight"):   # SwiGLU: cat(gate, up)
+                want[n.replace("linear_fc1", "w1")], want[n.replace("linear_fc1", "w3")] = t.chunk(2)
+            else:
+                want[n.replace("linear_fc2", "w2")] = t
+        elif n.endswith("mlp.router.weight"):
+            want[n.replace("mlp.router", "block_sparse_moe.gate")] = t
+        elif n.endswith("pre_mlp_layernorm.weight"):
+            want[n.replace("pre_mlp_layernorm", "post_attention_layernorm")] = t
+    bad = [k for k, t in want.items() if k not in got or not torch.equal(got[k], t)]
+    assert not bad, f"{dst}: these differ from (or lack) the MoE model's parameters: {bad[:4]}"
+    print(f"ok {dst}: {len(want)} MoE tensors (experts, router, pre-MLP norm) equal the model's own")
+
+
 def hf_config(kind):
     import transformers
     if kind == "llama":
@@ -149,6 +206,19 @@ def make(out):
         os.makedirs(f"{out}/{kind}")
         dist_checkpointing.save(m.sharded_state_dict(), f"{out}/{kind}")
         print(f"{kind}: {len(m.state_dict())} state dict keys saved by dist_checkpointing")
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    m = build_moe()
+    torch.save({n: p.detach().clone() for n, p in m.named_parameters()}, f"{out}/mixtral-params.pt")
+    sd = m.sharded_state_dict()
+    key = "chained_1.optimizer.state.exp_avg.decoder.final_layernorm.weight"   # a second optimizer's
+    sd[key] = ShardedTensor.from_rank_offsets(key, torch.zeros(H))
+    os.makedirs(f"{out}/mixtral")
+    dist_checkpointing.save(sd, f"{out}/mixtral")
+    import transformers
+    transformers.MixtralConfig(hidden_size=H, num_attention_heads=NH, num_key_value_heads=2, num_hidden_layers=L,
+                               vocab_size=V, intermediate_size=FF // 2, num_local_experts=4, num_experts_per_tok=2,
+                               rms_norm_eps=1e-5, tie_word_embeddings=False).to_json_file(f"{out}/mixtral-config.json")
+    print(f"mixtral: {len(sd)} sharded keys saved by dist_checkpointing")
     mp.spawn(tp2_worker, args=(free_port(), out), nprocs=2, join=True)
     print("llama-tp2: saved by dist_checkpointing from 2 tensor-parallel ranks")
 
@@ -177,6 +247,8 @@ if __name__ == "__main__":
             sys.exit(77)
     elif sys.argv[1] == "make":
         make(sys.argv[2])
+    elif sys.argv[1] == "moe":   # moe OUT DST
+        moe_check(*sys.argv[2:4])
     else:   # check OUT DST KIND [DST KIND ...]
         out, args = sys.argv[2], sys.argv[3:]
         for i in range(0, len(args), 2):
