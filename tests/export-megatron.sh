@@ -6,7 +6,8 @@
 # recipes (llama-megatron, gpt-neox-megatron, gpt2-megatron, the last also without --config
 # from common.pt's arguments); AutoModelForCausalLM.from_pretrained of each export gives
 # Megatron's forward's float32 logits (relative error <= 1e-5); a mixture-of-experts one exported by
-# mixtral-megatron gives the model's own expert, router and norm parameters. See tests/interop/export_megatron.py
+# mixtral-megatron gives the model's own expert, router and norm parameters; both saved with
+# singleton_local_shards too (per-layer keys, SwiGLU's halves as weight_w and weight_v). See tests/interop/export_megatron.py
 # for the three CUDA calls Megatron-Core makes on a CPU-only torch and how the test meets them.
 . "$top_srcdir/tests/lib.sh"
 framework_setup megatron.core megatron-core "pip install --no-deps megatron-core==0.16.1 psutil==7.2.2" export_megatron.py
@@ -46,8 +47,18 @@ out=$($D convert --to hf --recipe mixtral-megatron --config "$SCRATCH/mixtral-co
     "$SCRATCH/o-mixtral" 2>&1) || fail "export of mixtral by mixtral-megatron: $out"
 case "$out" in *"skipped chained_1.optimizer.state.exp_avg.decoder.final_layernorm.weight: left out by the recipe"*) ;;
     *) fail "mixtral: the chained optimizer's state not reported left out: $out" ;; esac
-$PY moe "$SCRATCH" o-mixtral >"$SCRATCH/moe.log" 2>&1 || { cat "$SCRATCH/moe.log"; fail "the Mixtral export differs from the model"; }
-cat "$SCRATCH/moe.log"
+# Saved with singleton_local_shards (per-layer keys, SwiGLU's fc1 as weight_w (gate) and weight_v
+# (up), one key per expert): the same exports (weight_w and weight_v were unmapped).
+$D convert -q --to hf --recipe llama-megatron --config "$SCRATCH/llama-config.json" "$SCRATCH/llama-singleton" \
+    "$SCRATCH/o-llama-singleton" || fail "export of llama-singleton"
+[ "$($D digest "$SCRATCH/o-llama/model.safetensors")" = "$($D digest "$SCRATCH/o-llama-singleton/model.safetensors")" ] ||
+    fail "the singleton_local_shards checkpoint's export differs from the stacked one's"
+$D convert -q --to hf --recipe mixtral-megatron --config "$SCRATCH/mixtral-config.json" "$SCRATCH/mixtral-singleton" \
+    "$SCRATCH/o-mixtral-singleton" || fail "export of mixtral-singleton"
+for o in o-mixtral o-mixtral-singleton; do
+    $PY moe "$SCRATCH" $o >"$SCRATCH/moe.log" 2>&1 || { cat "$SCRATCH/moe.log"; fail "the Mixtral export $o differs from the model"; }
+    cat "$SCRATCH/moe.log"
+done
 $PY check "$SCRATCH" o-llama llama o-neox neox o-llama-tp2 llama-tp2 o-gpt2 gpt2 o-gpt2-args gpt2 \
     >"$SCRATCH/check.log" 2>&1 ||
     { cat "$SCRATCH/check.log"; fail "logits differ from Megatron-Core's forward"; }

@@ -8,6 +8,8 @@ initialised by Megatron (use_cpu_initialization; norms then perturbed so a swapp
   neox   LayerNorm, GeLU, biases, multi-head attention, rope on half of each head (rotary_percent 0.5)
   gpt2   LayerNorm, GeLU, biases, multi-head attention, learned absolute position embeddings (GPT-2)
   llama-tp2  the llama one again (same weights), tensor parallel 2 on 2 gloo ranks
+  llama-singleton  the llama one saved with singleton_local_shards (a content metadata flag
+             of Megatron-LM's): per-layer keys, SwiGLU's fc1 as weight_w (gate) and weight_v (up)
   mixtral    the llama one with a mixture of experts in each layer (4 SequentialMLP experts, top 2,
              the local spec's MoE layer), plus one state of a second optimizer's as a
              ChainedOptimizer names it (chained_1.optimizer.state...): dist_checkpointing stores
@@ -15,7 +17,9 @@ initialised by Megatron (use_cpu_initialization; norms then perturbed so a swapp
              (decoder.layers.mlp.experts.experts.linear_fc1.weight [layers, experts, 2 ffn, hidden])
              and the pre-MLP norm as mlp.linear_fc1.layer_norm_weight. Its forward does not run
              without TransformerEngine (the router's gemm), so the export is checked against the
-             model's own parameters (OUT/mixtral-params.pt), not logits.
+             model's own parameters (OUT/mixtral-params.pt), not logits;
+  mixtral-singleton  the same model saved with singleton_local_shards (per-layer, per-expert
+             keys decoder.layers.N.mlp.experts.experts.E.linear_fc1.weight_w / _v)
 
 and for each writes OUT/KIND, its sharded_state_dict() saved by
 megatron.core.dist_checkpointing.save (the torch_dist backend: layer-stacked keys, TE-style
@@ -126,7 +130,7 @@ def build_moe():
 
 
 def moe_check(out, dst):
-    """The Mixtral export against the MoE model's own parameters (by their module names)."""
+    """The Mixtral export DST against the MoE model's own parameters (by their module names)."""
     from safetensors.torch import load_file
     got = {}
     for f in sorted(os.listdir(os.path.join(out, dst))):
@@ -206,6 +210,10 @@ def make(out):
         os.makedirs(f"{out}/{kind}")
         dist_checkpointing.save(m.sharded_state_dict(), f"{out}/{kind}")
         print(f"{kind}: {len(m.state_dict())} state dict keys saved by dist_checkpointing")
+        if kind == "llama":   # Megatron-LM's singleton_local_shards: per-layer keys, fc1 as _w and _v
+            os.makedirs(f"{out}/llama-singleton")
+            dist_checkpointing.save(m.sharded_state_dict(metadata={"singleton_local_shards": True}),
+                                    f"{out}/llama-singleton")
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
     m = build_moe()
     torch.save({n: p.detach().clone() for n, p in m.named_parameters()}, f"{out}/mixtral-params.pt")
@@ -214,6 +222,9 @@ def make(out):
     sd[key] = ShardedTensor.from_rank_offsets(key, torch.zeros(H))
     os.makedirs(f"{out}/mixtral")
     dist_checkpointing.save(sd, f"{out}/mixtral")
+    os.makedirs(f"{out}/mixtral-singleton")   # per-layer, per-expert keys, fc1 as _w and _v
+    dist_checkpointing.save(m.sharded_state_dict(metadata={"singleton_local_shards": True}),
+                            f"{out}/mixtral-singleton")
     import transformers
     transformers.MixtralConfig(hidden_size=H, num_attention_heads=NH, num_key_value_heads=2, num_hidden_layers=L,
                                vocab_size=V, intermediate_size=FF // 2, num_local_experts=4, num_experts_per_tok=2,
