@@ -143,7 +143,8 @@ expect_fail "recipe 'nosuch': no such recipe (found: " $T,view=hf:nosuch "$S/s" 
 sed 's/model.layers.{L}.weight/other.{L}.weight/' "$S/r.json" >"$S/r3.json"
 expect_fail "model.layers.3.weight: no rule of recipe test maps this key (1 key in all" \
     $T,view=hf:"$S/r3.json",hf_config="$S/c.json" "$S/s" "$mnt"
-expect_fail "rule 'model.layers.2.weight' of recipe test needs the number of attention heads (num_attention_heads)" \
+# (the way to give config.json named as dcpfs takes it: the message named dcp convert's --config alone)
+expect_fail "rule 'model.layers.2.weight' of recipe test needs the number of attention heads (num_attention_heads): give --config FILE (dcpfs: -o hf_config=FILE)" \
     $T,view=hf:"$S/r.json" "$S/s" "$mnt"
 expect_fail "$S/nope.json: cannot open the config" $T,view=hf:"$S/r.json",hf_config="$S/nope.json" "$S/s" "$mnt"
 expect_fail "-o hf_dtype=int8: expected float32" $T,view=hf:"$S/r.json",hf_dtype=int8 "$S/s" "$mnt"

@@ -38,6 +38,10 @@
 #define ARGS_PKL_MAX (64u << 20)     /* bytes of the Megatron common state's data.pkl */
 #define NAME_MAX_LEN 1024
 
+/* How a caller gives config.json: dcp convert's option and dcpfs's (the
+ * export serves both, and a message naming one alone misled the other's user). */
+#define HF_GIVE_CONFIG "give --config FILE (dcpfs: -o hf_config=FILE)"
+
 typedef struct hf {
     dcp_checkpoint *ck;
     const dcp_export_options *opt;
@@ -76,8 +80,8 @@ static int need_param(const hf *h, const rcp_recipe *rc, const rcp_rule *ru, con
     if (h->opt->config)
         return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s), which %s lacks", h->srcp, key,
                         ru->from, rc->name, what, name, h->opt->config);
-    return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s): give --config FILE (the model's "
-                    "config.json)", h->srcp, key, ru->from, rc->name, what, name);
+    return dcpi_err(err, EINVAL, "%s: %s: rule '%s' of recipe %s needs %s (%s): " HF_GIVE_CONFIG " (the "
+                    "model's config.json)", h->srcp, key, ru->from, rc->name, what, name);
 }
 
 static int add_out(hf *h, hf_out *o, dcp_error *err)
@@ -394,10 +398,10 @@ static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
                                                        : json_string_value(json_array_get(names, 0));
             if (a.where[0])
                 rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s (Megatron's args.%s) is not "
-                               "in %s: give --config FILE", h->srcp, rc->name, k, arg, a.where);
+                               "in %s: " HF_GIVE_CONFIG, h->srcp, rc->name, k, arg, a.where);
             else
                 rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s is Megatron's args.%s, and "
-                               "the checkpoint has no common state (no common.pt, no %s item): give --config FILE",
+                               "the checkpoint has no common state (no common.pt, no %s item): " HF_GIVE_CONFIG,
                                h->srcp, rc->name, k, arg, COMMON_STATE_ITEM);
             break;
         }
@@ -410,8 +414,8 @@ static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
             json_t *got = a.args ? mg_value(a.args, k) : NULL;
             if (rc_ == 0 && got && !json_equal(got, v)) {
                 char *gs = json_dumps(got, JSON_ENCODE_ANY), *ws = json_dumps(v, JSON_ENCODE_ANY);
-                rc_ = dcpi_err(err, EINVAL, "%s: args.%s is %s, recipe %s expects %s: give --config FILE "
-                               "if the model is still what the recipe writes", a.where, k, gs ? gs : "?", rc->name,
+                rc_ = dcpi_err(err, EINVAL, "%s: args.%s is %s, recipe %s expects %s: " HF_GIVE_CONFIG
+                               " if the model is still what the recipe writes", a.where, k, gs ? gs : "?", rc->name,
                                ws ? ws : "?");
                 free(gs);
                 free(ws);
@@ -434,7 +438,7 @@ static int fill_template(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
         json_t *why = json_object_get(v, "$required");
         if (json_is_object(v) && why)
             return dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: the checkpoint does not say %s "
-                            "(%s): give --config FILE", h->srcp, rc->name, k,
+                            "(%s): " HF_GIVE_CONFIG, h->srcp, rc->name, k,
                             json_is_string(why) ? json_string_value(why) : "");
     }
     json_object_foreach(c, k, v) {
@@ -696,7 +700,7 @@ int hf_view_build(dcp_checkpoint *ck, const char *srcp, const dcp_export_options
     if (rc_ == 0 && !opt->config && rc->config)
         rc_ = fill_template(&h, rc, cfg_out, err);
     if (rc_ == 0 && !opt->config && !rc->config)
-        rc_ = dcpi_err(err, EINVAL, "%s: recipe %s has no config.json template: give --config FILE", srcp, rc->name);
+        rc_ = dcpi_err(err, EINVAL, "%s: recipe %s has no config.json template: " HF_GIVE_CONFIG, srcp, rc->name);
     if (rc_ == 0 && !cfg_bytes) {
         if ((cfg_bytes = dump_json(cfg_out)))
             cfg_len = strlen(cfg_bytes);
