@@ -650,6 +650,8 @@ uint64_t dcp_op_fetch_cached(dcp_checkpoint *ck, const dcp_op *op, void *buf)
         /* EAGAIN: not cached; EOPNOTSUPP, EINVAL: cannot tell; 0: end of file */
         struct iovec v = {buf, (size_t)op->length};
         (void)dcpi_preadv_exact(fd, &v, 1, op->src_offset, RWF_NOWAIT, &done);
+        if (done && dcpi_file_unchanged(ck, op->file, fd, NULL, &e) < 0)
+            done = 0;   /* written to since opened: the caller's read says so */
     }
     dcpi_fd_release(ck, op->file);
     return done;
@@ -688,7 +690,9 @@ int dcp_op_map_cached(dcp_checkpoint *ck, const dcp_op *op, const void **at, voi
     uint64_t from = op->src_offset / page * page;
     size_t lead = (size_t)(op->src_offset - from), n = lead + (size_t)op->length;
     /* read as usual past the end: that read reports the short file */
-    if (dcpi_add_u64(op->src_offset, op->length, &end) && end <= fsize && from <= (uint64_t)INT64_MAX)
+    /* a file written to since opened is not mapped: the caller's read says so */
+    if (dcpi_add_u64(op->src_offset, op->length, &end) && end <= fsize && from <= (uint64_t)INT64_MAX &&
+        dcpi_file_unchanged(ck, op->file, fd, NULL, &e) == 0)
         p = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, (off_t)from);
     dcpi_fd_release(ck, op->file);   /* the mapping keeps the file */
     if (p == MAP_FAILED)
@@ -710,8 +714,8 @@ void dcp_op_unmap(void *base, size_t len)
 }
 
 /* A new O_DIRECT descriptor of data file `file`, if the file system takes
- * it and the file is the one read before (same device and inode); closed by
- * the caller. One per read: no cache to bound, an open is cheap next to a
+ * it and the file is the one read before (same device, inode, size and
+ * mtime); closed by the caller. One per read: no cache to bound, an open is cheap next to a
  * staging-sized read. */
 static int open_direct(dcp_checkpoint *ck, uint32_t file)
 {
@@ -725,7 +729,7 @@ static int open_direct(dcp_checkpoint *ck, uint32_t file)
     struct stat st;
     int same = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
     pthread_mutex_lock(&ck->lock);
-    same = same && t->seen[file] && t->dev[file] == (uint64_t)st.st_dev && t->ino[file] == (uint64_t)st.st_ino;
+    same = same && t->seen[file] && !changed(t, file, &st);
     pthread_mutex_unlock(&ck->lock);
     int fl = same ? fcntl(fd, F_GETFL) : -1;
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
@@ -759,7 +763,10 @@ int dcp_op_fetch_direct(dcp_checkpoint *ck, const dcp_op *op, void *buf, size_t 
         return 1;
     struct iovec v = {buf, (size_t)(to - from)};
     size_t got = 0;
+    dcp_error err;
     int e = dcpi_preadv_exact(fd, &v, 1, from, 0, &got);
+    if (!e && dcpi_file_unchanged(ck, op->file, fd, NULL, &err) < 0)
+        e = 1;   /* written to during the read: the fallback says so */
     close(fd);
     return e || got < end - from ? 1 : 0;   /* short only at the end of the file, else the fallback says */
 }
@@ -790,9 +797,11 @@ int dcp_op_fetch_direct_at(dcp_checkpoint *ck, const dcp_op *op, void *dest)
     int fd = open_direct(ck, op->file), rc = 1;
     size_t got = 0;
     if (fd >= 0) {
+        dcp_error err;
         (void)dcpi_preadv_exact(fd, v, n, from, 0, &got);
+        rc = got < end - from ||   /* short only past the end of the file */
+             dcpi_file_unchanged(ck, op->file, fd, NULL, &err) < 0;   /* written to during the read */
         close(fd);
-        rc = got < end - from;   /* short only past the end of the file */
     }
     if (!rc && head)   /* the head block may hold the whole op */
         memcpy(d, bounce + op->src_offset % A, (size_t)((in0 < end ? in0 : end) - op->src_offset));

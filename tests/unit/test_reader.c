@@ -590,6 +590,23 @@ START_TEST(test_rewritten_in_place)
     ck_assert_int_eq(err.code, EIO);
     ck_assert_msg(strstr(err.msg, "/__0_0.distcp: the data file was written to since the checkpoint was opened"),
                   "%s", err.msg);
+    /* the loader's fast paths (cached bytes, a mapping, O_DIRECT) give none
+     * of the new bytes: their callers fall back to the read that says why */
+    dcp_op op = {0};
+    op.elem_size = op.dest_stride = 1;
+    op.length = sizeof w;
+    ck_assert_uint_eq(dcp_op_fetch_cached(ck, &op, out), 0);
+    const void *at;
+    void *base;
+    size_t mlen;
+    ck_assert_int_eq(dcp_op_map_cached(ck, &op, &at, &base, &mlen), 0);
+    ck_assert_ptr_null(base);
+    void *dbuf;
+    size_t lead;
+    ck_assert_int_eq(posix_memalign(&dbuf, DCP_DIRECT_ALIGN, 2 * DCP_DIRECT_ALIGN), 0);
+    ck_assert_int_eq(dcp_op_fetch_direct(ck, &op, dbuf, 2 * DCP_DIRECT_ALIGN, &lead), 1);
+    ck_assert_int_eq(dcp_op_fetch_direct_at(ck, &op, dbuf), 1);
+    free(dbuf);
 
     /* the old mtime back, and 4 bytes more: the size tells */
     ck_assert_int_eq(pwrite(wfd, v, sizeof v, 0), (ssize_t)sizeof v);
