@@ -80,7 +80,8 @@ SHARDS=("$CK"/*.distcp)
 evict() { python3 "$top_srcdir/bench/evict.py" "${SHARDS[@]}" "$@"; }
 now() { date +%s.%N; }
 
-# summary FILE PROC: "SECONDS BYTES_READ BYTES_IPC DELIVERY PROC" of one --json run (slowest rank)
+# summary FILE PROC: "SECONDS BYTES_READ BYTES_IPC DELIVERY PROC" of one --json run (slowest rank);
+# where the slowest rank's launch went, into FILE.phases
 summary() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -88,20 +89,32 @@ st = [r for r in map(json.loads, open(sys.argv[1])) if "bytes_read" in r]
 print("%.6f %d %d %s %.3f" % (max(r["seconds"] for r in st), sum(r["bytes_read"] for r in st),
                               sum(r.get("bytes_ipc", 0) for r in st),
                               ",".join(sorted({r.get("delivery", "?") for r in st})), float(sys.argv[2])))
+r = max(st, key=lambda r: r["seconds"])
+names = ["exec", "mpi_init", "open", "device", "alloc", "warmup", "", "free"]
+parts = [(n or "load", r.get("seconds_" + n if n else "seconds", 0)) for n in names]
+rest = float(sys.argv[2]) - sum(s for _, s in parts if s > 0)
+with open(sys.argv[1] + ".phases", "w") as f:
+    f.write("process %.3f s: %s, the rest (mpiexec, MPI_Finalize, exit) %.3f\n"
+            % (float(sys.argv[2]), ", ".join("%s %.3f" % p for p in parts), rest))
 PY
 }
 # best N LAYOUT warm|evicted ARGS...: the best of REPS runs (by dcp_load's seconds):
-# "SECONDS BYTES_READ BYTES_IPC DELIVERY PROC" (PROC: the whole launch's seconds)
+# "SECONDS BYTES_READ BYTES_IPC DELIVERY PROC" (PROC: the whole launch's seconds, without
+# digests: a user's load computes none, nor do the peers); its phases into $DIR/best.phases
 best() {
     local n=$1 layout=$2 state=$3 b="" line t0
     shift 3
+    rm -f "$DIR/best.phases"
     for _ in $(seq "$REPS"); do
         [ "$state" = evicted ] && evict
         t0=$(now)
-        mpi "$n" "$DCPLOAD" "$CK" --layout "$layout" --json "$@" ${EXTRA[@]+"${EXTRA[@]}"} >"$DIR/run.json" 2>"$DIR/run.err" ||
+        mpi "$n" "$DCPLOAD" "$CK" --layout "$layout" --json --no-digests "$@" ${EXTRA[@]+"${EXTRA[@]}"} >"$DIR/run.json" 2>"$DIR/run.err" ||
             { say "bench-gpu: dcpload -n $n --layout $layout $* failed: $(tail -1 "$DIR/run.err")" >&2; echo "nan 0 0 failed nan"; return; }
         line=$(summary "$DIR/run.json" "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')")
-        if [ -z "$b" ] || awk -v a="${line%% *}" -v c="${b%% *}" 'BEGIN { exit !(a < c) }'; then b=$line; fi
+        if [ -z "$b" ] || awk -v a="${line%% *}" -v c="${b%% *}" 'BEGIN { exit !(a < c) }'; then
+            b=$line
+            cp "$DIR/run.json.phases" "$DIR/best.phases"
+        fi
     done
     echo "$b"
 }
@@ -142,9 +155,11 @@ if [[ " $PARTS " == *" one "* ]]; then
     say "bench-gpu: one process into one GPU, $unique bytes in ${#SHARDS[@]} shard files; pinned -> GPU copy $copy GB/s"
     say "| page cache | dcpload s (GB/s; proc s) | cat s (GB/s) | safetensors s (proc) | torch dcp.load s | dcpfs Reader s | dcpfs.torch.load s (proc) | dcpload vs cat | vs safetensors | load vs dcpload |"
     say "|---|---|---|---|---|---|---|---|---|---|"
+    phases_all=()
     for state in warm evicted; do
         d=$(best 1 rows "$state" --device cuda)
         read -r ds _ _ _ dproc <<<"$d"
+        phases="$state, dcpload $(cat "$DIR/best.phases" 2>/dev/null)"
         c=$(cats "$state")
         st="nan nan"
         [ -n "$SAFE" ] && st=$(peer safetensors "$SAFE" "$state")
@@ -154,8 +169,10 @@ if [[ " $PARTS " == *" one "* ]]; then
         [ "$state" = evicted ] && tcat=0.95 || tcat=""
         [ "$state" = warm ] && tst=5 || tst=""
         say "| $state | $ds ($(gbps "$ds"); $dproc) | $c ($(gbps "$c")) | ${st% *} (${st#* }) | ${to% *} | ${rd% *} | ${ld% *} (${ld#* }) | $(ratio "$c" "$ds" "$tcat") | $(ratio "${st% *}" "$ds" "$tst") | $(ratio "$ds" "${ld% *}" 0.9) |"
+        phases_all+=("$phases")
     done
     say "(warm target: dcpload >= 30 GB/s into the GPU; the pinned -> GPU copy above is its ceiling)"
+    for p in "${phases_all[@]}"; do say "$p"; done
     # past the page cache (O_DIRECT into staging / the pinned ring), evicted
     d=$(best 1 rows evicted --device cuda --direct)
     read -r ds _ _ _ dproc <<<"$d"

@@ -78,3 +78,26 @@ fi
 mpirun 2 "$DCPLOAD" "$BIG" --json --no-digests >"$SCRATCH/stats" 2>"$SCRATCH/err" || fail "--no-digests: $(cat "$SCRATCH/err")"
 [ "$(grep -c '"xxh3"' "$SCRATCH/stats")" -eq 0 ] || fail "--no-digests printed digests: $(cat "$SCRATCH/stats")"
 [ "$(grep -c '"bytes_read"' "$SCRATCH/stats")" -eq 2 ] || fail "--no-digests: not one statistics line a rank: $(cat "$SCRATCH/stats")"
+
+# Where each rank's launch went (seconds_exec ... seconds_free): every phase is
+# there, none negative, and together with the load they fit in the launch as
+# timed from outside; digests take time only when computed.
+launch_t0=$(date +%s.%N)
+mpirun 2 "$DCPLOAD" "$BIG" --json --touch >"$SCRATCH/phases" 2>"$SCRATCH/err" || fail "phases: $(cat "$SCRATCH/err")"
+launch=$(awk -v a="$launch_t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+python3 - "$SCRATCH/phases" "$SCRATCH/stats" "$launch" <<'PY' || fail "phases: $(cat "$SCRATCH/phases")"
+import json, sys
+names = ["exec", "mpi_init", "open", "device", "alloc", "warmup", "digests", "free"]
+def stats(path):
+    return [r for r in map(json.loads, open(path)) if "bytes_read" in r]
+for r in stats(sys.argv[1]):
+    ph = {n: r["seconds_" + n] for n in names}
+    assert all(v >= 0 for v in ph.values()), ph
+    assert ph["exec"] > 0 and ph["mpi_init"] > 0 and ph["alloc"] > 0, ph
+    assert ph["device"] == 0, ph   # host destinations
+    assert ph["digests"] > 0, ph
+    total = sum(ph.values()) + r["seconds"]
+    assert total <= float(sys.argv[3]), (total, sys.argv[3], ph)
+for r in stats(sys.argv[2]):
+    assert r["seconds_digests"] < 0.001, r   # --no-digests
+PY

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
@@ -348,20 +349,30 @@ struct job {
     void **host;             /* the host allocations (dest may begin inside: direct_shift) */
 };
 
-static void job_free(struct job *j, int cuda)
+/* The destinations; job_free the rest (the output still names regions). */
+static void job_free_buffers(struct job *j, int cuda)
 {
     for (size_t i = 0; i < j->n; i++) {
 #ifdef HAVE_CUDA
         if (cuda) {
             if (j->reg[i].dest)
                 cudaFree(j->reg[i].dest);
+            j->reg[i].dest = NULL;
             continue;
         }
 #else
         (void)cuda;
 #endif
         free(j->host[i]);
+        j->host[i] = NULL;
+        j->reg[i].dest = NULL;
     }
+}
+
+static void job_free(struct job *j, int cuda)
+{
+    if (j->reg)
+        job_free_buffers(j, cuda);
     free(j->host);
     free(j->reg);
     free(j->dims);
@@ -496,6 +507,35 @@ static double cpu_seconds(void)
            (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Seconds from this process's exec to now (the dynamic loader's share of a
+ * launch: MPI's and CUDA's libraries), from its start time in /proc (clock
+ * ticks since boot); -1 where /proc cannot say. */
+static double since_exec(void)
+{
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+    unsigned long long start;
+    struct timespec t;
+    long hz = sysconf(_SC_CLK_TCK);
+    if (!p || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &t) != 0 ||
+        sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+               &start) != 1)
+        return -1;
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9 - (double)start / (double)hz;
+}
+
 static uint64_t hash_region(const dcp_load_region *r, uint64_t nb, int cuda)
 {
     if (!nb)
@@ -556,8 +596,11 @@ static uint64_t *hash_all(const struct job *job, int cuda)
 
 int main(int argc, char **argv)
 {
+    /* where a launch's time goes, beside the load's own (--json) */
+    double t_exec = since_exec(), t = now();
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    double t_mpi = now() - t;
     MPI_Comm comm = MPI_COMM_WORLD;
     int me, nranks;
     MPI_Comm_rank(comm, &me);
@@ -589,24 +632,30 @@ int main(int argc, char **argv)
     dcp_checkpoint *ck = NULL;
     struct job job = {0};
     int rc = 1;
+    double t_open = now(), t_device = 0, t_alloc, t_warmup, t_digests, t_free;
     if (dcp_load_open(comm, o.path, o.fold ? DCP_OPEN_MEGATRON_FOLD : DCP_OPEN_DEFAULT, &ck, &err) < 0) {
         fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
+    t_open = now() - t_open;
     int cuda_ok = 0, device;
     if (o.cuda) {
+        t_device = now();
         dcp_error cerr;
         cuda_ok = dcp_load_cuda_device(comm, &device, &cerr) == 0;
 #ifdef HAVE_CUDA
         if (cuda_ok && o.gpu)
-            cuda_ok = cudaSetDevice(device) == cudaSuccess;
+            cuda_ok = cudaSetDevice(device) == cudaSuccess;   /* creates the context (CUDA 12+) */
 #endif
+        t_device = now() - t_device;
     }
+    t_alloc = now();
     int lrc = build_job(ck, &o, me, nranks, cuda_ok, &job, &err);
     if (agree(comm, lrc, &err) < 0) {
         fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
+    t_alloc = now() - t_alloc;
     dcp_load_options lo = DCP_LOAD_OPTIONS_INIT;
     lo.flags = (o.independent ? DCP_LOAD_INDEPENDENT : 0) | (o.no_bcast ? DCP_LOAD_NO_BCAST : 0) |
                (o.shm ? DCP_LOAD_SHM : 0) | (o.bcast_local ? DCP_LOAD_BCAST_LOCAL : 0) |
@@ -618,8 +667,10 @@ int main(int argc, char **argv)
     dcp_load_stats st;
     /* time the load, not MPI's start-up: an empty collective load first sets
      * up the connections its collectives use (MPICH makes them lazily) */
+    t_warmup = now();
     dcp_load(comm, ck, NULL, 0, &lo, NULL, NULL);
     MPI_Barrier(comm);
+    t_warmup = now() - t_warmup;
     double cpu = cpu_seconds();
     if (dcp_load(comm, ck, job.reg, job.nreg, &lo, &st, &err) < 0) {
         fprintf(stderr, "dcpload: %s\n", err.msg);
@@ -628,11 +679,16 @@ int main(int argc, char **argv)
     cpu = cpu_seconds() - cpu;
     struct out txt = {0};
     int digest = o.json && !o.no_digests;
+    t_digests = now();
     uint64_t *digests = digest ? hash_all(&job, o.gpu) : NULL;
     if (digest && !digests) {
         fprintf(stderr, "dcpload: out of memory\n");
         goto out;
     }
+    t_digests = now() - t_digests;
+    t_free = now();
+    job_free_buffers(&job, o.gpu);
+    t_free = now() - t_free;
     if (o.json) {
         for (size_t i = 0; digest && i < job.n; i++) {
             const dcp_load_region *r = &job.reg[i];
@@ -650,11 +706,14 @@ int main(int argc, char **argv)
              ",\"reads\":%" PRIu64 ",\"messages\":%" PRIu64 ",\"broadcasts\":%" PRIu64 ",\"seconds_exchange\":%.6f,\"seconds_plan\":%.6f"
              ",\"seconds_read\":%.6f,\"seconds_deliver\":%.6f,\"seconds_place\":%.6f,\"seconds_transfer\":%.6f"
              ",\"cpu_seconds\":%.6f,\"delivery\":\"%s\",\"bytes_ipc\":%" PRIu64 ",\"bytes_staged\":%" PRIu64
-             ",\"mpi_cuda_aware\":%d,\"fallback\":",
+             ",\"mpi_cuda_aware\":%d,\"seconds_exec\":%.6f,\"seconds_mpi_init\":%.6f,\"seconds_open\":%.6f"
+             ",\"seconds_device\":%.6f,\"seconds_alloc\":%.6f,\"seconds_warmup\":%.6f,\"seconds_digests\":%.6f"
+             ",\"seconds_free\":%.6f,\"fallback\":",
              me, st.bytes_read, st.bytes_sent, st.bytes_received, st.seconds_total, st.bytes_unique, st.bytes_loaded,
              st.bytes_shm, st.reads, st.messages, st.broadcasts, st.seconds_exchange, st.seconds_plan, st.seconds_read,
              st.seconds_deliver, st.seconds_place, st.seconds_transfer, cpu, delivery_name(st.delivery),
-             st.bytes_ipc, st.bytes_staged, st.mpi_cuda_aware);
+             st.bytes_ipc, st.bytes_staged, st.mpi_cuda_aware, t_exec, t_mpi, t_open, t_device, t_alloc,
+             t_warmup, t_digests, t_free);
         out_json_string(&txt, st.fallback);
         outf(&txt, "}\n");
     } else {
