@@ -186,14 +186,18 @@ if [[ " $PARTS " == *" one "* ]]; then
     m=$(best 1 rows warm --device cuda --map)
     read -r ms _ _ _ mproc <<<"$m"
     say "warm, mapped: dcpload --map $ms s ($(gbps "$ms"); proc $mproc) against staged $ds s ($(gbps "$ds"); proc $dproc): $(ratio "$ds" "$ms" 1) (the default should become the faster)"
-    # how many reader threads the warm paths need (default 8, DCPLOAD_IO_THREADS): the page
-    # cache -> pinned copies scale with threads up to the memory bus (a 16-core H100 machine:
-    # 5.3 / 14.1 / 23.6 / 39.2 GB/s on 1 / 4 / 8 / 16 threads), the mapped path copies none
-    sweep="warm, by reader threads, staged / mapped:"
+    # how many reader threads the warm paths need (default 8): the page cache -> pinned copies
+    # scale with threads up to the memory bus (a 16-core H100 machine: 5.3 / 14.1 / 23.6 / 39.2
+    # GB/s on 1 / 4 / 8 / 16 threads), the mapped path copies none. T copies at once need all
+    # three: T unit readers (DCPLOAD_IO_THREADS), T staging buffers to read into (--buffers,
+    # default 4: readers beyond them wait) and a read-thread budget of T (DCP_READ_THREADS,
+    # default 8: with fewer buffers a read is cut into the budget's threads left). Before
+    # 2026-11-30 the sweep set only the first, so every line copied on about 8 threads.
+    sweep="warm, by reader threads (readers = buffers = budget), staged / mapped:"
     for t in 4 8 16 32; do
         [ "$t" -le "$(($(nproc) * 2))" ] || continue
-        ds=$(DCPLOAD_IO_THREADS=$t best 1 rows warm --device cuda)
-        ms=$(DCPLOAD_IO_THREADS=$t best 1 rows warm --device cuda --map)
+        ds=$(DCPLOAD_IO_THREADS=$t DCP_READ_THREADS=$t best 1 rows warm --device cuda --buffers "$t")
+        ms=$(DCPLOAD_IO_THREADS=$t DCP_READ_THREADS=$t best 1 rows warm --device cuda --map --buffers "$t")
         sweep="$sweep $t: ${ds%% *} s ($(gbps "${ds%% *}")) / ${ms%% *} s ($(gbps "${ms%% *}"));"
     done
     say "$sweep"
