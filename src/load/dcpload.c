@@ -12,7 +12,8 @@
  * --no-digests, --map, --megatron-fold (Megatron-Core's reformulated tensors in their original
  * shapes: DCP_OPEN_MEGATRON_FOLD). Test hooks (environment): DCPLOAD_TEST_BAD_KEY_RANK=R makes rank
  * R also ask for a key that does not exist; DCPLOAD_TEST_NO_MEMORY_RANK=R makes rank R
- * fail to allocate its first buffer; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
+ * fail to allocate its first buffer; DCPLOAD_TEST_NO_DIGEST_MEMORY_RANK=R makes rank R fail to
+ * allocate its digests; DCPLOAD_TEST_PRINT_PIECE=N sends the output to
  * rank 0 in pieces of N bytes; DCPLOAD_TEST_READ_DELAY_MS=N (libdcpload, exec.c) sleeps
  * N ms before each unit a rank reads; DCPLOAD_FAKE_DEVICE=1 (libdcpload's test-only fake
  * device layer, src/load/device_fake.c): --device cuda buffers are host memory standing in
@@ -536,23 +537,31 @@ static double since_exec(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9 - (double)start / (double)hz;
 }
 
-static uint64_t hash_region(const dcp_load_region *r, uint64_t nb, int cuda)
+/* 0, or why region r could not be hashed */
+static const char *hash_region(const dcp_load_region *r, uint64_t nb, int cuda, uint64_t *x)
 {
-    if (!nb)
-        return XXH3_64bits("", 0);
+    if (!nb) {
+        *x = XXH3_64bits("", 0);
+        return 0;
+    }
 #ifdef HAVE_CUDA
     if (cuda) {
         void *h = malloc((size_t)nb);
-        uint64_t x = 0;
-        if (h && cudaMemcpy(h, r->dest, (size_t)nb, cudaMemcpyDeviceToHost) == cudaSuccess)
-            x = XXH3_64bits(h, (size_t)nb);
+        if (!h)
+            return "out of memory for a host copy to hash";
+        cudaError_t e = cudaMemcpy(h, r->dest, (size_t)nb, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            *x = XXH3_64bits(h, (size_t)nb);
         free(h);
-        return x;
+        return e == cudaSuccess ? 0 : cudaGetErrorString(e);
     }
 #else
     (void)cuda;
 #endif
-    return r->dest ? XXH3_64bits(r->dest, (size_t)nb) : 0;
+    if (!r->dest)
+        return "no destination";
+    *x = XXH3_64bits(r->dest, (size_t)nb);
+    return 0;
 }
 
 /* The digests of every region, on up to one thread per CPU (host regions;
@@ -563,22 +572,33 @@ struct hashing {
     int cuda;
     uint64_t *out;
     atomic_size_t next;
+    const char **why;   /* per region: 0, or why it could not be hashed */
 };
 
 static void *hash_worker(void *arg)
 {
     struct hashing *h = arg;
     for (size_t i; (i = atomic_fetch_add(&h->next, 1)) < h->job->n;)
-        h->out[i] = hash_region(&h->job->reg[i], h->job->nbytes[i], h->cuda);
+        h->why[i] = hash_region(&h->job->reg[i], h->job->nbytes[i], h->cuda, &h->out[i]);
     return NULL;
 }
 
-static uint64_t *hash_all(const struct job *job, int cuda)
+/* The digests, or NULL with the reason in err (naming the region's key). */
+static uint64_t *hash_all(const struct job *job, int cuda, dcp_error *err)
 {
-    uint64_t *out = calloc(job->n ? job->n : 1, sizeof *out);
-    if (!out)
+    size_t n = job->n ? job->n : 1;
+    uint64_t *out = calloc(n, sizeof *out);
+    const char **why = calloc(n, sizeof *why);
+    const char *nomem = getenv("DCPLOAD_TEST_NO_DIGEST_MEMORY_RANK");   /* the test hook */
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (!out || !why || (nomem && atoi(nomem) == me)) {
+        free(out);
+        free(why);
+        snprintf(err->msg, sizeof err->msg, "out of memory for the digests of %zu regions", job->n);
         return NULL;
-    struct hashing h = {job, cuda, out, 0};
+    }
+    struct hashing h = {job, cuda, out, 0, why};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t nt = cuda || cpus < 2 ? 1 : cpus > 8 ? 8 : (size_t)cpus;
     if (nt > job->n)
@@ -591,6 +611,15 @@ static uint64_t *hash_all(const struct job *job, int cuda)
     hash_worker(&h);
     for (size_t i = 0; i < started; i++)
         pthread_join(th[i], NULL);
+    for (size_t i = 0; i < job->n; i++)
+        if (why[i]) {
+            snprintf(err->msg, sizeof err->msg, "%s: cannot hash its %" PRIu64 " loaded bytes: %s",
+                     job->reg[i].key, job->nbytes[i], why[i]);
+            free(out);
+            out = NULL;
+            break;
+        }
+    free(why);
     return out;
 }
 
@@ -680,12 +709,14 @@ int main(int argc, char **argv)
     struct out txt = {0};
     int digest = o.json && !o.no_digests;
     t_digests = now();
-    uint64_t *digests = digest ? hash_all(&job, o.gpu) : NULL;
-    if (digest && !digests) {
-        fprintf(stderr, "dcpload: out of memory\n");
+    uint64_t *digests = digest ? hash_all(&job, o.gpu, &err) : NULL;
+    t_digests = digest ? now() - t_digests : 0;
+    /* agreed: rank 0 gathers every rank's output below, and must not wait
+     * for a rank that stopped here */
+    if (agree(comm, digest && !digests ? -1 : 0, &err) < 0) {
+        fprintf(stderr, "dcpload: %s\n", err.msg);
         goto out;
     }
-    t_digests = now() - t_digests;
     t_free = now();
     job_free_buffers(&job, o.gpu);
     t_free = now() - t_free;
