@@ -1344,17 +1344,42 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return bool(flag.item())
 
+    # rounds with messages between nodes (the plan is every rank's: all agree)
+    p2p_round = [any(_has_kind(gp, units[k], P2P) for k in range(a, b)) for a, b in rounds]
+
+    def p2p_buffers(a: int, b: int) -> Tuple[Dict[int, Any], Dict[Tuple[int, int], Tuple[Any, Any]]]:
+        """The round's message buffers, allocated before any is posted: a rank
+        that cannot allocate one must not leave a peer's send or receive
+        waiting (the process group's timeout, 30 minutes by default)."""
+        recv_bufs: Dict[int, Any] = {}
+        send_bufs: Dict[Tuple[int, int], Tuple[Any, Any]] = {}
+        for k in range(a, b):
+            u = units[k]
+            try:
+                dl = _delivery(gp, u, P2P, me)
+                if dl is not None:
+                    recv_bufs[k] = _p2p_buffer(torch, dl.bytes, comm_device)
+                for j in range(u.ndlv if u.reader == me else 0):
+                    dl = gp.dlvs[u.dlv0 + j]
+                    if dl.kind == P2P:      # packed on the host; sent from comm_device (NCCL: the GPU)
+                        packed = _p2p_buffer(torch, dl.bytes, torch.device("cpu"))
+                        send_bufs[(k, j)] = (packed, packed if comm_device.type == "cpu"
+                                             else _p2p_buffer(torch, dl.bytes, comm_device))
+            except Exception as e:      # (MemoryError, torch's out of memory)
+                note(k, e)
+                break
+        return recv_bufs, send_bufs
+
     try:
         pending = start_reads(0)
         for ri, (a, b) in enumerate(rounds):
             half = (ri % 2) * nstaging * slot
+            recv_bufs, send_bufs = p2p_buffers(a, b) if p2p_round[ri] else ({}, {})
+            if p2p_round[ri] and any_failed():
+                break
             recvs = []          # from other nodes
-            for k in range(a, b):
-                u = units[k]
-                dl = _delivery(gp, u, P2P, me)
-                if dl is not None:
-                    t = torch.empty(dl.bytes, dtype=torch.uint8, device=comm_device)
-                    recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, u.reader))))
+            for k, t in recv_bufs.items():
+                recvs.append((k, t, dist.irecv(t, group_peer_to_global(dist, group, units[k].reader))))
             sends = []
             for (k, addr, holder, how, _), ok in pending:
                 u = units[k]
@@ -1375,11 +1400,12 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
                     dl = gp.dlvs[u.dlv0 + j]
                     if dl.kind != P2P:
                         continue
-                    out = torch.empty(dl.bytes, dtype=torch.uint8)
+                    packed, out = send_bufs.pop((k, j))
                     if ok:
                         lib.dcp_gdlv_pack(gp, ffi.addressof(dl), ffi.cast("void *", addr),
-                                          ffi.cast("void *", out.data_ptr()))
-                    out = out.to(comm_device)
+                                          ffi.cast("void *", packed.data_ptr()))
+                    if out is not packed:
+                        out.copy_(packed)
                     sends.append((out, dist.isend(out, group_peer_to_global(dist, group, dl.peer))))
                     stats.bytes_sent += dl.bytes
             for k, t, w in recvs:
@@ -1438,6 +1464,11 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
         # every device a destination is on (the copies were queued on each one's stream)
         for dev in {d.buf.device for d in dest_of.values() if d.cuda and d.buf.device.type == "cuda"}:
             torch.cuda.synchronize(dev)
+
+
+def _p2p_buffer(torch, nbytes: int, device) -> Any:
+    """A message buffer between nodes (its own function: tests make it fail)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure, note) -> bool:

@@ -237,6 +237,39 @@ def test_two_nodes(tmp_path, fake_cuda, node_sharing, direct):
     assert sum(s.bytes_shared for s in st) > 0                       # and node peers within one
 
 
+def _no_message_buffer(rank: int, world: int, path: str, bad: int, node_sharing: str):
+    """Rank bad cannot allocate a buffer for messages between nodes: every
+    rank raises its error, none waits for its messages, and the ranks are
+    still in step for the next load."""
+    import dcpfs._collective as col
+    os.environ["DCPFS_NODE"] = str(rank // 2)
+    real = col._p2p_buffer
+    if rank == bad:
+        def refuse(torch_, nbytes, device):
+            raise MemoryError(f"no {nbytes} bytes for a message")
+        col._p2p_buffer = refuse
+    sd = {k: torch.zeros_like(v) for k, v in tr._full_values().items()}
+    try:
+        dcpfs.torch.load(sd, path, staging_bytes=256, node_sharing=node_sharing)
+        msg = None
+    except dcpfs.DcpError as e:
+        msg = str(e)
+    col._p2p_buffer = real
+    _replicate(rank, world, path, node_sharing, False)
+    return msg
+
+
+@pytest.mark.parametrize("node_sharing", ["page_cache", "staging"])
+@pytest.mark.parametrize("bad", [0, 3])
+def test_two_nodes_no_message_buffer(tmp_path, bad, node_sharing):
+    path = str(tmp_path / "plain")
+    sd = dict(tr._full_values())
+    sd["meta"] = {"step": 42}
+    _save_one_process(sd, path)
+    msgs = distrun.run(4, _no_message_buffer, path, bad, node_sharing, timeout=120)
+    _same_message(msgs, f"rank {bad}", "MemoryError", "bytes for a message", ".distcp")
+
+
 # -- the 1.13 fixtures -----------------------------------------------------------
 
 def _fixture_collective(rank: int, world: int, ckpt: str):
