@@ -112,3 +112,9 @@ for bad in 0 1; do
         fail "no digest memory on rank $bad: $(cat "$SCRATCH/err")"
     [ ! -s "$SCRATCH/out" ] || fail "no digest memory on rank $bad: printed $(cat "$SCRATCH/out")"
 done
+
+# --help: the usage once (rank 0), status 0, on any number of ranks
+for n in 1 3; do
+    mpirun "$n" "$DCPLOAD" --help >"$SCRATCH/help" 2>"$SCRATCH/err" || fail "--help on $n ranks: $(cat "$SCRATCH/err")"
+    [ "$(grep -c '^usage: ' "$SCRATCH/help")" -eq 1 ] || fail "--help on $n ranks: $(cat "$SCRATCH/help")"
+done

@@ -254,7 +254,8 @@ static void print_all(MPI_Comm comm, const struct out *o, FILE *f)
 
 /* ------------------------------------------------------------ main */
 
-static int parse(int argc, char **argv, struct opts *o)
+/* 0, 1 for --help (printed by rank 0 only: me), 2 for a usage error (printed) */
+static int parse(int argc, char **argv, struct opts *o, int me)
 {
     static const struct option lo[] = {
         {"keys", required_argument, 0, 'k'},     {"layout", required_argument, 0, 'l'},
@@ -327,7 +328,10 @@ static int parse(int argc, char **argv, struct opts *o)
         case 'G': o->no_digests = 1; break;
         case 'P': o->map = 1; break;
         case 'F': o->fold = 1; break;
-        case 'h': usage(stdout); return 1;
+        case 'h':
+            if (me == 0)
+                usage(stdout);
+            return 1;
         default: usage(stderr); return 2;
         }
     }
@@ -636,7 +640,7 @@ int main(int argc, char **argv)
     MPI_Comm_size(comm, &nranks);
 
     struct opts o;
-    int prc = parse(argc, argv, &o);
+    int prc = parse(argc, argv, &o, me);
     /* Ranks may be given different arguments (mpiexec's MPMD form, A : B,
      * as for node-local copies of a checkpoint): a usage error on one rank,
      * or --device on some ranks only (the CUDA device query is collective
