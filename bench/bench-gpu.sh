@@ -37,16 +37,21 @@
 #    Target (issue 16): cuda-ipc <= baseline (ratio baseline / cuda-ipc >= 1).
 #    Also printed per line: bytes read (sum over ranks; must equal the unique
 #    bytes) and bytes node peers got by IPC.
+# 3. Row-sharded on N ranks of this node (the same N), warm and evicted: each
+#    rank its rows of every tensor into GPU memory, the unique bytes read once
+#    (issue 16's table: 4 / 8 ranks warm 21 / 28 GB/s on an H100, evicted 8
+#    ranks 1.56 GB/s), against the cats. After the replicate part: a run cut
+#    by its time limit keeps the rows of the first two.
 # DCPFS_BENCH_GPU_ARGS adds options to every dcpload run (say "--buffers 8
 # --staging 64MiB"); DCPFS_BENCH_GPU_PARTS (default "one replicate") picks the
-# parts.
+# parts (one, replicate, rows).
 set -euo pipefail
 : "${top_builddir:=$(cd "$(dirname "$0")/.." && pwd)}" "${top_srcdir:=$(cd "$(dirname "$0")/.." && pwd)}"
 DCP="$top_builddir/dcp"
 DCPLOAD="$top_builddir/dcpload"
 REPS="${DCPFS_BENCH_REPS:-3}"
 RANKS="${DCPFS_BENCH_GPU_RANKS:-1 4 8}"
-PARTS="${DCPFS_BENCH_GPU_PARTS:-one replicate}"
+PARTS="${DCPFS_BENCH_GPU_PARTS:-one replicate rows}"
 PY="${DCPFS_BENCH_GPU_PYTHON:-python3}"
 SIZE="${DCPFS_BENCH_GPU_BYTES:-4294967296}"
 MPIEXEC="${MPIEXEC:-mpiexec.mpich}"
@@ -218,5 +223,20 @@ if [[ " $PARTS " == *" replicate "* ]]; then
         read -r ti readb ipcb deliv iproc <<<"$ipc"
         base=$(awk -v a="$t1" -v b="$d2d" 'BEGIN { if (b == "nan") print "nan"; else printf "%.6f", a + b }')
         say "| $n | ${host%% *} | ${msg%% *} | $ti ($iproc) | $base (D2D $d2d) | $(ratio "$base" "$ti" 1) | $readb | $ipcb | $deliv |"
+    done
+fi
+
+if [[ " $PARTS " == *" rows "* ]]; then
+    say "bench-gpu: row-sharded on N ranks into GPU memory, $unique unique bytes (seconds of dcp_load, slowest rank; proc the launch)"
+    say "| ranks | warm s (GB/s; proc s) | warm cats s | vs cats | evicted s (GB/s; proc s) | evicted cats s | vs cats (target >= 0.95) | bytes read |"
+    say "|---|---|---|---|---|---|---|---|"
+    cw=$(cats warm)
+    ce=$(cats evicted)
+    for n in $RANKS; do
+        w=$(best "$n" rows warm --device cuda)
+        e=$(best "$n" rows evicted --device cuda)
+        read -r ws _ _ _ wproc <<<"$w"
+        read -r es readb _ _ eproc <<<"$e"
+        say "| $n | $ws ($(gbps "$ws"); $wproc) | $cw | $(ratio "$cw" "$ws" "") | $es ($(gbps "$es"); $eproc) | $ce | $(ratio "$ce" "$es" 0.95) | $readb |"
     done
 fi
