@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES="build-essential autoconf automake libtool pkg-config libfuse3-dev fuse3 libmpich-dev mpich
-          libsqlite3-dev libxxhash-dev libzstd-dev libjansson-dev zlib1g-dev libdeflate-dev liburing-dev check attr strace python3 python3-pip python3-dev"
+          libsqlite3-dev libxxhash-dev libzstd-dev libjansson-dev libssl-dev zlib1g-dev libdeflate-dev liburing-dev check attr strace python3 python3-pip python3-dev"
 missing=$(for p in $PACKAGES; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then
     echo "== installing:" $missing

@@ -108,6 +108,22 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
                        dcp_progress_fn progress, void *pctx, uint64_t *checked, uint64_t *missing,
                        uint64_t *nproblems, dcp_error *err);
 
+/* Megatron-Core's integrity.json (dist_checkpointing.save(...,
+ * verify_integrity=True), 0.18 and later): {"algorithm": "sha256", "files":
+ * {NAME: HEX, ...}}, the SHA-256 of every regular file of the folder but
+ * itself. Re-hashes every listed file (several at once, dcp_read_threads())
+ * and reports to problem each that differs, is missing or cannot be read;
+ * to note (may be NULL) each regular file of the folder it does not list.
+ * *nfiles: the files it lists; *nproblems: those reported to problem.
+ * Returns 1 when checked, 0 when the folder has no integrity.json (or ck is
+ * a single file), -1 with err naming the manifest and why when it cannot be
+ * used (not JSON, another algorithm, a name that is not a plain file name of
+ * the folder, a digest that is not 64 lowercase hex digits, larger than
+ * 1 KiB for each file of the folder) or hashing could not run. Reads only. Since DCP_0.2. */
+int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
+                        dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
+                        dcp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

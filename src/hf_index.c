@@ -12,12 +12,9 @@
  * same folder.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "internal.h"
 
@@ -50,43 +47,7 @@ static int read_index(dcp_checkpoint *ck, const char *sub, json_t **root, char *
     if ((size_t)snprintf(rel, sizeof rel, "%s/%s", sub, INDEX_NAME) >= sizeof rel)
         return dcpi_err(err, ENAMETOOLONG, "%s/%s: path too long", ck->path, sub);
     snprintf(what, whatlen, "%s/%s", ck->path, strcmp(sub, ".") ? rel : INDEX_NAME);
-    int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : dcpi_err(err, errno, "%s: cannot open: %s", what, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return dcpi_err(err, EINVAL, "%s: not a regular file", what);
-    }
-    if ((uint64_t)st.st_size > INDEX_MAX) {
-        close(fd);
-        return dcpi_err(err, EFBIG, "%s: %lld bytes: larger than any index (%u MiB at most)", what,
-                        (long long)st.st_size, INDEX_MAX >> 20);
-    }
-    size_t len = (size_t)st.st_size;
-    char *buf = malloc(len ? len : 1);
-    if (!buf) {
-        close(fd);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", what);
-    }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, buf + got, len - got, (off_t)got);
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return dcpi_err(err, e, "%s: cannot read: %s", what, r < 0 ? strerror(e) : "shorter than its size");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    json_error_t je;
-    *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
-    free(buf);
-    if (!*root)
-        return dcpi_err(err, EIO, "%s: not valid JSON: %s (line %d)", what, je.text, je.line);
-    return 0;
+    return dcpi_read_json(ck, rel, what, INDEX_MAX, "any index", root, err);
 }
 
 int dcpi_hf_index_check(dcp_checkpoint *ck, const char *sub, char *const *files, size_t nfiles, dcp_error *err)

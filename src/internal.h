@@ -30,6 +30,14 @@ int dcpi_path_inside_folder(const char *path, const char *folder);
  * dangling link ("old.safetensors/" beside a run's checkpoints). */
 struct dirent;
 int dcpi_dirent_regular(int dirfd, const struct dirent *de);
+/* A JSON file of ck's folder (rel, relative to it; what: its name in
+ * messages) into *root, with duplicate keys refused: the size is checked
+ * against max (a hostile file; "larger than <bound> (N MiB at most)" in the
+ * message) before anything is read, the file must be regular (a FIFO is
+ * never waited on). 0 with *root NULL when there is no such file (util.c). */
+struct json_t;
+int dcpi_read_json(dcp_checkpoint *ck, const char *rel, const char *what, uint64_t max, const char *bound,
+                   struct json_t **root, dcp_error *err);
 
 /* ------------------------------------------------------- checked arithmetic */
 

@@ -1,12 +1,15 @@
 /* The library's version, errors as values, an arena for open-time data, and a string hash map. */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -272,4 +275,48 @@ int dcpi_dirent_regular(int dirfd, const struct dirent *de)
         return 0;
     struct stat st;   /* a link counts by what it names (the Hugging Face cache links its blobs) */
     return fstatat(dirfd, de->d_name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+int dcpi_read_json(dcp_checkpoint *ck, const char *rel, const char *what, uint64_t max, const char *bound,
+                   json_t **root, dcp_error *err)
+{
+    *root = NULL;
+    int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : dcpi_err(err, errno, "%s: cannot open: %s", what, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return dcpi_err(err, EINVAL, "%s: not a regular file", what);
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return dcpi_err(err, EFBIG, "%s: %lld bytes: larger than %s (%" PRIu64 " %s at most)", what,
+                        (long long)st.st_size, bound, max % (1u << 20) ? max : max >> 20,
+                        max % (1u << 20) ? "bytes" : "MiB");
+    }
+    size_t len = (size_t)st.st_size;
+    char *buf = malloc(len ? len : 1);
+    if (!buf) {
+        close(fd);
+        return dcpi_err(err, ENOMEM, "%s: out of memory", what);
+    }
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, buf + got, len - got, (off_t)got);
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(buf);
+            close(fd);
+            return dcpi_err(err, e, "%s: cannot read: %s", what, r < 0 ? strerror(e) : "shorter than its size");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    json_error_t je;
+    *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    free(buf);
+    if (!*root)
+        return dcpi_err(err, EIO, "%s: not valid JSON: %s (line %d)", what, je.text, je.line);
+    return 0;
 }

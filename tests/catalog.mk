@@ -12,6 +12,12 @@ tests_unit_test_catalog_served_SOURCES = tests/unit/test_catalog_served.c
 tests_unit_test_catalog_served_CFLAGS = $(UNIT_TEST_FLAGS) $(SQLITE_CFLAGS)
 tests_unit_test_catalog_served_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_catalog_served_DEPENDENCIES = libdcp.la
+check_PROGRAMS += tests/unit/test_sha256
+TESTS += tests/unit/test_sha256
+tests_unit_test_sha256_SOURCES = tests/unit/test_sha256.c
+tests_unit_test_sha256_CFLAGS = $(UNIT_TEST_FLAGS) $(SQLITE_CFLAGS)
+tests_unit_test_sha256_LDADD = $(UNIT_TEST_LIBS)
+EXTRA_tests_unit_test_sha256_DEPENDENCIES = libdcp.la
 
 CATALOG_TESTS = tests/catalog-location.sh tests/catalog-fuse.sh
 TESTS += $(CATALOG_TESTS)

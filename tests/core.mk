@@ -20,7 +20,7 @@ EXTRA_DIST += tests/interop/save_reformulated.py tests/truth_check.py
 TESTS += tests/interop-torch-releases.sh
 dist_check_SCRIPTS += tests/interop-torch-releases.sh
 EXTRA_DIST += tests/data/torch-releases tests/interop/save_torch_release.py tests/interop/check_releases.py
-EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py
+EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py tests/interop/save_integrity.py
 
 # Pickle VM, metadata model and record locator (Check).
 check_PROGRAMS += tests/unit/test_core
@@ -39,7 +39,7 @@ tests_unit_test_probe_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_probe_DEPENDENCIES = libdcp.la
 
 # Verification, digests, the catalog and diffs.
-INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh tests/catalog-spill.sh
+INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-manifest.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh tests/catalog-spill.sh
 TESTS += $(INTEGRITY_TESTS)
 dist_check_SCRIPTS += $(INTEGRITY_TESTS)
 

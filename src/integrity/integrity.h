@@ -119,4 +119,15 @@ int dcpi_collect_blobs(dcp_checkpoint *ck, dcpi_blobref **out, size_t *n, dcp_er
 int dcpi_hash_blobs(dcp_checkpoint *ck, dcpi_blobref *refs, size_t n, dcp_progress_fn progress, void *pctx,
                     dcp_error *err);
 
+/* ------------------------------------------------------------ SHA-256 (sha256.c) */
+
+#define DCPI_SHA256_LEN 32
+/* The SHA-256 of len bytes: 0, or -1 when the library fails. */
+int dcpi_sha256_mem(const void *data, size_t len, unsigned char out[DCPI_SHA256_LEN]);
+/* The SHA-256 of fd's bytes from offset 0 to its end, read cap bytes at a
+ * time into buf (dcpi_pread_exact); step(ctx, n), when given, after each
+ * read. *bytes: how many were hashed. Returns 0 or an errno. */
+int dcpi_sha256_fd(int fd, void *buf, size_t cap, unsigned char out[DCPI_SHA256_LEN], uint64_t *bytes,
+                   void (*step)(void *ctx, size_t n), void *ctx);
+
 #endif
