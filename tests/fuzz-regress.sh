@@ -6,7 +6,7 @@
 . "$(dirname "$0")/lib.sh"
 fz=$top_srcdir/tests/fuzz
 n=0
-for t in metadata spilled megatron ranklocal shard zstd safetensors torchfile hfindex mcoreconfig rankfile recipe rows sidecar; do
+for t in metadata spilled megatron ranklocal shard zstd safetensors torchfile hfindex mcoreconfig rankfile recipe rows sidecar manifest; do
     case $t in rows | sidecar) h=replay_catalog ;; *) h=replay_open ;; esac
     files=()
     for d in "$fz/corpus/$t" "$fz/crashes/$t"; do

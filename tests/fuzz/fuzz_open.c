@@ -28,6 +28,8 @@
  *               torch.save files of DTensors: meshes, placements, shapes)
  *   recipe      an export recipe (dcp-recipe(5)) applied to fixture 09, a
  *               Megatron checkpoint: dcp_export_hf into a folder, removed
+ *   manifest    integrity.json (Megatron-Core's SHA-256 of every file) in
+ *               fixture 05's folder, checked by dcp_verify_manifest
  *
  * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
  * `make check`, which runs every committed input (tests/fuzz-regress.sh).
@@ -40,12 +42,13 @@
 
 #include "dcp.h"
 #include "dcp_export.h"
+#include "dcp_integrity.h"
 #include "dcp_write.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size);
 
-enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE, AS_SPILLED, AS_FOLDED };
+enum open_how { AS_FOLDER, AS_FILE, AS_BOTH, AS_RECIPE, AS_SPILLED, AS_FOLDED, AS_MANIFEST };
 
 static const struct target {
     const char *name;
@@ -65,6 +68,7 @@ static const struct target {
     {"mcoreconfig", "tests/fixtures/09_megatron_torch_dist/ckpt", "metadata.json", AS_FOLDER},
     {"rankfile", "tests/data/rankfiles/tc2", "model_1.pt", AS_FOLDER},
     {"recipe", NULL, "r.json", AS_RECIPE},
+    {"manifest", "tests/fixtures/05_mixed_2ranks/ckpt", "integrity.json", AS_MANIFEST},
 };
 
 static const struct target *tg;
@@ -193,6 +197,17 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         o.flags = DCP_OPEN_CATALOG;
         o.catalog = catalog;
         walk_opened("spilled", dcp_open_ex(dir, &o, &ck, &err), &ck, &err, verbose);
+        return 0;
+    }
+    if (tg->how == AS_MANIFEST) {
+        int rc = dcp_open(dir, 0, &ck, &err);
+        if (rc == 0) {
+            uint64_t files, problems;
+            rc = dcp_verify_manifest(ck, NULL, NULL, NULL, NULL, NULL, &files, &problems, &err);
+            if (verbose)
+                fprintf(stderr, "fuzz_open: manifest: %s\n", rc < 0 ? err.msg : rc ? "checked" : "none");
+            dcp_close(ck);
+        }
         return 0;
     }
     if (tg->how != AS_FILE)

@@ -7,7 +7,7 @@
 # built by the normal compiler (tests/fuzz-regress.sh), without libFuzzer.
 FUZZ_SECONDS = 60
 FUZZ_CC = clang
-FUZZ_TARGETS = metadata spilled megatron ranklocal shard zstd safetensors torchfile hfindex mcoreconfig rankfile recipe rows sidecar
+FUZZ_TARGETS = metadata spilled megatron ranklocal shard zstd safetensors torchfile hfindex mcoreconfig rankfile recipe rows sidecar manifest
 FUZZ_HARNESSES = tests/fuzz/fuzz_open.c tests/fuzz/fuzz_catalog.c
 EXTRA_DIST += $(FUZZ_HARNESSES) tests/fuzz/run.sh tests/fuzz/corpus tests/fuzz/crashes tests/fuzz/dict
 

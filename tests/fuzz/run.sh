@@ -43,7 +43,7 @@ for t in $FUZZ_TARGETS; do
     shard | torchfile) dicts="zip pickle" h=fuzz_open ;;
     zstd) dicts="zstd zip pickle" h=fuzz_open ;;
     rankfile) dicts="zip pickle dtensor" h=fuzz_open ;;
-    safetensors | hfindex | mcoreconfig | recipe) dicts="json" h=fuzz_open ;;
+    safetensors | hfindex | mcoreconfig | recipe | manifest) dicts="json" h=fuzz_open ;;
     rows) dicts="rows" h=fuzz_catalog ;;
     sidecar) dicts="sidecar" h=fuzz_catalog ;;
     *) echo "fuzz: unknown target $t"; exit 2 ;;
