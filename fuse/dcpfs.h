@@ -1,7 +1,8 @@
 /* dcpfs: the read-only FUSE filesystem over libdcp. Shared types of the daemon.
  *
- * The mount is a tree of nodes that are never freed before unmount (the kernel
- * may hold a reference to any inode it has seen, and forget is a no-op).
+ * The mount is a tree of nodes. Those of a checkpoint are freed with it when
+ * it was saved again (retired: another node took its name) and nothing refers
+ * to it any more (Lifetime, below); all others live until unmount.
  * Three kinds of directory exist (and, in folder mode, the .partial folder
  * of a scan folder, listing its step folders whose save did not finish):
  *   - scan directories: real folders of SOURCE in folder mode, rescanned
@@ -25,8 +26,17 @@
  * Locking: fs.lock (rwlock) guards the inode map and the child arrays of all
  * directories. A key-tree directory's children are published once, when it
  * is listed, and never change after; nodes a lookup made earlier are reused
- * (found in the inode map by their path hash). A node pointer, once
- * obtained, stays valid until unmount, so reads need no lock at all.
+ * (found in the inode map by their path hash).
+ *
+ * Lifetime: a checkpoint's refs count what may still use its nodes: its
+ * name (until it is saved again: retired), the kernel's lookup counts of its
+ * nodes (a LOOKUP or READDIRPLUS entry adds one, FORGET takes its count
+ * back), open files and directory handles, and each request while it runs.
+ * References are found under fs->lock (read) in the inode map or a scan
+ * folder's children, and never taken once the count reached 0: whoever drops
+ * the last one takes the nodes out of the map under fs->lock (write) and
+ * frees them. A node pointer obtained with a reference stays valid until that
+ * reference is dropped, so reads need no lock at all.
  */
 #ifndef DCPFS_H
 #define DCPFS_H
@@ -144,7 +154,7 @@ struct dfs_node {
     enum dfs_ntype type;
     unsigned gen;              /* ck->gen when made: nodes of an abandoned listing are never reused */
     struct dfs_ckpt *ck;       /* owning checkpoint (NULL for scan folders) */
-    struct dfs_node *all_next; /* every node, for freeing at unmount */
+    struct dfs_node *all_next; /* every node (of ck, else of the mount), for freeing */
 
     /* directories: children sorted by name (strcmp) */
     struct dfs_node **kids;
@@ -191,6 +201,11 @@ struct dfs_ckpt {
     struct dfs_verified *verified; /* -o verify: blobs checked so far (verify.c) */
     dcp_hf_view *hf;           /* view=hf: the export's layout (hfview.c) */
     unsigned gen;              /* bumped when a checkpoint whose listing failed is opened again */
+    _Atomic long refs;         /* what may use its nodes (dfs.h, Lifetime); it is freed when this
+                                * drops to 0 once retired */
+    _Atomic int retired;       /* saved again: no longer reachable by name */
+    struct dfs_ckpt *retire_next;  /* scan.c: retired while fs->lock was held */
+    struct dfs_node *nodes;    /* its nodes (all_next), root included */
     struct dfs_ckpt *next;
 };
 
@@ -210,9 +225,11 @@ struct dfs {
     pthread_mutex_t list_lock; /* serialises listings of key-tree directories */
     struct dfs_inomap *map;
     pthread_mutex_t alloc_lock; /* guards all, nnodes and ckpts */
-    struct dfs_node *all;      /* every node, for freeing at unmount */
-    size_t nnodes;
+    struct dfs_node *all;      /* every node outside checkpoints, for freeing at unmount */
+    size_t nnodes;             /* nodes alive (statfs's f_files) */
     struct dfs_ckpt *ckpts;
+    size_t nckpts;             /* checkpoints alive */
+    unsigned saves;            /* single-checkpoint mode: saves seen (a new root's path hash) */
     int splice_ok;             /* the kernel connection accepted splice writes */
     int no_opendir;            /* opendir answers ENOSYS: the kernel opens directories itself, with
                                 * their listings cached (readdir works from the node) */
@@ -225,9 +242,26 @@ struct dfs {
 };
 
 /* tree.c: nodes, the inode map and key trees */
-/* A new node (not yet in the inode map); its name is copied. NULL on ENOMEM. */
+/* A new node (not yet in the inode map) of parent's checkpoint; its name is
+ * copied. NULL on ENOMEM. */
 struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const char *name,
                               size_t namelen, enum dfs_ntype type);
+/* The root node of checkpoint ck (its parent a scan folder, or NULL). */
+struct dfs_node *dfs_ckpt_root_new(struct dfs *fs, struct dfs_node *parent, const char *name, struct dfs_ckpt *ck);
+/* Checkpoint references (dfs.h, Lifetime); ck may be NULL (a node of no
+ * checkpoint: never freed). dfs_ckpt_get: a reference to ck found in the
+ * inode map or a listing under fs->lock (either way), 0 when ck is being
+ * freed (then it is not to be used). dfs_ckpt_ref: another one, by a holder
+ * of one. dfs_ckpt_unref drops n, freeing ck at its last (not under
+ * fs->lock). A checkpoint is made with one, its name's: dfs_ckpt_retire
+ * drops it once its root left its parent's children (saved again). */
+int dfs_ckpt_get(struct dfs_ckpt *ck);
+void dfs_ckpt_ref(struct dfs_ckpt *ck, long n);
+void dfs_ckpt_unref(struct dfs *fs, struct dfs_ckpt *ck, long n);
+void dfs_ckpt_retire(struct dfs *fs, struct dfs_ckpt *ck);
+/* Single-checkpoint mode: the root (inode 1) of another save of SOURCE stands
+ * in for the current one in the inode map (caller holds fs->lock for writing). */
+void dfs_map_swap_root(struct dfs *fs, struct dfs_node *root);
 /* Append a child to a directory that is not visible yet (or under fs->lock). */
 int dfs_add_kid(struct dfs_node *dir, struct dfs_node *kid);
 /* Insert a node into the inode map (caller holds fs->lock for writing). Picks
@@ -274,9 +308,12 @@ unsigned dfs_scan_version(const struct dfs_scan *s);
 int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir);  /* rescan if the folder changed */
 /* Before a lookup of name in scan folder dir (name NULL: a listing, every
  * checkpoint of dir): a checkpoint saved again (or removed) since its node
- * was made gets a new node (another inode) in its place; the old node and
- * its model stay for the handles open on them. 0 or -errno. */
+ * was made gets a new node (another inode) in its place; the old one is
+ * retired, its model kept while anything refers to it. 0 or -errno. */
 int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name);
+/* Single-checkpoint mode: when SOURCE's .metadata is another save, the root
+ * (inode 1) becomes a new checkpoint's, the old one retired. 0 or -errno. */
+int dfs_single_recheck(struct dfs *fs);
 /* A scan folder's plain file n (DFS_N_PASSTHRU without a checkpoint): its
  * stat now into *st and/or an fd open for reading into *fd; 0 or -errno. */
 int dfs_scan_file(struct dfs *fs, const struct dfs_node *n, struct stat *st, int *fd);

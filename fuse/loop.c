@@ -187,24 +187,30 @@ static int answer_here(struct dfs *fs, const struct fuse_buf *buf)
     default:
         return 0;   /* reads, and anything rare */
     }
+    /* The node is looked at under fs->lock: an old save's may be freed. */
     pthread_rwlock_rdlock(&fs->lock);
     const struct dfs_node *n = dfs_map_get(fs, in->nodeid);
-    pthread_rwlock_unlock(&fs->lock);
-    if (!n)
-        return 1;   /* answered with ENOENT */
-    switch (n->type) {
+    int here = 1;   /* no node: answered with ENOENT */
+    switch (n ? n->type : DFS_N_ENTRY) {
     case DFS_N_SCANDIR:
     case DFS_N_PARTDIR:
-        return 0;   /* may rescan a folder */
+        here = 0;   /* may rescan a folder */
+        break;
     case DFS_N_CKPT:
-        return atomic_load(&n->ck->state) == 1;   /* else: opened (parsed) first */
+        /* else: opened (parsed) first; a single checkpoint's root may be saved again */
+        here = n->parent && atomic_load(&n->ck->state) == 1;
+        break;
     case DFS_N_PASSTHRU:
-        return in->opcode != OP_OPEN && in->opcode != OP_RELEASE;   /* open(2), close(2) of a real file */
+        here = in->opcode != OP_OPEN && in->opcode != OP_RELEASE;   /* open(2), close(2) of a real file */
+        break;
     case DFS_N_VIRTUAL:
-        return 0;   /* its first stat lays it out */
+        here = 0;   /* its first stat lays it out */
+        break;
     default:
-        return 1;
+        break;
     }
+    pthread_rwlock_unlock(&fs->lock);
+    return here;
 }
 
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)

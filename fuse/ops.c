@@ -8,8 +8,14 @@
  * getattr and a listing from offset 0; where the kernel opens directories
  * itself (no opendir) it caches their listings too, and lists one again when
  * its attributes (at most a second old) show that its mtime moved, which
- * dfs_stat makes it do whenever the scan's listing changed. Nodes are never
- * freed before unmount, so forget is a no-op.
+ * dfs_stat makes it do whenever the scan's listing changed. In
+ * single-checkpoint mode the root's names are kept a second too, as a
+ * checkpoint's in a scan folder, so a save of SOURCE is seen (a new root).
+ *
+ * Every request holds a reference to the checkpoint of its node while it runs
+ * (get_node, put_node); an entry given to the kernel, an open file and a
+ * directory handle hold one until FORGET, release and releasedir (dcpfs.h,
+ * Lifetime).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,12 +41,49 @@ struct dfs_dh {
     size_t base;                /* kids[0] is child number base (0 but without opendir) */
 };
 
+/* The node of ino, with a reference to its checkpoint (put_node drops it);
+ * NULL when there is none. */
 static struct dfs_node *get_node(struct dfs *fs, fuse_ino_t ino)
+{
+    if (ino == FUSE_ROOT_ID && !fs->folder_mode)
+        dfs_single_recheck(fs);   /* out of memory: the old root, checked again next time */
+    pthread_rwlock_rdlock(&fs->lock);
+    struct dfs_node *n = dfs_map_get(fs, ino);
+    if (n && !dfs_ckpt_get(n->ck))
+        n = NULL;   /* being freed: the kernel forgot it */
+    pthread_rwlock_unlock(&fs->lock);
+    return n;
+}
+
+static void put_node(struct dfs *fs, struct dfs_node *n)
+{
+    if (n)
+        dfs_ckpt_unref(fs, n->ck, 1);
+}
+
+/* Drop count references to the checkpoint of ino, which they keep alive
+ * (forget, release). */
+static void unref_ino(struct dfs *fs, fuse_ino_t ino, uint64_t count)
 {
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_map_get(fs, ino);
+    struct dfs_ckpt *ck = n ? n->ck : NULL;
     pthread_rwlock_unlock(&fs->lock);
-    return n;
+    dfs_ckpt_unref(fs, ck, (long)count);
+}
+
+/* References to the checkpoints of dir's children kids[0..n) other than dir's
+ * own (a scan folder's checkpoints), taken (caller holds fs->lock, or them)
+ * or dropped. */
+static void ref_kids(struct dfs *fs, const struct dfs_node *dir, struct dfs_node *const *kids, size_t n, int take)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kids[i]->ck != dir->ck) {
+            if (take)
+                dfs_ckpt_ref(kids[i]->ck, 1);
+            else
+                dfs_ckpt_unref(fs, kids[i]->ck, 1);
+        }
 }
 
 /* Bring a directory's children up to date: rescan a scan folder, open a
@@ -76,16 +119,13 @@ static struct dfs_node *ready_dir(fuse_req_t req, struct dfs *fs, fuse_ino_t ino
         fuse_reply_err(req, ENOENT);
         return NULL;
     }
-    if (!dfs_is_dir(n)) {
-        fuse_reply_err(req, ENOTDIR);
-        return NULL;
-    }
-    int rc = prepare_dir(fs, n, listing);
+    int rc = dfs_is_dir(n) ? prepare_dir(fs, n, listing) : -ENOTDIR;
     if (rc < 0) {
         fuse_reply_err(req, -rc);
+        put_node(fs, n);
         return NULL;
     }
-    return n;
+    return n;   /* with a reference (put_node) */
 }
 
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
@@ -147,11 +187,12 @@ void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st)
     st->st_blocks = (blkcnt_t)((size + 511) / 512);
 }
 
-/* Scan folders, their .partial folders and files, and what these list change as training writes. */
+/* Scan folders, their .partial folders and files, and what these list change
+ * as training writes; so does the root of a single checkpoint (saved again). */
 static int changing(const struct dfs_node *n)
 {
     return n->type == DFS_N_SCANDIR || n->type == DFS_N_PARTDIR || n->type == DFS_N_PARTIAL ||
-           (n->type == DFS_N_PASSTHRU && !n->ck);
+           (n->type == DFS_N_PASSTHRU && !n->ck) || (n->type == DFS_N_CKPT && !n->parent);
 }
 
 static double attr_timeout(const struct dfs_node *n)
@@ -225,6 +266,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 /* ----------------------------------------------------------------- lookup */
 
+static void lookup_in(fuse_req_t req, struct dfs *fs, struct dfs_node *dir, const char *name);
+
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
     struct dfs *fs = FS(req);
@@ -237,6 +280,14 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     struct dfs_node *dir = ready_dir(req, fs, parent, 0);
     if (!dir)
         return;
+    lookup_in(req, fs, dir, name);
+    put_node(fs, dir);
+}
+
+/* The entry a lookup replies with holds a reference to its checkpoint, the
+ * kernel's (FORGET gives it back). */
+static void lookup_in(fuse_req_t req, struct dfs *fs, struct dfs_node *dir, const char *name)
+{
     /* A checkpoint saved again under this name is another node with another
      * inode: the kernel, revalidating its dentry (a scan folder's entries
      * are kept a second), drops the old one with everything cached below
@@ -251,6 +302,8 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     }
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_child(dir, name);
+    if (n && !dfs_ckpt_get(n->ck))
+        n = NULL;   /* never: a child is alive while it is one */
     int listed = dir->type != DFS_N_DIR || atomic_load(&dir->listed);
     pthread_rwlock_unlock(&fs->lock);
     struct fuse_entry_param e;
@@ -261,6 +314,8 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
             fuse_reply_err(req, -rc);
             return;
         }
+        if (n)
+            dfs_ckpt_ref(n->ck, 1);   /* dir's checkpoint, which dir's reference holds */
     }
     if (!n) {
         memset(&e, 0, sizeof e);
@@ -273,6 +328,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     int rc = n->type == DFS_N_SCANDIR ? dfs_scan_refresh(fs, n) : n->type == DFS_N_PARTDIR ? 0 : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
+        put_node(fs, n);
         return;
     }
     /* A small key-tree directory is listed now, so that its st_nlink is
@@ -281,20 +337,20 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     if (n->type == DFS_N_DIR)
         dfs_dir_list_if_small(fs, n);
     fill_entry(fs, dir, n, &e);
-    fuse_reply_entry(req, &e);
+    if (fuse_reply_entry(req, &e) != 0)   /* interrupted: the kernel did not take it */
+        put_node(fs, n);
 }
 
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
-    (void)ino;
-    (void)nlookup;
+    unref_ino(FS(req), ino, nlookup);
     fuse_reply_none(req);
 }
 
 static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
-    (void)count;
-    (void)forgets;
+    for (size_t i = 0; i < count; i++)
+        unref_ino(FS(req), forgets[i].ino, forgets[i].nlookup);
     fuse_reply_none(req);
 }
 
@@ -312,23 +368,18 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
                                         : prepare_file(n);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
-        return;
+    } else {
+        struct stat st;
+        dfs_stat(fs, n, &st);
+        fuse_reply_attr(req, &st, attr_timeout(n));
     }
-    struct stat st;
-    dfs_stat(fs, n, &st);
-    fuse_reply_attr(req, &st, attr_timeout(n));
+    put_node(fs, n);
 }
 
 /* ------------------------------------------------------------------ files */
 
-static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+static void node_open(fuse_req_t req, struct dfs *fs, struct dfs_node *n, struct fuse_file_info *fi)
 {
-    struct dfs *fs = FS(req);
-    struct dfs_node *n = get_node(fs, ino);
-    if (!n) {
-        fuse_reply_err(req, ENOENT);
-        return;
-    }
     if (dfs_is_dir(n)) {
         fuse_reply_err(req, EISDIR);
         return;
@@ -362,11 +413,15 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
     fi->fh = (uint64_t)(fd + 1);
     fi->keep_cache = n->type != DFS_N_PASSTHRU || n->ck;   /* a scan folder's file: read it afresh */
     fi->noflush = 1;
-    if (fuse_reply_open(req, fi) == -ENOENT && fd >= 0)   /* interrupted: the kernel will not release it */
-        close(fd);
+    dfs_ckpt_ref(n->ck, 1);   /* the open file's, until release */
+    if (fuse_reply_open(req, fi) == -ENOENT) {   /* interrupted: the kernel will not release it */
+        if (fd >= 0)
+            close(fd);
+        dfs_ckpt_unref(fs, n->ck, 1);
+    }
 }
 
-static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct dfs *fs = FS(req);
     struct dfs_node *n = get_node(fs, ino);
@@ -374,6 +429,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
         fuse_reply_err(req, ENOENT);
         return;
     }
+    node_open(req, fs, n, fi);
+    put_node(fs, n);
+}
+
+static void node_read(fuse_req_t req, struct dfs *fs, struct dfs_node *n, size_t size, off_t off, struct fuse_file_info *fi)
+{
     switch (n->type) {
     case DFS_N_ENTRY:
         dfs_read_entry(req, fs, n, size, off);
@@ -393,11 +454,23 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, stru
     }
 }
 
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    node_read(req, fs, n, size, off, fi);
+    put_node(fs, n);
+}
+
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-    (void)ino;
     if (fi->fh)
         close((int)fi->fh - 1);
+    unref_ino(FS(req), ino, 1);   /* the open file's: the old save's files stay readable until here */
     fuse_reply_err(req, 0);
 }
 
@@ -414,16 +487,28 @@ static void close_dir(struct dfs *fs, struct dfs_dh *d)
     if (d->next)
         d->next->prev = d->prev;
     pthread_mutex_unlock(&fs->dh_lock);
+    ref_kids(fs, d->node, d->kids, d->nkids, 0);
+    dfs_ckpt_unref(fs, d->node->ck, 1);
     free(d->kids);
     free(d);
 }
 
+static void opendir_node(fuse_req_t req, struct dfs *fs, struct dfs_node *n, struct fuse_file_info *fi);
+
+/* A directory handle holds references to its node's checkpoint and to those
+ * of the children it lists (close_dir drops them). */
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
     struct dfs *fs = FS(req);
     struct dfs_node *n = ready_dir(req, fs, ino, 1);
     if (!n)
         return;
+    opendir_node(req, fs, n, fi);
+    put_node(fs, n);
+}
+
+static void opendir_node(fuse_req_t req, struct dfs *fs, struct dfs_node *n, struct fuse_file_info *fi)
+{
     if (fs->no_opendir) {   /* from now on the kernel opens directories itself (with fi->fh 0) */
         fuse_reply_err(req, ENOSYS);
         return;
@@ -439,12 +524,15 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
     d->kids = malloc((n->nkids ? n->nkids : 1) * sizeof *d->kids);
     if (d->kids && n->nkids)
         memcpy(d->kids, n->kids, n->nkids * sizeof *d->kids);
+    if (d->kids)
+        ref_kids(fs, n, d->kids, d->nkids, 1);
     pthread_rwlock_unlock(&fs->lock);
     if (!d->kids) {
         free(d);
         fuse_reply_err(req, ENOMEM);
         return;
     }
+    dfs_ckpt_ref(n->ck, 1);
     fi->fh = (uint64_t)(uintptr_t)d;
     if (!changing(n)) {
         fi->cache_readdir = 1;   /* a checkpoint's listing never changes */
@@ -469,24 +557,45 @@ static int node_kids(struct dfs *fs, fuse_ino_t ino, size_t size, off_t off, str
     struct dfs_node *n = get_node(fs, ino);
     if (!n)
         return -ENOENT;
-    if (!dfs_is_dir(n))
-        return -ENOTDIR;
-    int rc = off == 0 || !changing(n) ? prepare_dir(fs, n, 1) : 0;
-    if (rc < 0)
+    int rc = !dfs_is_dir(n) ? -ENOTDIR : off == 0 || !changing(n) ? prepare_dir(fs, n, 1) : 0;
+    size_t from = off > 2 ? (size_t)off - 2 : 0, most = size / 24 + 1, take = 0;   /* an entry takes >= 24 bytes */
+    if (rc == 0) {
+        pthread_rwlock_rdlock(&fs->lock);
+        size_t avail = from < n->nkids ? n->nkids - from : 0;
+        take = avail < most ? avail : most;
+        d->kids = malloc((take ? take : 1) * sizeof *d->kids);
+        if (d->kids && take)
+            memcpy(d->kids, n->kids + from, take * sizeof *d->kids);
+        if (d->kids)
+            ref_kids(fs, n, d->kids, take, 1);
+        pthread_rwlock_unlock(&fs->lock);
+        rc = d->kids ? 0 : -ENOMEM;
+    }
+    if (rc < 0) {
+        put_node(fs, n);
         return rc;
-    d->node = n;
-    size_t from = off > 2 ? (size_t)off - 2 : 0, most = size / 24 + 1;   /* an entry takes >= 24 bytes */
-    pthread_rwlock_rdlock(&fs->lock);
-    size_t avail = from < n->nkids ? n->nkids - from : 0, take = avail < most ? avail : most;
-    d->kids = malloc((take ? take : 1) * sizeof *d->kids);
-    if (d->kids && take)
-        memcpy(d->kids, n->kids + from, take * sizeof *d->kids);
-    pthread_rwlock_unlock(&fs->lock);
-    if (!d->kids)
-        return -ENOMEM;
+    }
+    d->node = n;   /* with the reference: unref_tmp drops it */
     d->base = from;
     d->nkids = from + take;   /* offsets as in the whole listing */
     return 0;
+}
+
+/* The references node_kids took. */
+static void unref_tmp(struct dfs *fs, struct dfs_dh *d)
+{
+    ref_kids(fs, d->node, d->kids, d->nkids - d->base, 0);
+    put_node(fs, d->node);
+    free(d->kids);
+}
+
+/* Does a readdirplus entry for n give the kernel its node (a lookup)? Without
+ * attributes (and e.ino 0) the kernel looks the file up when it is used:
+ * listing a checkpoint does not lay out its virtual file, and a scan folder
+ * is rescanned by its lookup. */
+static int plus_entry(const struct dfs_node *n)
+{
+    return n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR && n->type != DFS_N_PARTDIR;
 }
 
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi,
@@ -504,12 +613,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
     }
     char *buf = malloc(size ? size : 1);
     if (!buf) {
-        free(tmp.kids);
+        if (d == &tmp)
+            unref_tmp(fs, &tmp);
         fuse_reply_err(req, ENOMEM);
         return;
     }
-    size_t used = 0;
-    for (size_t i = off < 0 ? 0 : (size_t)off; i < d->nkids + 2; i++) {
+    size_t used = 0, first = off < 0 ? 0 : (size_t)off, i;
+    for (i = first; i < d->nkids + 2; i++) {
         struct dfs_node *n;
         const char *name;
         struct fuse_entry_param e;
@@ -522,13 +632,9 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         } else {
             n = d->kids[i - 2 - d->base];
             name = n->name;
-            if (plus && n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR && n->type != DFS_N_PARTDIR)
+            if (plus && plus_entry(n))
                 fill_entry(fs, d->node, n, &e);
             else {
-                /* Without attributes (and e.ino 0 for readdirplus) the kernel
-                 * looks the file up when it is used: listing a checkpoint
-                 * does not lay out its virtual file, and a scan folder is
-                 * rescanned by its lookup. */
                 e.attr.st_ino = n->ino;
                 e.attr.st_mode = dfs_is_dir(n) ? S_IFDIR : S_IFREG;
             }
@@ -538,10 +644,16 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         if (need > size - used)
             break;
         used += need;
+        if (i >= 2 && plus && plus_entry(n))
+            dfs_ckpt_ref(n->ck, 1);   /* the kernel's, as a lookup's */
     }
-    fuse_reply_buf(req, buf, used);
+    if (fuse_reply_buf(req, buf, used) != 0 && plus)   /* interrupted: the kernel took none */
+        for (size_t j = first < 2 ? 2 : first; j < i; j++)
+            if (plus_entry(d->kids[j - 2 - d->base]))
+                dfs_ckpt_unref(fs, d->kids[j - 2 - d->base]->ck, 1);
     free(buf);
-    free(tmp.kids);
+    if (d == &tmp)
+        unref_tmp(fs, &tmp);
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
@@ -650,14 +762,8 @@ static int node_xattrs(const struct dfs_node *n, struct xlist *x)
     return 0;
 }
 
-static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+static void node_getxattr(fuse_req_t req, struct dfs_node *n, const char *name, size_t size)
 {
-    struct dfs *fs = FS(req);
-    struct dfs_node *n = get_node(fs, ino);
-    if (!n) {
-        fuse_reply_err(req, ENOENT);
-        return;
-    }
     if (n->type == DFS_N_ENTRY && strcmp(name, DFS_DIGEST_XATTR) == 0) {
         /* computed when asked: it reads the whole value (dcp digest's digest) */
         unsigned char d[16];
@@ -703,7 +809,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
     fuse_reply_err(req, ENODATA);
 }
 
-static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
     struct dfs *fs = FS(req);
     struct dfs_node *n = get_node(fs, ino);
@@ -711,6 +817,12 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
         fuse_reply_err(req, ENOENT);
         return;
     }
+    node_getxattr(req, n, name, size);
+    put_node(fs, n);
+}
+
+static void node_listxattr(fuse_req_t req, struct dfs_node *n, size_t size)
+{
     struct xlist x = {0};
     if (node_xattrs(n, &x) < 0 || (n->type == DFS_N_ENTRY && xl_add(&x, DFS_DIGEST_XATTR, "") < 0)) {
         free(x.buf);
@@ -733,6 +845,18 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
     else
         fuse_reply_buf(req, x.buf, out);
     free(x.buf);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+    struct dfs *fs = FS(req);
+    struct dfs_node *n = get_node(fs, ino);
+    if (!n) {
+        fuse_reply_err(req, ENOENT);
+        return;
+    }
+    node_listxattr(req, n, size);
+    put_node(fs, n);
 }
 
 const struct fuse_lowlevel_ops dfs_ops = {

@@ -17,8 +17,10 @@
  * parent's mtime stays as it is) is found by its .metadata's identity, at
  * each lookup of its name and each listing (dfs_scan_recheck): a new
  * node, with another inode, takes its place. The old node and its model
- * stay (nodes are never freed before unmount) for the handles open on them;
- * libdcp fails their reads of shards written to since (EIO).
+ * stay for the handles open on them and the kernel's entries of them, and
+ * are freed after the last (publish retires it: dcpfs.h, Lifetime); libdcp
+ * fails their reads of shards written to since (EIO). A single checkpoint
+ * (SOURCE) saved again gets a new root the same way (dfs_single_recheck).
  *
  * The plain files of a scan folder (Megatron-LM's
  * latest_checkpointed_iteration.txt, a run's config) appear as they are,
@@ -251,19 +253,12 @@ static struct dfs_node *make_scandir(struct dfs *fs, struct dfs_node *parent, co
 static struct dfs_node *make_ckpt(struct dfs *fs, struct dfs_node *parent, const char *name,
                                   const char *rel, const struct stat *meta)
 {
-    struct dfs_node *n = dfs_node_new(fs, parent, name, strlen(name), DFS_N_CKPT);
-    if (!n)
-        return NULL;
     char *path = abs_path(fs, rel);
     if (!path)
         return NULL;
     struct dfs_ckpt *ck = dfs_ckpt_new(fs, path, meta);
     free(path);
-    if (!ck)
-        return NULL;
-    n->ck = ck;
-    ck->root = n;
-    return n;
+    return ck ? dfs_ckpt_root_new(fs, parent, name, ck) : NULL;
 }
 
 /* A node for the plain file `name` of dir (st: its stat now). */
@@ -361,6 +356,13 @@ static int same_time(const struct timespec *a, const struct timespec *b)
     return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
 }
 
+/* Is .metadata st (now) the one was, of the save a node stands for? */
+static int same_save(const struct stat *st, const struct stat *was)
+{
+    return st->st_dev == was->st_dev && st->st_ino == was->st_ino && st->st_size == was->st_size &&
+           same_time(&st->st_mtim, &was->st_mtim) && same_time(&st->st_ctim, &was->st_ctim);
+}
+
 /* Was checkpoint k of dir saved again (or removed) since its node was made?
  * Its .metadata is compared with the one the node stands for (dfs_ckpt_built):
  * a save under the same folder name (torch renames a new .metadata over the
@@ -379,15 +381,15 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     free(rel);
     if (!rel)
         return 0;   /* out of memory: keep the node, the next lookup checks again */
-    const struct stat *was = dfs_ckpt_built(k->ck);
-    int changed = !has || st.st_dev != was->st_dev || st.st_ino != was->st_ino || st.st_size != was->st_size ||
-                  !same_time(&st.st_mtim, &was->st_mtim) || !same_time(&st.st_ctim, &was->st_ctim);
+    int changed = !has || !same_save(&st, dfs_ckpt_built(k->ck));
     if (changed)
         dfs_log(LOG_INFO, "%s: .metadata %s: the folder is read anew", k->ck->path, has ? "changed" : "is gone");
     return changed;
 }
 
-/* Replace dir's children with kids[0..n) (sorted here); new nodes go into the map. */
+/* Replace dir's children with kids[0..n) (sorted here); new nodes go into the
+ * map, and the checkpoints whose roots are no longer among them are retired
+ * (their names' references dropped once fs->lock is released). */
 static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids, size_t n, size_t cap)
 {
     struct dfs_node tmp = {0};
@@ -405,6 +407,14 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     if (dir->scan && (n != dir->nkids || (n && memcmp(kids, dir->kids, n * sizeof *kids))))
         __atomic_add_fetch(&dir->scan->version, 1, __ATOMIC_RELAXED);
     struct dfs_node **old = dir->kids;
+    struct dfs_ckpt *gone = NULL;
+    for (size_t i = 0; i < dir->nkids; i++) {
+        struct dfs_node *k = old[i];
+        if (k->type == DFS_N_CKPT && dfs_child(&tmp, k->name) != k) {   /* tmp: the new children */
+            k->ck->retire_next = gone;
+            gone = k->ck;
+        }
+    }
     dir->kids = kids;
     dir->nkids = n;
     dir->kcap = cap;
@@ -412,6 +422,11 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     pthread_rwlock_unlock(&fs->lock);
     if (old != kids)
         free(old);
+    while (gone) {
+        struct dfs_ckpt *next = gone->retire_next;
+        dfs_ckpt_retire(fs, gone);
+        gone = next;
+    }
     return rc;
 }
 
@@ -630,6 +645,37 @@ out:
     return rc;
 }
 
+int dfs_single_recheck(struct dfs *fs)
+{
+    struct stat st;
+    /* Only a checkpoint with .metadata: the other layouts are opened from
+     * many files, none of which tells a new save. By path: SOURCE removed
+     * and saved again is another folder. */
+    if (!dfs_has_metadata(AT_FDCWD, fs->source, &st))
+        return 0;
+    pthread_mutex_lock(&fs->scan_lock);
+    struct dfs_ckpt *old = fs->root->ck;   /* fs->root changes only under scan_lock */
+    if (same_save(&st, dfs_ckpt_built(old)) || is_partial(fs, ".", NULL)) {
+        pthread_mutex_unlock(&fs->scan_lock);
+        return 0;   /* the same save, or a new one not finished: the next request looks again */
+    }
+    struct dfs_ckpt *ck = dfs_ckpt_new(fs, fs->source, &st);
+    struct dfs_node *root = ck ? dfs_ckpt_root_new(fs, NULL, "", ck) : NULL;
+    if (!root) {
+        if (ck)
+            dfs_ckpt_retire(fs, ck);
+        pthread_mutex_unlock(&fs->scan_lock);
+        return -ENOMEM;
+    }
+    dfs_log(LOG_INFO, "%s: .metadata changed: the checkpoint is read anew", fs->source);
+    pthread_rwlock_wrlock(&fs->lock);
+    dfs_map_swap_root(fs, root);
+    pthread_rwlock_unlock(&fs->lock);
+    pthread_mutex_unlock(&fs->scan_lock);
+    dfs_ckpt_retire(fs, old);
+    return 0;
+}
+
 /* A regular file, or a link to one: a folder or a dangling link whose name
  * ends in .safetensors is not a checkpoint's file. */
 static int regular(int dirfd, const struct dirent *de)
@@ -678,15 +724,13 @@ int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen)
             return -1;
         }
         fs->folder_mode = 0;
-        struct dfs_node *root = dfs_node_new(fs, NULL, "", 0, DFS_N_CKPT);
-        struct dfs_ckpt *ck = root ? dfs_ckpt_new(fs, fs->source, &meta) : NULL;
-        if (!ck) {
+        struct dfs_ckpt *ck = dfs_ckpt_new(fs, fs->source, &meta);
+        struct dfs_node *root = ck ? dfs_ckpt_root_new(fs, NULL, "", ck) : NULL;
+        if (!root) {
             snprintf(errbuf, errlen, "out of memory");
             return -1;
         }
         fs->root = root;
-        root->ck = ck;
-        ck->root = root;
         dfs_map_insert(fs, root);
         /* Open now, so a checkpoint that cannot be read fails the mount with its reason. */
         if (dfs_ckpt_ensure(fs, ck) < 0) {

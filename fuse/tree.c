@@ -23,8 +23,8 @@
 
 /* ------------------------------------------------------------------ nodes */
 
-struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const char *name,
-                              size_t namelen, enum dfs_ntype type)
+static struct dfs_node *node_new(struct dfs *fs, struct dfs_node *parent, const char *name, size_t namelen,
+                                 enum dfs_ntype type, struct dfs_ckpt *ck)
 {
     struct dfs_node *n = calloc(1, sizeof *n + namelen + 1);
     if (!n)
@@ -34,15 +34,35 @@ struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const cha
     n->name[namelen] = '\0';
     n->parent = parent;
     n->type = type;
-    n->ck = parent ? parent->ck : NULL;
-    n->gen = n->ck ? n->ck->gen : 0;
+    n->ck = ck;
+    n->gen = ck ? ck->gen : 0;
     atomic_init(&n->size, -1);
     n->phash = parent ? XXH3_64bits_withSeed(name, namelen, parent->phash) : ROOT_PHASH;
     pthread_mutex_lock(&fs->alloc_lock);
-    n->all_next = fs->all;
-    fs->all = n;
+    /* Another save of SOURCE (single-checkpoint mode): its keys chain from
+     * another hash than the first's, so they never take the inode numbers of
+     * the old ones, which are freed while the new ones live. */
+    if (!parent && fs->root)
+        n->phash = XXH3_64bits_withSeed(&n->phash, sizeof n->phash, ++fs->saves);
+    struct dfs_node **list = ck ? &ck->nodes : &fs->all;
+    n->all_next = *list;
+    *list = n;
     fs->nnodes++;
     pthread_mutex_unlock(&fs->alloc_lock);
+    return n;
+}
+
+struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const char *name,
+                              size_t namelen, enum dfs_ntype type)
+{
+    return node_new(fs, parent, name, namelen, type, parent ? parent->ck : NULL);
+}
+
+struct dfs_node *dfs_ckpt_root_new(struct dfs *fs, struct dfs_node *parent, const char *name, struct dfs_ckpt *ck)
+{
+    struct dfs_node *n = node_new(fs, parent, name, strlen(name), DFS_N_CKPT, ck);
+    if (n)
+        ck->root = n;
     return n;
 }
 
@@ -162,12 +182,53 @@ int dfs_map_insert(struct dfs *fs, struct dfs_node *n)
             ino = XXH3_64bits_withSeed(&n->phash, sizeof n->phash, seed);
     }
     n->ino = ino;
+    /* A checkpoint's keys chain from the inode number its root got: those of
+     * a save under the same name as one still alive (its root's number taken)
+     * never take the old keys' numbers, which are freed before the new. */
+    if (n->type == DFS_N_CKPT && n != fs->root)
+        n->phash = ino;
     size_t j = slot_of(ino, m->cap);
     while (m->slots[j])
         j = (j + 1) & (m->cap - 1);
     m->slots[j] = n;
     m->count++;
     return 0;
+}
+
+/* Take n out of the map (caller holds fs->lock for writing); a node that is
+ * not there (never inserted, or a root another stands in for) is left. The
+ * entries after it move back into the hole, so probes still find them. */
+static void map_remove(struct dfs *fs, const struct dfs_node *n)
+{
+    struct dfs_inomap *m = fs->map;
+    if (!m || !m->cap || !n->ino)
+        return;
+    size_t mask = m->cap - 1, j = slot_of(n->ino, m->cap);
+    while (m->slots[j] && m->slots[j] != n)
+        j = (j + 1) & mask;
+    if (!m->slots[j])
+        return;
+    m->slots[j] = NULL;
+    m->count--;
+    for (size_t k = (j + 1) & mask; m->slots[k]; k = (k + 1) & mask) {
+        size_t home = slot_of(m->slots[k]->ino, m->cap);
+        if (((k - home) & mask) >= ((k - j) & mask)) {   /* the hole lies on its probe path */
+            m->slots[j] = m->slots[k];
+            m->slots[k] = NULL;
+            j = k;
+        }
+    }
+}
+
+void dfs_map_swap_root(struct dfs *fs, struct dfs_node *root)
+{
+    struct dfs_inomap *m = fs->map;
+    size_t j = slot_of(FUSE_ROOT_ID, m->cap);
+    while (m->slots[j]->ino != FUSE_ROOT_ID)
+        j = (j + 1) & (m->cap - 1);
+    m->slots[j] = root;
+    root->ino = FUSE_ROOT_ID;
+    fs->root = root;
 }
 
 /* ------------------------------------------------------------- key trees */
@@ -718,9 +779,11 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
         ck->meta_st = *meta_st;
     pthread_mutex_init(&ck->lock, NULL);
     atomic_init(&ck->state, 0);
+    atomic_init(&ck->refs, 1);   /* its name's */
     pthread_mutex_lock(&fs->alloc_lock);
     ck->next = fs->ckpts;
     fs->ckpts = ck;
+    fs->nckpts++;
     pthread_mutex_unlock(&fs->alloc_lock);
     return ck;
 }
@@ -831,11 +894,12 @@ out:
     return rc;
 }
 
-/* ------------------------------------------------------------------ unmount */
+/* ------------------------------------------------------------ lifetimes */
 
-void dfs_free_all(struct dfs *fs)
+/* Free a list of nodes (linked by all_next); how many there were. */
+static size_t free_nodes(struct dfs_node *n)
 {
-    struct dfs_node *n = fs->all;
+    size_t count = 0;
     while (n) {
         struct dfs_node *next = n->all_next;
         if (n->vops && n->vops->destroy)
@@ -847,18 +911,84 @@ void dfs_free_all(struct dfs *fs)
         dfs_scan_free(n->scan);
         free(n);
         n = next;
+        count++;
     }
+    return count;
+}
+
+static void ckpt_free(struct dfs_ckpt *ck)
+{
+    free_nodes(ck->nodes);
+    dfs_verify_free(ck);
+    dcp_hf_view_free(ck->hf);
+    dcp_close(ck->ck);
+    free(ck->file_sizes);
+    free(ck->path);
+    pthread_mutex_destroy(&ck->lock);
+    free(ck);
+}
+
+int dfs_ckpt_get(struct dfs_ckpt *ck)
+{
+    if (!ck)
+        return 1;
+    long r = atomic_load(&ck->refs);
+    while (r > 0)
+        if (atomic_compare_exchange_weak(&ck->refs, &r, r + 1))
+            return 1;
+    return 0;
+}
+
+void dfs_ckpt_ref(struct dfs_ckpt *ck, long n)
+{
+    if (ck)
+        atomic_fetch_add(&ck->refs, n);
+}
+
+void dfs_ckpt_unref(struct dfs *fs, struct dfs_ckpt *ck, long n)
+{
+    if (!ck || n <= 0 || atomic_fetch_sub(&ck->refs, n) != n)
+        return;
+    /* The last reference (the name's is gone): nothing can take another
+     * (dfs_ckpt_get), and requests find its nodes in the map until they
+     * leave it here. */
+    pthread_rwlock_wrlock(&fs->lock);
+    for (struct dfs_node *k = ck->nodes; k; k = k->all_next)
+        map_remove(fs, k);
+    pthread_rwlock_unlock(&fs->lock);
+    size_t count = 0;
+    pthread_mutex_lock(&fs->alloc_lock);
+    for (struct dfs_ckpt **p = &fs->ckpts; *p; p = &(*p)->next)
+        if (*p == ck) {
+            *p = ck->next;
+            break;
+        }
+    for (struct dfs_node *k = ck->nodes; k; k = k->all_next)
+        count++;
+    fs->nnodes -= count;
+    size_t left = --fs->nckpts;
+    pthread_mutex_unlock(&fs->alloc_lock);
+    dfs_log(LOG_INFO, "%s: the checkpoint saved there before is closed: nothing refers to it any more "
+            "(%zu checkpoints open)", ck->path, left);
+    ckpt_free(ck);
+}
+
+void dfs_ckpt_retire(struct dfs *fs, struct dfs_ckpt *ck)
+{
+    atomic_store(&ck->retired, 1);
+    dfs_ckpt_unref(fs, ck, 1);
+}
+
+/* ------------------------------------------------------------------ unmount */
+
+void dfs_free_all(struct dfs *fs)
+{
+    free_nodes(fs->all);
     fs->all = NULL;
     struct dfs_ckpt *ck = fs->ckpts;
     while (ck) {
         struct dfs_ckpt *next = ck->next;
-        dfs_verify_free(ck);
-        dcp_hf_view_free(ck->hf);
-        dcp_close(ck->ck);
-        free(ck->file_sizes);
-        free(ck->path);
-        pthread_mutex_destroy(&ck->lock);
-        free(ck);
+        ckpt_free(ck);
         ck = next;
     }
     fs->ckpts = NULL;

@@ -3,7 +3,10 @@
 # mounted (torch's save into the same folder, rm -rf then a save, a save
 # renamed into place) is served as saved last, never the old metadata over the
 # new shard files; a file held open across a save in place fails (EIO); a
-# checkpoint saved while mounted appears and one removed goes. With and
+# checkpoint saved while mounted appears and one removed goes; saved again 30
+# times, the daemon keeps the last save's model only, and a file held open
+# across 3 saves reads its own until it is closed, its model freed then; SOURCE
+# one checkpoint saved again is seen too. With and
 # without the catalog, splicing and reading through a buffer, listings cached
 # by the kernel and answered by dcpfs
 # (tests/fuse_resave.py does the saves and the checks).
@@ -25,6 +28,16 @@ for mode in no_catalog catalog; do
     $PY "$src" "$mnt" || fail "($mode) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     grep -q "runs/latest/__0_0.distcp: w: the data file was written to since the checkpoint was opened" "$mnt.log" ||
         fail "($mode) the log does not say why a file held open failed: $(tail -20 "$mnt.log")"
+    # saved again N times, a file held open across 3 saves: old models freed
+    n=30; [ $mode = catalog ] && n=8
+    $PY churn "$src" "$mnt" "$mnt.log" $n || fail "($mode, $n saves) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     unmount_dcpfs "$mnt"
 done
+# SOURCE one checkpoint, saved again in place, then removed and saved again
+ck="$SCRATCH/single/ckpt" mnt="$SCRATCH/single/mnt"
+mkdir -p "$SCRATCH/single"
+$PY save "$ck" 1
+mount_dcpfs "$ck" "$mnt" -o no_catalog
+$PY single "$ck" "$mnt" "$mnt.log" || fail "(one checkpoint) see above; dcpfs's log: $(tail -20 "$mnt.log")"
+unmount_dcpfs "$mnt"
 echo PASS

@@ -2,6 +2,8 @@
 """Checkpoints saved again under the same folder name while dcpfs mounts their run folder.
 
 usage: fuse_resave.py SOURCE MOUNTPOINT
+       fuse_resave.py churn SOURCE MOUNTPOINT LOG N
+       fuse_resave.py single CHECKPOINT MOUNTPOINT LOG
 
 SOURCE is the folder dcpfs mounts at MOUNTPOINT (folder mode), holding SOURCE/latest saved
 with version 1 by `fuse_resave.py save DIR 1` before the mount. Each step saves a new
@@ -68,9 +70,130 @@ def expect(ckpt, v, what):
         fail("%s: %s lists %s (version %d's key is v%d)" % (what, ckpt, sorted(names), v, v))
 
 
+def models(log, name):
+    """Checkpoints named name (the last component of their path) the daemon has open, by its
+    log: each opened one says 'model parsed' or 'served from the catalog', each freed one
+    'is closed'."""
+    with open(log, errors="replace") as f:
+        lines = [ln for ln in f if "/%s: " % name in ln]
+    return (sum("model parsed" in ln or "model served from the catalog" in ln for ln in lines)
+            - sum("saved there before is closed" in ln for ln in lines))
+
+
+def settle(log, name, most):
+    """Wait (the kernel's FORGETs come as it drops its entries) until at most `most` models
+    of name are open; how many are."""
+    end = time.monotonic() + 5
+    while models(log, name) > most and time.monotonic() < end:
+        time.sleep(0.1)
+    return models(log, name)
+
+
+def forget_unused():
+    """Have the kernel drop the entries and inodes nothing uses (their FORGETs follow); it
+    keeps those of files closed below a folder saved again until memory runs short. False
+    when this may not (not root): the checks that need it are left out."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")
+        return True
+    except OSError:
+        return False
+
+
+def churn(src, mnt, log, n):
+    """Saved again n times into the same folder under one mount: each read gives the last
+    save, and the daemon frees the models of the saves before (at most two stay open: the
+    last, and the one before while the kernel forgets it); a file held open across three
+    saves reads its own save's bytes, and its model is freed once it is closed and the
+    kernel forgot it."""
+    latest, mlatest = os.path.join(src, "latest"), os.path.join(mnt, "latest")
+    base = None
+    for i in range(n):
+        v = 100 + i
+        save(latest, v)
+        time.sleep(SCAN_TIMEOUT)
+        expect(mlatest, v, "saved again %d times" % (i + 1))
+        if i == 2:
+            base = os.statvfs(mnt).f_files
+    left = settle(log, "latest", 2)
+    if left > 2:
+        fail("after %d saves into the same folder the daemon has %d models of it open" % (n, left))
+    nodes = os.statvfs(mnt).f_files
+    if nodes > base + 12:   # a model (5 nodes) per save kept: 5 * (n - 3) more
+        fail("after %d saves the mount has %d nodes, %d after the third" % (n, nodes, base))
+
+    # Held open across 3 saves, each made elsewhere and renamed into place (the old folders
+    # kept, so the old bytes are there to read)
+    v = 100 + n - 1   # the last save's
+    fd = os.open(os.path.join(mlatest, "w"), os.O_RDONLY)
+    try:
+        old = []
+        for k in range(3):
+            new, aside = os.path.join(src, ".latest.new"), os.path.join(src, ".latest.old%d" % k)
+            save(new, v + 1 + k)
+            os.rename(latest, aside)
+            os.rename(new, latest)
+            old.append(aside)
+            time.sleep(SCAN_TIMEOUT)
+            expect(mlatest, v + 1 + k, "saved elsewhere and renamed into place, a file held open")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)   # the reads reach dcpfs
+        data = os.pread(fd, 4 * length(v), 0)
+        if len(data) != 4 * length(v) or values(data) != [float(v)]:
+            fail("a file held open across 3 saves reads %d bytes of values %s, its own save's are %d of %.1f"
+                 % (len(data), values(data)[:6], 4 * length(v), v))
+        if forget_unused() and settle(log, "latest", 2) != 2:
+            fail("%d models of latest are open while a file of an old save is (2 expected)" % models(log, "latest"))
+    finally:
+        os.close(fd)
+    if forget_unused() and settle(log, "latest", 1) != 1:
+        fail("%d models of latest are open after the file held open was closed (1 expected)" % models(log, "latest"))
+    expect(mlatest, v + 3, "the file held open closed")
+    for aside in old:
+        shutil.rmtree(aside)
+
+
+def single(src, mnt, log):
+    """SOURCE is one checkpoint (version 1 when mounted): saved again in place, then removed
+    and saved again, the mount shows the new save; a file held open across a save in place
+    fails (EIO); the old models are freed."""
+    name = os.path.basename(src)
+    expect(mnt, 1, "one checkpoint")
+    fd = os.open(os.path.join(mnt, "w"), os.O_RDONLY)
+    try:
+        save(src, 2)
+        time.sleep(SCAN_TIMEOUT)
+        expect(mnt, 2, "one checkpoint saved again in place")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            late = os.pread(fd, 4096, 2 << 20)
+            fail("w held open across a save in place reads values %s" % values(late))
+        except OSError as e:
+            if e.errno != errno.EIO:
+                fail("w held open across a save in place fails with %s, not EIO" % e)
+    finally:
+        os.close(fd)
+    shutil.rmtree(src)
+    save(src, 3)
+    time.sleep(SCAN_TIMEOUT)
+    expect(mnt, 3, "one checkpoint removed and saved again")
+    for v in range(4, 9):
+        save(src, v)
+        time.sleep(SCAN_TIMEOUT)
+        expect(mnt, v, "one checkpoint saved again (%d)" % v)
+    if forget_unused() and settle(log, name, 1) != 1:
+        fail("%d models of the one checkpoint are open after 8 saves (1 expected)" % models(log, name))
+
+
 def main():
     if sys.argv[1] == "save":
         save(sys.argv[2], int(sys.argv[3]))
+        return
+    if sys.argv[1] == "churn":
+        churn(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    if sys.argv[1] == "single":
+        single(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     src, mnt = sys.argv[1], sys.argv[2]
     latest, mlatest = os.path.join(src, "latest"), os.path.join(mnt, "latest")
