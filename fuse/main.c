@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -233,6 +234,43 @@ static int parse_modes(struct dfs_options *o)
 
 /* A path that stays valid after the daemon changes to "/": a relative one
  * made absolute (not resolved: a missing file is the export's error). */
+/* Two common mistakes, said before anything is opened: a SOURCE that is a
+ * file (a checkpoint's .metadata or a shard instead of its folder; a single
+ * .pt or .safetensors file, which dcp reads but dcpfs does not mount), and a
+ * MOUNTPOINT that is not a folder (the kernel would mount over a file: a
+ * root that answers nothing but EIO). A missing MOUNTPOINT is libfuse's
+ * "bad mount point" already, from fuse_parse_cmdline. */
+static int check_paths(const char *source, const char *mountpoint)
+{
+    struct stat st;
+    if (stat(source, &st) < 0) {
+        fprintf(stderr, "dcpfs: %s: %s\n", source, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        /* a file of a checkpoint folder: name the folder to mount */
+        const char *slash = strrchr(source, '/'), *base = slash ? slash + 1 : source;
+        size_t n = strlen(base);
+        int part = !strcmp(base, ".metadata") || (n > 11 && !strncmp(base, "__", 2) && !strcmp(base + n - 9, ".metadata")) ||
+                   (n > 7 && !strcmp(base + n - 7, ".distcp")) || !strcmp(base, "metadata.json") ||
+                   (n > 12 && !strcmp(base + n - 12, ".safetensors")) || !strcmp(base, "model.safetensors.index.json");
+        int dirlen = !slash ? 1 : slash == source ? 1 : (int)(slash - source);
+        fprintf(stderr, "dcpfs: %s: a file, not a folder: SOURCE is a checkpoint folder (the one that holds "
+                        ".metadata, __R.metadata or .safetensors files) or a folder of them%s%.*s%s\n",
+                source, part ? "; mount " : "", part ? dirlen : 0, slash ? source : ".", part ? " instead" : "");
+        return -1;
+    }
+    if (stat(mountpoint, &st) < 0) {
+        fprintf(stderr, "dcpfs: mount point %s: %s\n", mountpoint, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "dcpfs: mount point %s: not a folder (a mount point is an existing folder)\n", mountpoint);
+        return -1;
+    }
+    return 0;
+}
+
 static char *absolute(const char *path)
 {
     char cwd[4096];
@@ -389,6 +427,8 @@ int main(int argc, char *argv[])
     fs.mountpoint = cmd.mountpoint;
     raise_nofile();
 
+    if (check_paths(fs.opt.source, cmd.mountpoint) < 0)
+        goto out0;
     fs.source = realpath(fs.opt.source, NULL);
     if (!fs.source || (fs.srcfd = open(fs.source, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
         fprintf(stderr, "dcpfs: %s: %s\n", fs.opt.source, strerror(errno));

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dcp_file.h"
 #include "internal.h"
@@ -395,6 +396,32 @@ static int open_safetensors_file(const char *path, dcp_checkpoint **out, dcp_err
     return 0;
 }
 
+/* A path dcp_open_file does not read, said plainly: a file of a checkpoint
+ * folder (its .metadata, a shard, Megatron's metadata.json, an index) names
+ * the folder to open instead; anything else, what a checkpoint is. */
+static int not_single_file(const char *path, dcp_error *err)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return dcpi_err(err, errno, "%s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return dcpi_err(err, EINVAL, "%s: a folder, not a torch.save or safetensors file: open it as a checkpoint folder", path);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t n = strlen(base);
+    int rank_meta = n > 11 && !strncmp(base, "__", 2) && !strcmp(base + n - 9, ".metadata");
+    if (!strcmp(base, ".metadata") || !strcmp(base, ".metadata.tmp") || rank_meta ||
+        (n > 7 && !strcmp(base + n - 7, ".distcp")) || !strcmp(base, "metadata.json") ||
+        !strcmp(base, "model.safetensors.index.json")) {
+        /* the folder: what precedes the last '/' ("/" for "/.metadata", "." for a bare name) */
+        const char *dir = slash ? path : ".";
+        int dirlen = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+        return dcpi_err(err, EINVAL, "%s: a file of a checkpoint folder, not a checkpoint of its own: open the folder %.*s",
+                        path, dirlen, dir);
+    }
+    return dcpi_err(err, EINVAL, "%s: not a checkpoint: neither a folder (with .metadata, __R.metadata or .safetensors "
+                    "files) nor, by its name, a torch.save (.pt, .pth, .bin) or safetensors (.safetensors) file", path);
+}
+
 int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t *nskipped, dcp_error *err)
 {
     *out = NULL;
@@ -406,5 +433,5 @@ int dcp_open_file(const char *path, dcp_format fmt, dcp_checkpoint **out, size_t
         return dcpi_open_torch_file(path, NULL, out, nskipped, err);
     if (fmt == DCP_FORMAT_SAFETENSORS)
         return open_safetensors_file(path, out, err);
-    return dcpi_err(err, EINVAL, "%s: not a single-file format", path);
+    return not_single_file(path, err);
 }

@@ -10,6 +10,16 @@ mkdir "$SCRATCH/empty"
 expect_fail "not a checkpoint" "$DCP" ls "$SCRATCH/empty"
 expect_fail "$SCRATCH/nope" "$DCP" ls "$SCRATCH/nope"
 
+# A file of the checkpoint instead of its folder names the folder to open; another file says
+# what a checkpoint is (both were "not a single-file format").
+expect_fail "$src/.metadata: a file of a checkpoint folder, not a checkpoint of its own: open the folder $src" \
+    "$DCP" ls "$src/.metadata"
+expect_fail "open the folder $src" "$DCP" info "$src/__1_0.distcp"
+(cd "$src" && expect_fail ".metadata: a file of a checkpoint folder, not a checkpoint of its own: open the folder ." \
+    "$DCP" ls .metadata)
+echo notes >"$SCRATCH/notes.txt"
+expect_fail "$SCRATCH/notes.txt: not a checkpoint: neither a folder" "$DCP" ls "$SCRATCH/notes.txt"
+
 # Shards but no .metadata: a save still being written.
 fresh; rm "$SCRATCH/ck/.metadata"
 expect_fail "no .metadata" "$DCP" ls "$SCRATCH/ck"

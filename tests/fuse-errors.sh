@@ -105,6 +105,17 @@ wait "$bpid" || rc=$?
 grep -q "$bad/.metadata" "$SCRATCH/bad.log" || fail "the error does not name the file: $(cat "$SCRATCH/bad.log")"
 mountpoint -q "$SCRATCH/mbad" && fail "garbage got mounted"
 expect_fail "usage" "$DCPFS" "$bad"
+# A mount point that is a file: refused (the kernel mounted over it, a root answering only EIO);
+# a SOURCE that is a file of a checkpoint names the folder to mount (it said "Not a directory").
+good="$FIXTURES/05_mixed_2ranks/ckpt"
+: >"$SCRATCH/afile"
+expect_fail "mount point $SCRATCH/afile: not a folder" timeout 20 "$DCPFS" -f "$good" "$SCRATCH/afile"
+mountpoint -q "$SCRATCH/afile" && fail "dcpfs mounted over a file"
+expect_fail "$good/.metadata: a file, not a folder: SOURCE is a checkpoint folder" \
+    timeout 20 "$DCPFS" -f "$good/.metadata" "$SCRATCH/mbad"
+expect_fail "; mount $good instead" timeout 20 "$DCPFS" -f "$good/__0_0.distcp" "$SCRATCH/mbad"
+expect_fail "bad mount point" timeout 20 "$DCPFS" -f "$good" "$SCRATCH/no-such-folder"
+mountpoint -q "$SCRATCH/mbad" && fail "a file was mounted as SOURCE"
 "$DCPFS" --version | grep -q "dcpfs version" || fail "--version"
 "$DCPFS" --help | grep -q "view=raw|npy" || fail "--help"
 echo "ok"

@@ -71,3 +71,9 @@ rc=0
 mpirun 2 "$DCPLOAD" "$SCRATCH/junk" >/dev/null 2>"$SCRATCH/err" || rc=$?
 [ "$rc" -ne 0 ] || fail "dcpload accepted a junk file"
 [ "$(grep -c "neither a torch.save nor a safetensors file" "$SCRATCH/err")" -eq 2 ] || fail "junk file: $(cat "$SCRATCH/err")"
+# a checkpoint's .metadata named instead of its folder: the error says a checkpoint is the folder
+rc=0
+mpirun 2 "$DCPLOAD" "$FIXTURES/05_mixed_2ranks/ckpt/.metadata" >/dev/null 2>"$SCRATCH/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "dcpload accepted a .metadata file"
+[ "$(grep -c "a DCP checkpoint is the folder that holds .metadata" "$SCRATCH/err")" -eq 2 ] ||
+    fail ".metadata file: $(cat "$SCRATCH/err")"

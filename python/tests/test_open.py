@@ -563,6 +563,16 @@ def test_open_errors(tmp_path):
     with pytest.raises(dcpfs.DcpError) as ei:
         dcpfs.open(junk)
     assert "junk.pt" in str(ei.value)
+    # a checkpoint's .metadata instead of its folder: the message names the folder to open
+    ck = FIXTURES / "05_mixed_2ranks" / "ckpt"
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(ck / ".metadata")
+    assert f"a file of a checkpoint folder, not a checkpoint of its own: open the folder {ck}" in str(ei.value)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("notes")
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(notes)
+    assert f"{notes}: not a checkpoint: neither a folder" in str(ei.value)
     with pytest.raises(ValueError):
         dcpfs.open("a\0b")
     with pytest.raises(TypeError):

@@ -45,7 +45,8 @@ static int open_any(const char *path, unsigned flags, dcp_checkpoint **ck, dcp_e
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
         dcp_format f = file_format(path, (uint64_t)st.st_size);
         if (f == DCP_FORMAT_AUTO)
-            return ldi_err(err, EINVAL, "%s: a file, but neither a torch.save nor a safetensors file", path);
+            return ldi_err(err, EINVAL, "%s: a file, but neither a torch.save nor a safetensors file (a DCP checkpoint is "
+                          "the folder that holds .metadata or __R.metadata files)", path);
         return dcp_open_file(path, f, ck, NULL, err);
     }
     return dcp_open(path, flags, ck, err);
