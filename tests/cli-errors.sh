@@ -71,7 +71,14 @@ done
 # Unknown key, bad box.
 expect_fail "no such key" "$DCP" cat "$src" no.such.key
 expect_fail "--box" "$DCP" cat --box 0:1 "$src" enc.weight
-expect_fail "enc.weight" "$DCP" cat --box 0:41,0:24 "$src" enc.weight
+expect_fail "$src: enc.weight: --box 0:41 lies outside dimension 0 (size 40)" "$DCP" cat --box 0:41,0:24 "$src" enc.weight
+# A module's name (a dotted prefix of keys) for a key: the keys under it are named; a typo is just
+# "no such key"; layout says the same.
+expect_fail "$src: enc: no such key; 2 keys lie under it (enc.bias, enc.weight): dcp ls --keys 'enc' $src lists them" \
+    "$DCP" cat "$src" enc
+expect_fail "$src: optim: no such key; 1 key lies under it (optim.state)" "$DCP" layout "$src" optim
+out=$("$DCP" cat "$src" en 2>&1 >/dev/null) || true
+[ "$out" = "dcp: $src: en: no such key" ] || fail "a key that is no prefix: $out"
 # The whole box is checked before a byte is written: a count past the end of dimension 0 (a
 # slab at a time, the first slabs were written), a negative or wrapping count (rows of
 # 2^64-4 bytes), an offset near INT64_MAX (an overflowing end).

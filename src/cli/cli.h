@@ -34,6 +34,10 @@ int cli_parse_rank(const char *text);
 dcp_checkpoint *cli_open(const char *path);
 /* Set by cli_open when it refused a partial checkpoint (dcp_probe_folder). */
 extern int cli_open_partial;
+/* The entry named key, else -1 with the error printed: "PATH: KEY: no such
+ * key", naming (a few of) the keys under it when it is a dotted prefix of
+ * some ("model.layers.0" for model.layers.0.attn.weight). */
+int cli_find_key(dcp_checkpoint *ck, const char *path, const char *key, const dcp_entry **out);
 /* After "not a checkpoint" for a folder: name on stderr the checkpoints one
  * level below it (a run folder), if any (below.c). */
 void cli_hint_checkpoints_below(const char *folder);

@@ -137,11 +137,8 @@ int cmd_cat(int argc, char **argv)
     const dcp_entry *e = NULL;
     if (!buf) {
         cli_error("out of memory");
-    } else if (dcp_find_entry(ck, key, &e, &err) < 0) {
-        if (err.code == DCP_ENOTFOUND)
-            cli_error("%s: %s: no such key", path, key);
-        else
-            cli_error("%s", err.msg);
+    } else if (cli_find_key(ck, path, key, &e) < 0) {
+        ;   /* said */
     } else if (box) {
         int64_t off[64], len[64];
         if (e->kind != DCP_KIND_TENSOR)
@@ -150,7 +147,7 @@ int cmd_cat(int argc, char **argv)
             cli_error("%s: %s: --box '%s' must give START:COUNT for each of the %d dimensions", path,
                       key, box, e->ndim);
         else if (stream_box(ck, e, off, len, &buf, &plan, &err) < 0)
-            cli_error("%s", err.msg);
+            cli_error("%s: %s", path, err.msg);   /* err.msg begins with the key */
         else
             status = 0;
     } else if (stream_bytes(ck, e, buf, &plan, &err) < 0) {

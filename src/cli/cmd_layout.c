@@ -125,12 +125,7 @@ int cmd_layout(int argc, char **argv)
     int status = 0;
     if (optind == argc - 2) {
         const dcp_entry *e;
-        dcp_error err;
-        if (dcp_find_entry(ck, argv[optind + 1], &e, &err) < 0) {
-            if (err.code == DCP_ENOTFOUND)
-                cli_error("%s: %s: no such key", argv[optind], argv[optind + 1]);
-            else
-                cli_error("%s", err.msg);
+        if (cli_find_key(ck, argv[optind], argv[optind + 1], &e) < 0) {
             status = 1;
         } else {
             status = show(ck, e, json);

@@ -140,6 +140,55 @@ dcp_checkpoint *cli_open(const char *path)
     return ck;
 }
 
+int cli_find_key(dcp_checkpoint *ck, const char *path, const char *key, const dcp_entry **out)
+{
+    dcp_error err;
+    if (dcp_find_entry(ck, key, out, &err) == 0)
+        return 0;
+    if (err.code != DCP_ENOTFOUND) {
+        cli_error("%s", err.msg);
+        return -1;
+    }
+    /* A key's dotted prefix (a module, "model.layers.0"): name the keys under
+     * it, which is what was most likely meant, and how to list them all. */
+    size_t n = strlen(key);
+    char *prefix = malloc(n + 2);
+    const dcp_entry *e = NULL;
+    size_t under = 0;
+    char names[3][256];
+    if (prefix) {
+        memcpy(prefix, key, n);
+        memcpy(prefix + n, ".", 2);
+        const char *from = prefix;
+        char *next = NULL;
+        while (under < 1000 && dcp_seek(ck, from, &e, &err) == 0 && e && !strncmp(e->key, prefix, n + 1)) {
+            if (under < 3)
+                snprintf(names[under], sizeof names[under], "%s", cli_text(e->key));
+            under++;
+            size_t k = strlen(e->key);   /* the key right after e->key: e->key "\x01" */
+            char *nx = realloc(next, k + 2);
+            if (!nx)
+                break;
+            next = nx;
+            memcpy(next, e->key, k);
+            memcpy(next + k, "\x01", 2);
+            from = next;
+        }
+        free(next);
+        free(prefix);
+    }
+    if (!under) {
+        cli_error("%s: %s: no such key", path, cli_text(key));
+        return -1;
+    }
+    cli_error("%s: %s: no such key; %s%zu %s under it (%s%s%s%s%s%s): dcp ls --keys '%s' %s lists them",
+              path, cli_text(key), under >= 1000 ? "at least " : "", under, under == 1 ? "key lies" : "keys lie",
+              names[0], under > 1 ? ", " : "",
+              under > 1 ? names[1] : "", under > 2 ? ", " : "", under > 2 ? names[2] : "", under > 3 ? ", ..." : "",
+              cli_text(key), path);
+    return -1;
+}
+
 void cli_json_string(FILE *f, const char *s)
 {
     char *q = dcp_key_json(s);   /* keys that are not UTF-8 too (dcp.h) */
