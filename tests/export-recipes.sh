@@ -160,6 +160,20 @@ out=$($D convert --to hf --recipe "$SCRATCH/r3.json" --config "$SCRATCH/c.json" 
 case "$out" in *"skipped model.layers.3.weight: no rule of the recipe maps it"*) ;; *) fail "not reported: $out" ;; esac
 expect_fail "recipe 'no-such': no such recipe (found: " $D convert --to hf --recipe no-such "$SCRATCH/s" "$SCRATCH/y"
 expect_fail "llama-torchtitan" $D convert --to hf --recipe no-such "$SCRATCH/s" "$SCRATCH/y"
+# No recipe anywhere (a build not installed yet): the error says where recipes come from; where
+# some were found, it lists them instead. (The installed folder is searched last: skip the first
+# where this prefix has recipes installed.)
+mkdir -p "$SCRATCH/norecipes"
+out=$(env DCP_RECIPE_PATH="$SCRATCH/norecipes" $D convert --to hf --recipe no-such "$SCRATCH/s" "$SCRATCH/y" 2>&1) || true
+case "$out" in
+    *"found: none; searched $SCRATCH/norecipes"*)
+        case "$out" in *"or set DCP_RECIPE_PATH to a folder of recipes (the source tree's recipes/)"*) ;;
+            *) fail "no recipe anywhere, no hint: $out" ;; esac ;;
+    *"found: "*) echo "recipes installed under this prefix: the no-recipe case is not checked" ;;
+    *) fail "no recipe anywhere: $out" ;;
+esac
+out=$($D convert --to hf --recipe no-such "$SCRATCH/s" "$SCRATCH/y" 2>&1) || true
+case "$out" in *"make install"*) fail "a hint where recipes were found: $out" ;; esac
 expect_fail "needs --recipe NAME" $D convert --to hf "$SCRATCH/s" "$SCRATCH/y"
 expect_fail "go with --to hf" $D convert --recipe llama-megatron "$SCRATCH/s" "$SCRATCH/y"
 expect_fail "needs the number of attention heads (num_attention_heads): give --config FILE" \

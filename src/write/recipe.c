@@ -344,9 +344,13 @@ int rcp_load(const char *name, const char *dirs, const char *fallback, rcp_recip
             p = c ? c + 1 : p + dl;
         }
     }
-    return dcpi_err(err, ENOENT, "recipe '%s': no such recipe (found: %s; searched %s%s%s)", name,
+    /* None at all: most likely a build not installed yet (the recipes are
+     * installed by make install), so say where else they can come from. */
+    return dcpi_err(err, ENOENT, "recipe '%s': no such recipe (found: %s; searched %s%s%s)%s", name,
                     list[0] ? list : "none", dirs && *dirs ? dirs : "", dirs && *dirs && fallback ? ":" : "",
-                    fallback ? fallback : "");
+                    fallback ? fallback : "",
+                    list[0] ? "" : ": install them (make install), or set DCP_RECIPE_PATH to a folder of recipes "
+                                   "(the source tree's recipes/), or name a recipe file (NAME.json)");
 }
 
 /* Match pattern p (with the placeholders of `skip` and the dot after each
