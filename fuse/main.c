@@ -470,8 +470,14 @@ int main(int argc, char *argv[])
     fs.se = se;
     if (fuse_set_signal_handlers(se) != 0)
         goto out2;
-    if (fuse_session_mount(se, cmd.mountpoint) != 0)
+    if (fuse_session_mount(se, cmd.mountpoint) != 0) {
+        /* libfuse said why on the line above ("failed to open /dev/fuse:
+         * Permission denied", "fusermount3: ..."); say what failed. */
+        fprintf(stderr, "dcpfs: %s: could not mount %s there (the reason: libfuse's line above; a user other than "
+                        "root needs read and write access to /dev/fuse, and fusermount3 installed setuid root)\n",
+                cmd.mountpoint, fs.opt.source);
         goto out3;
+    }
     if (fuse_daemonize(cmd.foreground) != 0)
         goto out4;
     if (!cmd.foreground) {

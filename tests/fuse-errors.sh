@@ -116,6 +116,21 @@ expect_fail "$good/.metadata: a file, not a folder: SOURCE is a checkpoint folde
 expect_fail "; mount $good instead" timeout 20 "$DCPFS" -f "$good/__0_0.distcp" "$SCRATCH/mbad"
 expect_fail "bad mount point" timeout 20 "$DCPFS" -f "$good" "$SCRATCH/no-such-folder"
 mountpoint -q "$SCRATCH/mbad" && fail "a file was mounted as SOURCE"
+# No FUSE permission (a user other than root where /dev/fuse is root's alone): libfuse's reason, then
+# a line naming the mount point and what is needed. Only where that is so and setpriv can switch.
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2>&1 &&
+   ! setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups sh -c 'test -r /dev/fuse && test -w /dev/fuse' 2>/dev/null; then
+    chmod o+x "$SCRATCH"
+    cp -r "$good" "$SCRATCH/nobody-src" && chmod -R o+rX "$SCRATCH/nobody-src"
+    mkdir -p "$SCRATCH/mnobody" && chown nobody "$SCRATCH/mnobody"
+    if setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups test -r "$SCRATCH/nobody-src/.metadata" 2>/dev/null &&
+       setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups test -x "$DCPFS" 2>/dev/null; then
+        expect_fail "dcpfs: $SCRATCH/mnobody: could not mount $SCRATCH/nobody-src there (the reason: libfuse's line above; a user other than root needs read and write access to /dev/fuse" \
+            timeout 20 setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups "$DCPFS" -f -o no_catalog \
+            "$SCRATCH/nobody-src" "$SCRATCH/mnobody"
+        mountpoint -q "$SCRATCH/mnobody" && fail "mounted without FUSE permission"
+    fi
+fi
 "$DCPFS" --version | grep -q "dcpfs version" || fail "--version"
 "$DCPFS" --help | grep -q "view=raw|npy" || fail "--help"
 echo "ok"
