@@ -45,5 +45,35 @@ for page in "$top_srcdir"/man/*.[1-9]; do
         "$top_srcdir"/*.mk "$top_srcdir"/*/*.mk "$top_srcdir"/*/*/*.mk || unlisted="$unlisted $rel"
 done
 [ -z "$unlisted" ] || fail "pages not in dist_man_MANS (add them in the .mk of their area):$unlisted"
-echo "all $total public calls have a man page"
+# Every option a user can give is named on the command's page (the calls above are only half of
+# what a page documents): the long options of each dcp command's getopt table on its own page
+# (man/dcp-CMD.1, else dcp.1), dcp's own options (main.c) on dcp.1, dcpload's on dcpload.1 and
+# dcpfs's -o options (fuse_opt table) on dcpfs.1. A page names an option as \-\-name (or name=).
+page_text() { sed 's/\\f[BIRP]//g; s/\\//g' "$1"; }
+undoc=
+check_opts() {   # PAGE OPTION...
+    local page=$1 o; shift
+    local text; text=$(page_text "$top_srcdir/$page")
+    for o in "$@"; do
+        printf '%s\n' "$text" | grep -q -e "--$o\([^a-z0-9-]\|\$\)" || undoc="$undoc $page:--$o"
+    done
+}
+long_opts() {   # FILE: the names of its struct option table
+    grep -o '{"[a-z0-9-]*", *\(no_argument\|required_argument\|optional_argument\)' "$1" | sed 's/{"\([^"]*\)".*/\1/' | sort -u
+}
+for src in "$top_srcdir"/src/cli/cmd_*.c; do
+    cmd=${src##*/cmd_}; cmd=${cmd%.c}
+    page=man/dcp-$cmd.1; [ -f "$top_srcdir/$page" ] || page=man/dcp.1
+    check_opts "$page" $(long_opts "$src" | grep -v '^help$')
+done
+check_opts man/dcp.1 $(grep -o 'strcmp(argv\[1\], "--[a-z0-9-]*")' "$top_srcdir/src/cli/main.c" | sed 's/.*"--\([^"]*\)")/\1/' | sort -u)
+check_opts man/dcpload.1 $(long_opts "$top_srcdir/src/load/dcpload.c")
+n=$(grep -c 'OPT("' "$top_srcdir/fuse/main.c")
+[ "$n" -gt 10 ] || fail "found $n -o options in fuse/main.c: has its option table changed form?"
+fusetext=$(page_text "$top_srcdir/man/dcpfs.1")
+for o in $(grep -o 'OPT("[a-z_]*' "$top_srcdir/fuse/main.c" | sed 's/OPT("//') max_read; do
+    printf '%s\n' "$fusetext" | grep -q -e "^\.B[IR]* $o\b" -e "^$o\b" -e "-o \"\\? *$o\b" || undoc="$undoc man/dcpfs.1:-o $o"
+done
+[ -z "$undoc" ] || fail "options no page documents:$undoc"
+echo "all $total public calls have a man page; every option of dcp, dcpload and dcpfs is on its page"
 exit 0
