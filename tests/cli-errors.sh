@@ -90,6 +90,8 @@ done
 # A pattern that matches no key is an error (a typo must not read as an empty checkpoint).
 expect_fail "no key matches 'enc.wieght'" "$DCP" digest --keys enc.wieght "$src"
 expect_fail "no key matches 'enc.wieght'" "$DCP" ls --keys enc.wieght "$src"
+out=$("$DCP" ls --keys enc.wieght "$src" 2>/dev/null) || true
+[ -z "$out" ] || fail "a --keys pattern that matches nothing printed a table's header: $out"
 # synth's numbers are decimal: 010 is ten keys, not octal eight; a sign or a space is refused.
 "$DCP" synth "$SCRATCH/ten" --keys 010 --shape 2 >/dev/null || fail "synth --keys 010"
 [ "$("$DCP" ls --json "$SCRATCH/ten" | wc -l)" = 10 ] || fail "synth --keys 010 is not ten keys"

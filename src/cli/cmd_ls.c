@@ -43,7 +43,10 @@ int cmd_ls(int argc, char **argv)
         return cli_open_status();
     int status = 0;
     size_t n = dcp_num_entries(ck), matched = 0;
-    if (!json)
+    /* The header comes with the first line it heads: a --keys pattern that
+     * matches nothing prints the error alone, not an empty table before it. */
+    int header = !json && !pattern;
+    if (header)
         printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
     for (size_t i = 0; i < n; i++) {
         const dcp_entry *e;
@@ -56,6 +59,10 @@ int cmd_ls(int argc, char **argv)
         if (!dcp_key_matches(pattern, e->key))
             continue;
         matched++;
+        if (!json && !header) {
+            printf("%-48s %-10s %-20s %s\n", "KEY", "DTYPE", "SHAPE", "SIZE");
+            header = 1;
+        }
         uint64_t nbytes = 0;
         if (dcp_entry_nbytes(ck, e, &nbytes, &err) < 0) {
             cli_error("%s", err.msg);
