@@ -90,6 +90,9 @@ done
 # A pattern that matches no key is an error (a typo must not read as an empty checkpoint).
 expect_fail "no key matches 'enc.wieght'" "$DCP" digest --keys enc.wieght "$src"
 expect_fail "no key matches 'enc.wieght'" "$DCP" ls --keys enc.wieght "$src"
+# A mistyped option names the command as "dcp ls" (getopt said "ls: unrecognized option", as if ls(1)).
+expect_fail "dcp ls: unrecognized option '--jsn'" "$DCP" ls --jsn "$src"
+expect_fail "dcp synth: unrecognized option '--keyz'" "$DCP" synth --keyz 3 "$SCRATCH/never"
 out=$("$DCP" ls --keys enc.wieght "$src" 2>/dev/null) || true
 [ -z "$out" ] || fail "a --keys pattern that matches nothing printed a table's header: $out"
 # synth's numbers are decimal: 010 is ten keys, not octal eight; a sign or a space is refused.

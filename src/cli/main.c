@@ -72,8 +72,14 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name))
+        if (!strcmp(argv[1], commands[i].name)) {
+            /* getopt names argv[0] in its messages: "dcp ls: unrecognized
+             * option '--jsn'", not "ls: ..." (which reads as ls(1)'s). */
+            static char name[32];
+            snprintf(name, sizeof name, "dcp %s", commands[i].name);
+            argv[1] = name;
             return commands[i].run(argc - 1, argv + 1);
+        }
     cli_error("unknown command '%s'", argv[1]);
     usage(stderr);
     return 2;
