@@ -35,6 +35,11 @@ printf 'rank-local data' >"$SCRATCH/busy/__0_0.distcp"
 printf 'shard bytes' >"$SCRATCH/busy/model.safetensors"
 before=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
 expect_fail "the folder is not empty (it holds" $DCP synth "$SCRATCH/busy" --keys 1 --shape 4
+# DST a file: named as such, left as it was (it said "cannot open the checkpoint folder: Not a directory").
+echo keep >"$SCRATCH/afile"
+expect_fail "$SCRATCH/afile: already exists and is not a folder: a checkpoint is written only into a new or empty folder" \
+    $DCP synth "$SCRATCH/afile" --keys 1 --shape 4
+[ "$(cat "$SCRATCH/afile")" = keep ] || fail "synth onto a file changed it"
 after=$(cd "$SCRATCH/busy" && sha256sum * | sha256sum)
 [ "$before" = "$after" ] || fail "synth changed the files of a non-empty folder"
 [ "$(ls -A "$SCRATCH/busy" | wc -l)" -eq 2 ] || fail "synth added files to a non-empty folder: $(ls -A "$SCRATCH/busy")"
@@ -197,6 +202,6 @@ long=$(printf 'n%.0s' $(seq 1 247)).pt
 [ -f "$SCRATCH/$long" ] || fail "no $long"
 rm -f "$SCRATCH/$long"
 # Failed conversions leave no output and no temporary.
-left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
+left=$(ls -A "$SCRATCH" | grep -v -e '^exists$' -e '^bad\.' -e '^s$' -e '^busy$' -e '^afile$' -e '^empty$' -e '^hf$' -e '^dcpout$' || true)
 [ -z "$left" ] || fail "left behind: $left"
 echo ok

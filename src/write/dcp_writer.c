@@ -135,6 +135,9 @@ int dcp_ckpt_create(const char *dir, const dcp_ckpt_options *caller, dcp_ckpt_wr
     if (!w->dir || !w->checkpoint_id || !w->piece || w->dirfd < 0) {
         int e = w->dirfd < 0 && w->dir && w->piece ? errno : ENOMEM;
         dcpw_ckpt_discard(w, dir);
+        if (e == ENOTDIR)   /* DST names a file: say so, and what DST must be */
+            return dcpi_err(err, ENOTDIR, "%s: already exists and is not a folder: a checkpoint is written only into "
+                            "a new or empty folder", dir);
         return dcpi_err(err, e, "%s: cannot open the checkpoint folder: %s", dir, strerror(e));
     }
     struct stat st;
