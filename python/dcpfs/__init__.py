@@ -415,7 +415,35 @@ class Checkpoint(Mapping):
                     return out[0]
                 if err.code != _lib.DCP_ENOTFOUND:
                     _raise(err)
-        raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint", key)
+        raise DcpKeyError(_errno.ENOENT, f"{self._path}: {key}: no such key in the checkpoint"
+                          f"{self._keys_under(ck, key)}", key)
+
+    def _keys_under(self, ck: Any, key: str) -> str:
+        """For the error of an unknown key that is a dotted prefix of keys (a
+        module's name, ``model.layers.0``): how many lie under it and the
+        first three (sorted), as dcp cat says; else ''."""
+        if "\0" in key:
+            return ""
+        prefix = _key_bytes(key) + b"."
+        err = _ffi.new("dcp_error *")
+        out = _ffi.new("const dcp_entry **")
+        names: list = []
+        count, start = 0, prefix
+        while count < 1000:
+            if _lib.dcp_seek(ck, start, out, err) < 0 or out[0] == _ffi.NULL:
+                break
+            k = _ffi.string(out[0].key)
+            if not k.startswith(prefix):
+                break
+            if count < 3:
+                names.append(_key_text(out[0].key))
+            count += 1
+            start = k + b"\x01"   # the key right after k
+        if not count:
+            return ""
+        shown = ", ".join(names) + (", ..." if count > 3 else "")
+        return (f"; {'at least ' if count >= 1000 else ''}{count} {'key lies' if count == 1 else 'keys lie'} "
+                f"under it ({shown}): read one of them")
 
     def _replicated_keys(self) -> list:
         """The keys :meth:`replicated` is True for, in metadata order (one pass

@@ -278,6 +278,9 @@ def test_unknown_key():
             assert isinstance(e, KeyError) and isinstance(e, dcpfs.DcpError) and isinstance(e, OSError)
             assert e.errno == errno.ENOENT and e.key == bad
             assert str(CK05) in str(e) and f": {bad}: no such key" in str(e)
+            # a module's name (a dotted prefix of keys) names the keys under it, as dcp cat does
+            under = "; 2 keys lie under it (enc.bias, enc.weight): read one of them"
+            assert (under in str(e)) == (bad == "enc"), str(e)
             with pytest.raises(KeyError):
                 ck.info(bad)
             with pytest.raises(KeyError):
@@ -287,6 +290,10 @@ def test_unknown_key():
             ck["no.such.key"]
         with pytest.raises(TypeError):
             ck.read(3)
+    with dcpfs.open(CK05) as ck:   # served from the catalog: the same
+        with pytest.raises(dcpfs.DcpKeyError, match=r": optim: no such key in the checkpoint; 1 key lies under it "
+                                                    r"\(optim\.state\)"):
+            ck.read("optim")
 
 
 def test_bad_boxes():
