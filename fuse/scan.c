@@ -759,5 +759,14 @@ int dfs_source_init(struct dfs *fs, char *errbuf, size_t errlen)
         snprintf(errbuf, errlen, "%s: cannot scan the folder", fs->source);
         return -1;
     }
+    /* Mounted anyway (a save may come), but a mistyped SOURCE should not pass
+     * silently: nothing below it but plain files is said once. */
+    size_t found = 0;
+    for (size_t i = 0; i < root->nkids; i++)
+        found += root->kids[i]->type != DFS_N_PASSTHRU;
+    if (!found)
+        dfs_log(LOG_WARNING, "%s: no checkpoint below it yet (no .metadata, __R.metadata or .safetensors files within "
+                             "%d folder levels): mounted, and checkpoints saved there later appear",
+                fs->source, fs->opt.max_depth);
     return 0;
 }

@@ -23,6 +23,7 @@ mkdir "$src/old_export.safetensors"                           # a folder: SOURCE
 mnt="$SCRATCH/mnt"
 mount_dcpfs "$src" "$mnt"
 [ "$(ls "$mnt")" = "$(printf 'run_a\nrun_b')" ] || fail "root lists: $(ls "$mnt" | tr '\n' ' ')"
+grep -q "no checkpoint below it yet" "$mnt.log" && fail "a folder of checkpoints was said to hold none: $(cat "$mnt.log")"
 [ "$(ls -A "$mnt/run_a")" = "$(printf '.partial\nlatest_checkpointed_iteration.txt\nstep_100\nstep_200')" ] ||
     fail "run_a lists: $(ls -A "$mnt/run_a" | tr '\n' ' ')"
 [ "$(ls "$mnt/run_b")" = "$(printf 'nested\nnoted')" ] || fail "run_b lists: $(ls "$mnt/run_b" | tr '\n' ' ')"
@@ -104,4 +105,11 @@ unmount_dcpfs "$SCRATCH/mnt2"
     fail "a checkpoint of SOURCE was written to: $(ls -A "$src/run_a/step_200")"
 grep -q "the catalog may not live inside $src.*not used" "$SCRATCH/mnt2.log" ||
     fail "the refused catalog is not logged: $(cat "$SCRATCH/mnt2.log")"
+# A SOURCE with no checkpoint below it (a mistyped path, a run not saved yet): mounted, and said once.
+mkdir -p "$SCRATCH/nothing/sub" && echo notes >"$SCRATCH/nothing/notes.txt"
+mount_dcpfs "$SCRATCH/nothing" "$SCRATCH/mnt3"
+grep -q "$SCRATCH/nothing: no checkpoint below it yet (no .metadata, __R.metadata or .safetensors files within 8 folder levels)" \
+    "$SCRATCH/mnt3.log" || fail "an empty SOURCE mounted silently: $(cat "$SCRATCH/mnt3.log")"
+[ "$(ls "$SCRATCH/mnt3")" = notes.txt ] || fail "the empty SOURCE lists: $(ls "$SCRATCH/mnt3")"
+unmount_dcpfs "$SCRATCH/mnt3"
 echo "ok"
