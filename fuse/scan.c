@@ -29,7 +29,7 @@
  * each stat (dfs_scan_file) and kept a second, their pages are not kept.
  *
  * A subfolder whose save did not finish (dcp_probe_folder: shard files
- * without .metadata, a .metadata.tmp, a Megatron folder without
+ * without .metadata, a .metadata.tmp, a Megatron torch_dist folder (common.pt) without
  * metadata.json, a tmp-/tmp_/.tmp staging folder) is never shown as a
  * checkpoint: it stays pending (probed again, and shown once complete) and is
  * listed in the scan folder's ".partial" folder (hidden from a plain `ls`)

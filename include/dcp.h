@@ -304,8 +304,9 @@ typedef enum dcp_folder_kind {
     DCP_FOLDER_PARTIAL = 2           /* a save that did not finish: shard files
                                       * without .metadata; a .metadata.tmp or
                                       * __R.metadata.tmp (torch's in-flight
-                                      * names); a Megatron folder (common.pt,
-                                      * or named iter_N) without metadata.json;
+                                      * names); a Megatron-Core torch_dist
+                                      * folder (common.pt) without
+                                      * metadata.json;
                                       * model-I-of-N.safetensors shards without
                                       * model.safetensors.index.json (written
                                       * last) or fewer than N of them;

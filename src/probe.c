@@ -87,16 +87,6 @@ static unsigned long hf_shard_of(const char *nm, size_t n)
     return v;
 }
 
-static int iter_name(const char *b)
-{
-    if (strncmp(b, "iter_", 5) != 0 || !b[5])
-        return 0;
-    for (const char *p = b + 5; *p; p++)
-        if (!isdigit((unsigned char)*p))
-            return 0;
-    return 1;
-}
-
 static int tmp_name(const char *b)
 {
     static const char *const steps[] = {"checkpoint", "ckpt", "step", "global_step", "iter", "epoch"};
@@ -195,7 +185,13 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
     } else if (common_pt && !dcp_data && !safetensors) {
         snprintf(out->reason, sizeof out->reason,
                  "common.pt but no shard files, no .metadata (a Megatron save that did not finish)");
-    } else if (dcp_data && !megatron_json && (common_pt || iter_name(base))) {
+    } else if (dcp_data && !megatron_json && common_pt) {
+        /* dist_checkpointing writes common.pt before the shards and
+         * metadata.json after them. Megatron-LM's fsdp_dtensor and
+         * torch_dcp formats (torch's own save into iter_N: no common.pt, no
+         * metadata.json) are complete with their .metadata, and so is a
+         * torch_dist save of 0.19+ (its common state an item of the DCP) that
+         * stopped after its .metadata: names cannot tell that one apart. */
         snprintf(out->reason, sizeof out->reason,
                  "%u shard file%s, no metadata.json (Megatron writes it last: the save did not finish)",
                  out->nshards, s);

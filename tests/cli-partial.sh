@@ -55,9 +55,13 @@ cp -r "$M" "$S/iter_0000300"; rm "$S/iter_0000300/metadata.json"
 partial "$S/iter_0000300" "1 shard file, no metadata.json (Megatron writes it last: the save did not finish)"
 mkdir "$S/iter_0000400"; cp "$M/common.pt" "$S/iter_0000400/"
 partial "$S/iter_0000400" "common.pt but no shard files"
-# iter_N named, no common.pt yet either
-cp -r "$S/full" "$S/iter_0000500"
-partial "$S/iter_0000500" "4 shard files, no metadata.json"
+# iter_N named, shard files but no .metadata yet
+mkdir "$S/iter_0000500"; cp "$S/full"/*.distcp "$S/iter_0000500/"
+partial "$S/iter_0000500" "4 shard files, no .metadata (the save did not finish)"
+# iter_N named, a finished torch save and no common.pt: what Megatron-LM's fsdp_dtensor and
+# torch_dcp formats write (tests/export-megatron-fsdp.sh saves one): complete
+cp -r "$S/full" "$S/iter_0000600"
+"$DCP" info "$S/iter_0000600" >/dev/null || fail "a complete DCP save in iter_0000600 does not open"
 # the complete Megatron folder opens
 "$DCP" info "$M" >/dev/null || fail "the complete Megatron checkpoint does not open"
 
