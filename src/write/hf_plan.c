@@ -271,10 +271,14 @@ static int read_config(const char *path, json_t **obj, char **bytes, size_t *len
  * the pickle parser (nothing is executed). Before Megatron-Core 0.19 the
  * common state is SRC/common.pt ({"args": ...}); from 0.19 it is a bytes item
  * of the checkpoint itself, "common_state/shard_0_1", torch.save bytes of
- * [{"args": ...}]. *args is the Namespace's attribute dict, or NULL when the
- * source has neither or its common state holds no args; `where` names the
- * common state in messages. */
+ * [{"args": ...}]. Megatron-LM's fsdp_dtensor and torch_dcp formats
+ * (torch.distributed.checkpoint.save of its whole state dict) have no common
+ * state: the Namespace is the bytes item "args" itself, torch.save bytes.
+ * *args is the Namespace's attribute dict, or NULL when the source has none
+ * of them or its common state holds no args; `where` names the common state
+ * in messages. */
 #define COMMON_STATE_ITEM "common_state/shard_0_1"
+#define ARGS_ITEM "args"
 
 typedef struct mg_args {
     pk_doc *doc;
@@ -292,11 +296,16 @@ static int common_pickle(dcp_checkpoint *ck, const dcp_blob *b, mg_args *a, cons
     return rc;
 }
 
+/* A Namespace's attribute dict, or NULL when ns is not an object with state. */
+static const pk_node *namespace_attrs(const pk_node *ns)
+{
+    return ns && ns->type == PK_CALL && ns->u.call.state ? pk_as_dict(ns->u.call.state) : NULL;
+}
+
 /* The Namespace's attribute dict under "args" of a common-state dict. */
 static const pk_node *args_of(const pk_node *common)
 {
-    const pk_node *ns = pk_dict_get(pk_as_dict(common), "args");
-    return ns && ns->type == PK_CALL && ns->u.call.state ? pk_as_dict(ns->u.call.state) : NULL;
+    return namespace_attrs(pk_dict_get(pk_as_dict(common), "args"));
 }
 
 static int megatron_args(dcp_checkpoint *src, const char *srcp, mg_args *a, dcp_error *err)
@@ -319,11 +328,18 @@ static int megatron_args(dcp_checkpoint *src, const char *srcp, mg_args *a, dcp_
         return rc;
     }
     const dcp_entry *e = dcp_find(src, COMMON_STATE_ITEM);
+    if (e && e->kind == DCP_KIND_BYTES) {
+        snprintf(a->where, sizeof a->where, "%s's %s item", srcp, COMMON_STATE_ITEM);
+        if ((rc = common_pickle(src, &e->blob, a, &root, err)) == 0)
+            a->args = args_of(root->type == PK_LIST && pk_len(root) == 1 ? pk_item(root, 0) : root);
+        return rc;
+    }
+    e = dcp_find(src, ARGS_ITEM);
     if (!e || e->kind != DCP_KIND_BYTES)
         return 0;
-    snprintf(a->where, sizeof a->where, "%s's %s item", srcp, COMMON_STATE_ITEM);
+    snprintf(a->where, sizeof a->where, "%s's %s item", srcp, ARGS_ITEM);
     if ((rc = common_pickle(src, &e->blob, a, &root, err)) == 0)
-        a->args = args_of(root->type == PK_LIST && pk_len(root) == 1 ? pk_item(root, 0) : root);
+        a->args = namespace_attrs(root);
     return rc;
 }
 
@@ -401,8 +417,8 @@ static int template_args(hf *h, const rcp_recipe *rc, json_t *c, dcp_error *err)
                                "in %s: " HF_GIVE_CONFIG, h->srcp, rc->name, k, arg, a.where);
             else
                 rc_ = dcpi_err(err, EINVAL, "%s: recipe %s cannot write config.json: %s is Megatron's args.%s, and "
-                               "the checkpoint has no common state (no common.pt, no %s item): " HF_GIVE_CONFIG,
-                               h->srcp, rc->name, k, arg, COMMON_STATE_ITEM);
+                               "the checkpoint has no common state (no common.pt, no %s item, no %s item): "
+                               HF_GIVE_CONFIG, h->srcp, rc->name, k, arg, COMMON_STATE_ITEM, ARGS_ITEM);
             break;
         }
     }
