@@ -5,8 +5,9 @@
 # weight_w/weight_v, experts numbered over the expert-parallel ranks), the optimizer's state by
 # parameter name (optimizer.state.module.module.module.*.exp_avg, 0-d step tensors,
 # param_to_group_meta), args/iteration/rng_state values, in iter_0000010 with no common.pt nor
-# metadata.json. For a Llama-shaped GPT (dense SwiGLU, bf16 in a Float16Module) and a MoE one
-# (4 SequentialMLP experts, expert parallel 2), against torch's own dcp.load of the folder:
+# metadata.json. For a Llama-shaped GPT (dense SwiGLU, bf16 in a Float16Module; again from 4 ranks,
+# tensor parallel 2 x data parallel 2: 2-D DTensors) and a MoE one (4 SequentialMLP experts,
+# expert parallel 2), against torch's own dcp.load of the folder:
 # dcp info, ls and digest (parsed and served by the catalog), cat of every key, verify; a dcpfs
 # mount's files; dcp convert to safetensors and --nested to .pt (torch's dcp_to_torch_save);
 # dcpload on 1 and 3 ranks; dcpfs.torch.load and dcpfs.torch.Reader. Then dcp convert --to hf
@@ -36,17 +37,19 @@ D="$DCP --no-catalog"
 PY="$top_srcdir/tests/interop/save_fsdp_dtensor.py"
 fuse_scratch
 mpy() { PYTHONPATH="$mpath${PYTHONPATH:+:$PYTHONPATH}" timeout 600 python3 "$PY" "$@"; }
-for kind in llama mixtral; do
+for kind in llama llama-tp2 mixtral; do
     mpy make "$SCRATCH" $kind >"$SCRATCH/$kind.log" 2>&1 || { tail -30 "$SCRATCH/$kind.log"; fail "$kind: saving failed"; }
     mpy truth "$SCRATCH" $kind >>"$SCRATCH/$kind.log" 2>&1 || { tail -30 "$SCRATCH/$kind.log"; fail "$kind: torch's dcp.load"; }
     tail -1 "$SCRATCH/$kind.log"
 done
-for kind in llama mixtral; do
+for kind in llama llama-tp2 mixtral; do
     ck=$SCRATCH/$kind-fsdp/iter_0000010
     truth=$SCRATCH/$kind.truth
     [ "$(cat "$SCRATCH/$kind-fsdp/latest_checkpointed_iteration.txt")" = 10 ] || fail "$kind: no tracker file"
     # named iter_N, no common.pt, no metadata.json: a complete save (it was called partial)
     $D info "$ck" >"$SCRATCH/info" 2>&1 || fail "$kind: dcp info: $(cat "$SCRATCH/info")"
+    grep -q '^layout: .*(Megatron-LM fsdp_dtensor: args and checkpoint_version items, model.module. keys)$' "$SCRATCH/info" ||
+        fail "$kind: dcp info does not name the format: $(cat "$SCRATCH/info")"
     out=$($D info "$SCRATCH/$kind-fsdp" 2>&1) && fail "$kind: the run folder opened"
     case "$out" in *"latest_checkpointed_iteration.txt names $ck"*) ;; *) fail "$kind: the run folder's hint: $out" ;; esac
     for how in --no-catalog "--catalog $SCRATCH/catalog.sqlite" "--catalog $SCRATCH/catalog.sqlite"; do
@@ -85,7 +88,7 @@ mpy grouped "$SCRATCH" >"$SCRATCH/grouped.log" 2>&1 || { tail -20 "$SCRATCH/grou
 # The export: byte for byte the torch_dist save's (its Float16Module's bf16 weights), with the
 # transformers config and without (from the args item).
 digests() { $D digest "$1/model.safetensors" >"$1.digest" || fail "dcp digest $1"; }
-for x in llama:llama-megatron mixtral:mixtral-megatron; do
+for x in llama:llama-megatron llama-tp2:llama-megatron mixtral:mixtral-megatron; do
     kind=${x%%:*} r=${x#*:}
     ck=$SCRATCH/$kind-fsdp/iter_0000010
     $D convert -q --to hf --recipe $r --config "$SCRATCH/$kind-config.json" "$SCRATCH/$kind-torch-dist" "$SCRATCH/o-$kind-td" ||
@@ -109,13 +112,16 @@ for x in llama:llama-megatron mixtral:mixtral-megatron; do
     done
     echo "$kind: the fsdp_dtensor export is the torch_dist one's, tensor by tensor ($(wc -l <"$SCRATCH/o-$kind.digest") tensors)"
 done
+# tensor parallel 2 x data parallel 2 (linear_qkv, and each rank's gate and up halves, split by
+# tensor parallelism, then sharded by Megatron-FSDP): the same model, the same export
+cmp -s "$SCRATCH/o-llama.digest" "$SCRATCH/o-llama-tp2.digest" || fail "the tensor-parallel 2 export differs from the other's"
 $D convert -q --to hf --recipe mixtral-megatron --dtype bfloat16 --config "$SCRATCH/mixtral-config.json" \
     "$SCRATCH/mixtral-grouped" "$SCRATCH/o-grouped" || fail "export of the TEGroupedMLP names"
 digests "$SCRATCH/o-grouped"
 cmp -s "$SCRATCH/o-mixtral-td.digest" "$SCRATCH/o-grouped.digest" || fail "the TEGroupedMLP names' export differs"
 # After the saves and dcpload: in a sanitizer build the package's runtimes are preloaded from here on.
 use_python_package torch
-for kind in llama mixtral; do
+for kind in llama llama-tp2 mixtral; do
     mpy pyload "$SCRATCH" $kind >"$SCRATCH/pyload.log" 2>&1 ||
         { tail -5 "$SCRATCH/pyload.log"; fail "$kind: dcpfs.torch.load or dcpfs.torch.Reader differs from dcp.load"; }
     grep "^$kind: " "$SCRATCH/pyload.log"

@@ -32,6 +32,11 @@ int cmd_info(int argc, char **argv)
         return cli_open_status();
     const dcp_info *in = dcp_get_info(ck);
     size_t tensors = 0, bytes_items = 0, chunks = 0, replicated = 0;
+    /* Megatron-LM's torch.distributed.checkpoint formats (fsdp_dtensor,
+     * torch_dcp): its args and checkpoint_version values as bytes items, no
+     * metadata.json; fsdp_dtensor's keys are Megatron-FSDP's (model.module.,
+     * optimizer.param_to_group_meta.). */
+    int mlm_args = 0, mlm_version = 0, mlm_fsdp = 0;
     uint64_t by_dtype[DCP_DTYPE_COUNT] = {0}, bytes_total = 0;
     size_t n = dcp_num_entries(ck);
     for (size_t i = 0; i < n; i++) {
@@ -50,7 +55,10 @@ int cmd_info(int argc, char **argv)
         } else {
             bytes_items++;
             bytes_total += e->blob.length;
+            mlm_args |= !strcmp(e->key, "args");
+            mlm_version |= !strcmp(e->key, "checkpoint_version");
         }
+        mlm_fsdp |= !strncmp(e->key, "model.module.", 13) || !strncmp(e->key, "optimizer.param_to_group_meta.", 30);
     }
     /* Shard files: how many, how big on disk, which are missing. */
     uint64_t file_bytes = 0;
@@ -71,7 +79,10 @@ int cmd_info(int argc, char **argv)
     printf("format:         %s\n", in->generation ? in->generation : "unknown");
     printf("serialization:  %s\n", in->serialization ? in->serialization : "unknown");
     printf("layout:         %s%s\n", in->layout ? in->layout : "unknown",
-           in->megatron ? " (Megatron-Core torch_dist: metadata.json present)" : "");
+           in->megatron                 ? " (Megatron-Core torch_dist: metadata.json present)"
+           : !mlm_args || !mlm_version ? ""
+           : mlm_fsdp                   ? " (Megatron-LM fsdp_dtensor: args and checkpoint_version items, model.module. keys)"
+                                        : " (Megatron-LM: args and checkpoint_version items, no metadata.json)");
     if (in->version)
         printf("version:        %s\n", in->version);
     if (in->checkpoint_id)

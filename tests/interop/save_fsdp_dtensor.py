@@ -1,12 +1,13 @@
 """Megatron-LM's --ckpt-format fsdp_dtensor on the CPU (tests/export-megatron-fsdp.sh).
 
 make OUT KIND: on 2 gloo ranks, builds KIND (llama: the Llama-shaped GPTModel of
-export_megatron.py, dense SwiGLU; mixtral: its MoE one, 4 SequentialMLP experts, expert parallel
-2) with Megatron-Core's classes, saves its sharded_state_dict() with dist_checkpointing (the
+export_megatron.py, dense SwiGLU; llama-tp2: the same on 4 ranks, tensor parallel 2 x data
+parallel 2; mixtral: its MoE one, 4 SequentialMLP experts, expert parallel 2) with Megatron-Core's
+classes, saves its sharded_state_dict() with dist_checkpointing (the
 torch_dist format, OUT/KIND-torch-dist) and then trains it as Megatron-LM does with
 --use-megatron-fsdp: wrapped by Megatron-Core's FullyShardedDataParallel (Megatron-FSDP,
-optim_grads_params: parameters, gradients and optimizer state sharded over the 2 ranks, uneven
-DTensors), a DistributedOptimizer (Adam) from get_megatron_optimizer, one step of its torch
+optim_grads_params: parameters, gradients and optimizer state sharded over the data-parallel
+ranks, uneven DTensors), a DistributedOptimizer (Adam) from get_megatron_optimizer, one step of its torch
 optimizer on random gradients (learning rate 0, so the weights stay those of the torch_dist
 save, and the moments are not zero), an OptimizerParamScheduler; then
 megatron.training.checkpointing.save_checkpoint itself with args from Megatron-LM's own
@@ -70,7 +71,7 @@ def cpu_for_cuda():
         typing.override = typing_extensions.override
 
 
-def megatron_args(kind, out, world, ep):
+def megatron_args(kind, out, world, ep, tp):
     """Megatron-LM's own argument parsing, as a pretrain_gpt.py command line would give it."""
     FF, H, L, NH, V = em.FF, em.H, em.L, em.NH, em.V
     argv = ["pretrain_gpt.py", "--num-layers", str(L), "--hidden-size", str(H), "--num-attention-heads", str(NH),
@@ -86,6 +87,8 @@ def megatron_args(kind, out, world, ep):
             "--tokenizer-type", "NullTokenizer", "--vocab-size", str(V - 1), "--norm-epsilon", "1e-5",
             "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--rotary-base", "10000",
             "--make-vocab-size-divisible-by", "1", "--bf16"]
+    if tp > 1:
+        argv += ["--tensor-model-parallel-size", str(tp)]
     if kind == "mixtral":
         argv += ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", str(FF // 2),
                  "--moe-token-dispatcher-type", "allgather", "--expert-model-parallel-size", str(ep)]
@@ -111,8 +114,9 @@ def worker(rank, world, port, out, kind):
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     ep = 2 if kind == "mixtral" else 1
-    args = megatron_args(kind, out, world, ep)
-    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=ep)
+    tp = 2 if kind == "llama-tp2" else 1
+    args = megatron_args(kind, out, world, ep, tp)
+    parallel_state.initialize_model_parallel(tp, 1, expert_model_parallel_size=ep)
     model_parallel_cuda_manual_seed(1234, inference_rng_tracker=True)
     from megatron.core.transformer.module import Float16Module
     m = em.build_moe() if kind == "mixtral" else em.build("llama")
@@ -168,7 +172,8 @@ def worker(rank, world, port, out, kind):
 def make(out, kind):
     import torch.multiprocessing as mp
     os.makedirs(out, exist_ok=True)
-    mp.spawn(worker, args=(2, em.free_port(), out, kind), nprocs=2, join=True)
+    world = 4 if kind == "llama-tp2" else 2
+    mp.spawn(worker, args=(world, em.free_port(), out, kind), nprocs=world, join=True)
     import transformers
     if kind == "mixtral":
         transformers.MixtralConfig(hidden_size=em.H, num_attention_heads=em.NH, num_key_value_heads=2,
@@ -176,8 +181,8 @@ def make(out, kind):
                                    num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
                                    tie_word_embeddings=False).to_json_file(f"{out}/{kind}-config.json")
     else:
-        em.hf_config(kind).to_json_file(f"{out}/{kind}-config.json")
-    print(f"{kind}: saved by Megatron-LM's save_checkpoint (fsdp_dtensor) from 2 Megatron-FSDP ranks")
+        em.hf_config("llama").to_json_file(f"{out}/{kind}-config.json")
+    print(f"{kind}: saved by Megatron-LM's save_checkpoint (fsdp_dtensor) from {world} Megatron-FSDP ranks")
 
 
 def ckpt(out, kind):
