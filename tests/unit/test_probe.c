@@ -57,8 +57,6 @@ START_TEST(partial_kinds)
            "1 shard file, __R.metadata.tmp files (the save was writing its metadata and did not finish)");
     expect(folder("megatron", "__0_0.distcp", ".metadata", "common.pt", NULL), DCP_FOLDER_PARTIAL, 1,
            "1 shard file, no metadata.json (Megatron writes it last: the save did not finish)");
-    expect(folder("iter_0000100", "__0_0.distcp", "__1_0.distcp", ".metadata", NULL), DCP_FOLDER_PARTIAL, 2,
-           "2 shard files, no metadata.json (Megatron writes it last: the save did not finish)");
     expect(folder("megatron_start", "common.pt", NULL), DCP_FOLDER_PARTIAL, 0,
            "common.pt but no shard files, no .metadata (a Megatron save that did not finish)");
     expect(folder("tmp-checkpoint-7", "model.safetensors", NULL), DCP_FOLDER_PARTIAL, 1,
@@ -85,6 +83,10 @@ START_TEST(complete_and_none)
     expect(folder("dcp", "__0_0.distcp", "__1_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 2, "");
     expect(folder("iter_0000200", "__0_0.distcp", ".metadata", "common.pt", "metadata.json", NULL),
            DCP_FOLDER_CHECKPOINT, 1, "");
+    /* Megatron-LM's fsdp_dtensor and torch_dcp formats: torch's own save into
+     * iter_N, no common.pt nor metadata.json (dist_checkpointing's), complete
+     * with its .metadata */
+    expect(folder("iter_0000100", "__0_0.distcp", "__1_0.distcp", ".metadata", NULL), DCP_FOLDER_CHECKPOINT, 2, "");
     expect(folder("rank_local", "__0_0.distcp", "__0.metadata", "__1_0.distcp", "__1.metadata", NULL),
            DCP_FOLDER_CHECKPOINT, 2, "");
     expect(folder("hf", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
