@@ -93,6 +93,8 @@ struct dfs_options {
     char *catalog;          /* -o catalog=PATH: parsed metadata and recorded digests */
     int no_catalog;         /* -o no_catalog: parse .metadata on every open, write no catalog */
     int megatron_fold;      /* -o megatron_fold: DCP_OPEN_MEGATRON_FOLD (original shapes) */
+    char *rank_text;        /* -o rank=R, as given */
+    long rank;              /* R, or -1: rank-local checkpoints as rank R's dcp.load reads them (DCP_OPEN_RANK) */
     int verify;             /* -o verify: check each chunk's recorded digest before serving it */
     int opendir;            /* -o opendir: answer opendir/releasedir (else ENOSYS, where the kernel allows it) */
 };

@@ -6,6 +6,7 @@
  * pipe needs no polling), and fd N is closed without a byte if mounting
  * fails. SIGINT/SIGTERM/SIGHUP end the loop and unmount.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -41,6 +42,7 @@ static const struct fuse_opt dfs_optspec[] = {
     OPT("verify", verify),
     OPT("no_catalog", no_catalog),
     OPT("megatron_fold", megatron_fold),
+    OPT("rank=%s", rank_text),
     OPT("opendir", opendir),
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),   /* libfuse's; init must repeat it */
     FUSE_OPT_END
@@ -84,6 +86,8 @@ static void usage(void)
            "    -o no_catalog          parse every checkpoint's metadata at open, write no catalog\n"
            "    -o megatron_fold       Megatron-Core's reformulated optimizer states in their original\n"
            "                           shapes (its own load's view; parsed at open, no catalog)\n"
+           "    -o rank=R              rank-local checkpoints (__R.metadata, no .metadata) as rank R's\n"
+           "                           dcp.load reads them (default: every rank's merged)\n"
            "    -o opendir             answer opendir and releasedir (default: the kernel opens directories itself)\n\n",
            DFS_SPLICE_MIN);
 }
@@ -224,6 +228,18 @@ static int parse_modes(struct dfs_options *o)
     else {
         fprintf(stderr, "dcpfs: -o read=%s: expected auto, splice or pread\n", o->read_name);
         return -1;
+    }
+    o->rank = -1;
+    if (o->rank_text) {   /* as dcp --rank: decimal digits only, at most what rank-local folders are read with */
+        char *end;
+        errno = 0;
+        unsigned long r = strtoul(o->rank_text, &end, 10);
+        if (!isdigit((unsigned char)o->rank_text[0]) || *end || errno || r > 100000000ul) {
+            fprintf(stderr, "dcpfs: -o rank=%s: a rank is a decimal number from 0 (the R of a rank-local save's "
+                            "__R.metadata)\n", o->rank_text);
+            return -1;
+        }
+        o->rank = (long)r;
     }
     if (o->max_depth < 0 || o->max_depth > 64) {
         fprintf(stderr, "dcpfs: -o depth=%d: expected 0 to 64\n", o->max_depth);
@@ -521,6 +537,7 @@ out0:;   /* a label takes a statement, not a declaration, before C23 */
     free(fs.source);
     free(fs.opt.source);
     free(fs.opt.view_name);
+    free(fs.opt.rank_text);
     free(fs.opt.hf_dtype);
     free(fs.opt.hf_config);
     free(fs.opt.hf_max_shard);

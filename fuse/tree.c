@@ -798,16 +798,25 @@ static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
     /* What the open reads is this .metadata or a later one: a later one
      * differs from it, so a save between this stat and the read is seen as
      * one (dfs_scan_recheck makes a new node), never missed. */
-    char *mp = malloc(strlen(ck->path) + sizeof "/.metadata");
+    char *mp = malloc(strlen(ck->path) + sizeof "/__0.metadata");
     if (!mp)
         return -ENOMEM;
     strcpy(stpcpy(mp, ck->path), "/.metadata");
-    if (stat(mp, &ck->open_st) < 0)
+    struct stat st;
+    int global = stat(mp, &ck->open_st) == 0;
+    if (!global)
         ck->open_st = ck->meta_st;
+    /* -o rank=R: a rank-local save (every rank wrote __R.metadata, rank 0
+     * too, and no .metadata) is read as rank R's dcp.load reads it; other
+     * layouts have no per-rank view and open as they are. */
+    strcpy(stpcpy(mp, ck->path), "/__0.metadata");
+    int rank_view = fs->opt.rank >= 0 && !global && stat(mp, &st) == 0;
     free(mp);
     dcp_error err;
     dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
-    oo.flags = (fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG) | (fs->opt.megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0);
+    oo.flags = (fs->opt.no_catalog ? 0 : DCP_OPEN_CATALOG) | (fs->opt.megatron_fold ? DCP_OPEN_MEGATRON_FOLD : 0) |
+               (rank_view ? DCP_OPEN_RANK : 0);
+    oo.rank = rank_view ? (unsigned)fs->opt.rank : 0;
     oo.catalog = fs->opt.catalog;
     if (dcp_open_ex(ck->path, &oo, &ck->ck, &err) < 0) {
         dfs_log(LOG_ERR, "%s", err.msg);

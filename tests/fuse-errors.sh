@@ -131,6 +131,22 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && id nobody >/dev/null 2
         mountpoint -q "$SCRATCH/mnobody" && fail "mounted without FUSE permission"
     fi
 fi
+# -o rank=R: a rank-local save (__R.metadata) as rank R's dcp.load reads it, as `dcp --rank R`.
+rl="$top_srcdir/tests/data/metadata/pt_ranklocal"
+for r in 0 1; do
+    mount_dcpfs "$rl" "$SCRATCH/mr$r" -o no_catalog,rank=$r
+    [ "$(cd "$SCRATCH/mr$r" && find . -type f ! -name '*.json' ! -name '*.safetensors' | LC_ALL=C sort | tr '\n' ' ')" = \
+      "./rank$r/meta/rank ./rank$r/only ./sharded ./shared " ] || fail "-o rank=$r shows rank $r's keys only: $(cd "$SCRATCH/mr$r" && find . -type f)"
+    for k in shared rank$r.only rank$r.meta.rank; do
+        cmp -s <("$DCP" --rank $r cat "$rl" $k) "$SCRATCH/mr$r/${k//.//}" || fail "-o rank=$r: $k is not dcp --rank $r cat's bytes"
+    done
+    unmount_dcpfs "$SCRATCH/mr$r"
+done
+expect_fail "rank 5 saved no rank-local metadata here" timeout 20 "$DCPFS" -f -o no_catalog,rank=5 "$rl" "$SCRATCH/mbad"
+for bad in x -1 1x "" 100000001; do
+    expect_fail "-o rank=$bad: a rank is a decimal number" timeout 20 "$DCPFS" -f -o rank=$bad "$rl" "$SCRATCH/mbad"
+done
+mountpoint -q "$SCRATCH/mbad" && fail "a bad -o rank mounted"
 "$DCPFS" --version | grep -q "dcpfs version" || fail "--version"
 "$DCPFS" --help | grep -q "view=raw|npy" || fail "--help"
 echo "ok"
