@@ -1,8 +1,11 @@
 /* dcpfs: SOURCE, either one checkpoint or a folder of them.
  *
  * In folder mode every real folder below SOURCE (up to -o depth=N levels)
- * that holds a `.metadata` appears at its relative path as a checkpoint, and
- * a folder appears as a plain directory when some checkpoint lies below it.
+ * that holds a `.metadata`, or the files of another layout dcp_open reads
+ * (rank-local __R.metadata, safetensors, per-rank torch.save files) and no
+ * checkpoint in its subfolders, appears at its relative path as a
+ * checkpoint, and a folder appears as a plain directory when some
+ * checkpoint lies below it.
  * Folders with neither (a save still being written, an empty run) are not
  * shown; they are remembered as "pending" and probed again.
  *
@@ -14,7 +17,8 @@
  *
  * A checkpoint saved again under the same name (torch renames a new
  * .metadata over the old one after rewriting the shards in place, and the
- * parent's mtime stays as it is) is found by its .metadata's identity, at
+ * parent's mtime stays as it is) is found by its .metadata's identity (the
+ * other layouts: their folder's, ckpt_mark), at
  * each lookup of its name and each listing (dfs_scan_recheck): a new
  * node, with another inode, takes its place. The old node and its model
  * stay for the handles open on them and the kernel's entries of them, and
@@ -132,6 +136,18 @@ int dfs_has_metadata(int dirfd, const char *rel, struct stat *st)
     return ok;
 }
 
+/* What tells a new save of the checkpoint in folder rel: its .metadata (torch
+ * renames a new one over the old), else, for the layouts with none, the
+ * folder itself, whose mtime and ctime move when a file in it is created,
+ * renamed or removed (a chmod or a stray file costs one more open, never a
+ * wrong byte). 0 when neither can be found. */
+static int ckpt_mark(int dirfd, const char *rel, struct stat *st)
+{
+    if (dfs_has_metadata(dirfd, rel, st))
+        return 1;
+    return fstatat(dirfd, rel, st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st->st_mode);
+}
+
 static DIR *open_rel(int srcfd, const char *rel)
 {
     int fd = openat(srcfd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -184,45 +200,51 @@ static int ends_with(const char *s, const char *suffix)
     return n > m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Partial (a save that did not finish), by dcp_probe_folder: *why (if why
+/* What dcp_probe_folder says of the folder rel (DCP_FOLDER_*; -1 on ENOMEM,
+ * NOT_CHECKPOINT when it cannot be listed); for a partial one *why (if why
  * is not NULL) then gets a malloc'd log line "PATH: a partial checkpoint: REASON". */
-static int is_partial(const struct dfs *fs, const char *rel, char **why)
+static int folder_kind(const struct dfs *fs, const char *rel, char **why)
 {
     char *path = abs_path(fs, rel);
+    if (!path)
+        return -1;
     dcp_folder_probe p;
-    int partial = path && dcp_probe_folder(path, &p, NULL) == 0 && p.kind == DCP_FOLDER_PARTIAL;
-    if (partial && why) {
+    int kind = dcp_probe_folder(path, &p, NULL) == 0 ? (int)p.kind : DCP_FOLDER_NOT_CHECKPOINT;
+    if (kind == DCP_FOLDER_PARTIAL && why) {
         int len = snprintf(NULL, 0, "%s: a partial checkpoint: %s", path, p.reason);
         if (len < 0 || !(*why = malloc((size_t)len + 1)))
-            partial = -1;
+            kind = -1;
         else
             snprintf(*why, (size_t)len + 1, "%s: a partial checkpoint: %s", path, p.reason);
     }
     free(path);
-    return partial;
+    return kind;
+}
+
+static int is_partial(const struct dfs *fs, const char *rel, char **why)
+{
+    int kind = folder_kind(fs, rel, why);
+    return kind < 0 ? -1 : kind == DCP_FOLDER_PARTIAL;
 }
 
 /* What the folder rel (depth levels below SOURCE) holds; a partial
- * checkpoint below counts for its folders (they are shown, with .partial). */
+ * checkpoint below counts for its folders (they are shown, with .partial).
+ * *meta: what tells a new save of a checkpoint (ckpt_mark). */
 static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta, char **why)
 {
-    int partial = is_partial(fs, rel, why);
-    if (partial < 0)
+    int kind = folder_kind(fs, rel, why);
+    if (kind < 0)
         return -ENOMEM;
-    if (partial)
+    if (kind == DCP_FOLDER_PARTIAL)
         return FOUND_PARTIAL;
     if (dfs_has_metadata(fs->srcfd, rel, meta))
         return FOUND_CKPT;
-    if (depth >= fs->opt.max_depth)
-        return FOUND_NONE;
-    DIR *d = open_rel(fs->srcfd, rel);
-    if (!d)
-        return FOUND_NONE;
     int found = FOUND_NONE;
+    DIR *d = depth < fs->opt.max_depth ? open_rel(fs->srcfd, rel) : NULL;
     struct dirent *de;
-    while (found == FOUND_NONE && (de = readdir(d))) {
+    while (d && found == FOUND_NONE && (de = readdir(d))) {
         if (ends_with(de->d_name, ".distcp"))
-            break;   /* a checkpoint still being written: nothing below it counts */
+            break;   /* a checkpoint's (or one still being written): nothing below it counts */
         if (!is_subdir(d, de))
             continue;
         char *sub = join(rel, de->d_name);
@@ -231,7 +253,14 @@ static int classify(struct dfs *fs, const char *rel, int depth, struct stat *met
             found = FOUND_FOLDER;
         free(sub);
     }
-    closedir(d);
+    if (d)
+        closedir(d);
+    /* The other layouts dcp_open reads (rank-local __R.metadata,
+     * safetensors, per-rank torch.save files): a checkpoint, unless
+     * checkpoints lie in its subfolders (a run folder with its final
+     * model.safetensors beside its step folders stays a folder). */
+    if (found == FOUND_NONE && kind == DCP_FOLDER_CHECKPOINT && ckpt_mark(fs->srcfd, rel, meta))
+        return FOUND_CKPT;
     return found;
 }
 
@@ -377,13 +406,14 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
 {
     char *rel = join(dir->scan->rel, k->name);
     struct stat st;
-    int has = rel && dfs_has_metadata(fs->srcfd, rel, &st);
+    int has = rel && ckpt_mark(fs->srcfd, rel, &st);
     free(rel);
     if (!rel)
         return 0;   /* out of memory: keep the node, the next lookup checks again */
     int changed = !has || !same_save(&st, dfs_ckpt_built(k->ck));
     if (changed)
-        dfs_log(LOG_INFO, "%s: .metadata %s: the folder is read anew", k->ck->path, has ? "changed" : "is gone");
+        dfs_log(LOG_INFO, "%s: %s: the folder is read anew", k->ck->path,
+                !has ? "gone" : S_ISDIR(st.st_mode) ? "its files changed" : ".metadata changed");
     return changed;
 }
 

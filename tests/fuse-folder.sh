@@ -1,5 +1,5 @@
 # SOURCE as a folder of checkpoints: nested checkpoints appear at their relative
-# paths, a folder without .metadata is not shown, a checkpoint copied in while
+# paths (every layout dcp reads), a folder without checkpoint files is not shown, a checkpoint copied in while
 # mounted appears without a remount, a run folder's plain files (Megatron-LM's
 # latest_checkpointed_iteration.txt) appear as they are and follow rewrites in
 # place, and SIGTERM unmounts cleanly.
@@ -105,6 +105,46 @@ unmount_dcpfs "$SCRATCH/mnt2"
     fail "a checkpoint of SOURCE was written to: $(ls -A "$src/run_a/step_200")"
 grep -q "the catalog may not live inside $src.*not used" "$SCRATCH/mnt2.log" ||
     fail "the refused catalog is not logged: $(cat "$SCRATCH/mnt2.log")"
+# The other layouts dcp reads appear in a folder too: a rank-local save (__R.metadata), a Hugging
+# Face folder of safetensors shards, per-rank torch.save files (torch-checkpointing), each file
+# equal to dcp cat's bytes; -o rank=R gives the rank-local one's rank R view and leaves the others
+# as they are. A folder with its own model.safetensors beside step folders stays a folder (its
+# steps are shown), and a rank-local save replaced while mounted is read anew.
+lay="$SCRATCH/layouts"
+mkdir -p "$lay/run/step_1"
+cp -r "$top_srcdir/tests/data/metadata/pt_ranklocal" "$lay/local"
+cp -r "$top_srcdir/tests/data/hf_sharded" "$lay/hf"
+cp -r "$top_srcdir/tests/data/rankfiles/tc2" "$lay/tc"
+cp -r "$FIXTURES/05_mixed_2ranks/ckpt" "$lay/run/step_1/ckpt"
+cp "$lay/hf/model-00001-of-00004.safetensors" "$lay/run/model.safetensors"
+mount_dcpfs "$lay" "$SCRATCH/mlay" -o no_catalog
+[ "$(ls "$SCRATCH/mlay" | tr '\n' ' ')" = "hf local run tc " ] || fail "the layouts folder lists: $(ls "$SCRATCH/mlay")"
+[ "$(ls "$SCRATCH/mlay/run" | tr '\n' ' ')" = "model.safetensors step_1 " ] ||
+    fail "a folder with a model.safetensors beside its steps lists: $(ls "$SCRATCH/mlay/run")"
+cmp -s "$lay/run/model.safetensors" "$SCRATCH/mlay/run/model.safetensors" || fail "run/model.safetensors is not its plain file"
+for c in local hf tc; do
+    "$DCP" --no-catalog ls --json "$lay/$c" | python3 -c 'import json, sys
+for l in sys.stdin: print(json.loads(l)["key"])' >"$SCRATCH/keys.$c"
+    [ -s "$SCRATCH/keys.$c" ] || fail "no keys in $c"
+    while read -r k; do
+        cmp -s <("$DCP" --no-catalog cat "$lay/$c" "$k") "$SCRATCH/mlay/$c/${k//.//}" ||
+            fail "$c/$k through a folder mount is not dcp cat's bytes"
+    done <"$SCRATCH/keys.$c"
+done
+[ -e "$SCRATCH/mlay/local/rank0/only" ] && [ -e "$SCRATCH/mlay/local/rank1/only" ] || fail "the rank-local save is not merged"
+rm -rf "$lay/local" && cp -r "$lay/hf" "$lay/local"   # saved over with another checkpoint
+sleep 1.1   # past the kernel's entry cache
+[ -e "$SCRATCH/mlay/local/model.safetensors.index.json" ] && [ ! -e "$SCRATCH/mlay/local/rank0" ] ||
+    fail "a replaced rank-local save is not read anew: $(ls "$SCRATCH/mlay/local")"
+unmount_dcpfs "$SCRATCH/mlay"
+rm -rf "$lay/local" && cp -r "$top_srcdir/tests/data/metadata/pt_ranklocal" "$lay/local"
+mount_dcpfs "$lay" "$SCRATCH/mlay" -o no_catalog,rank=1
+[ -e "$SCRATCH/mlay/local/rank1/only" ] && [ ! -e "$SCRATCH/mlay/local/rank0" ] || fail "-o rank=1: $(ls "$SCRATCH/mlay/local")"
+cmp -s <("$DCP" --rank 1 cat "$lay/local" rank1.meta.rank) "$SCRATCH/mlay/local/rank1/meta/rank" || fail "-o rank=1: rank1.meta.rank"
+cmp -s <("$DCP" cat "$lay/run/step_1/ckpt" enc.weight) "$SCRATCH/mlay/run/step_1/ckpt/enc/weight" ||
+    fail "-o rank=1: a checkpoint with a global .metadata is not read as it is"
+[ -e "$SCRATCH/mlay/hf/model.safetensors.index.json" ] || fail "-o rank=1: the safetensors folder"
+unmount_dcpfs "$SCRATCH/mlay"
 # A SOURCE with no checkpoint below it (a mistyped path, a run not saved yet): mounted, and said once.
 mkdir -p "$SCRATCH/nothing/sub" && echo notes >"$SCRATCH/nothing/notes.txt"
 mount_dcpfs "$SCRATCH/nothing" "$SCRATCH/mnt3"
