@@ -27,7 +27,9 @@ extern "C" {
 enum {
     DCP_EXPORT_ALLOW_UNMAPPED = 1u << 0,   /* keys no rule maps are left out (each reported to
                                               `skipped`), not an error */
-    DCP_EXPORT_NO_SYNC = 1u << 1           /* no fsync of the files and folder */
+    DCP_EXPORT_NO_SYNC = 1u << 1,          /* no fsync of the files and folder */
+    DCP_EXPORT_RANK = 1u << 2              /* since 0.2: a rank-local checkpoint folder read as rank
+                                              dcp_export_options.rank's view (DCP_OPEN_RANK) */
 };
 
 typedef struct dcp_export_options {
@@ -51,6 +53,7 @@ typedef struct dcp_export_options {
                                    no rule maps it with DCP_EXPORT_ALLOW_UNMAPPED) */
     void *skipped_ctx;
     volatile sig_atomic_t *cancel;   /* since 0.2 (appended): as dcp_convert_options' (dcp_write.h) */
+    unsigned rank;              /* since 0.2 (appended): with DCP_EXPORT_RANK, the R of __R.metadata */
 } dcp_export_options;
 #define DCP_EXPORT_OPTIONS_INIT {.size = sizeof(dcp_export_options)}
 

@@ -70,9 +70,12 @@ enum {
     DCP_WRITE_NO_SYNC = 1u << 2,    /* no fsync: of the data files and .metadata (DCP,
                                        sync_files=False), before the final rename, nor of the folder */
     DCP_WRITE_NO_REPLACE = 1u << 3, /* single-file writers: fail with EEXIST rather than replace path */
-    DCP_WRITE_MEGATRON_FOLD = 1u << 4 /* dcp_convert_files: a checkpoint folder is read with
+    DCP_WRITE_MEGATRON_FOLD = 1u << 4, /* dcp_convert_files: a checkpoint folder is read with
                                        DCP_OPEN_MEGATRON_FOLD (Megatron-Core's reformulated
                                        tensors written in their original shapes) */
+    DCP_WRITE_RANK = 1u << 5        /* dcp_convert_files (since 0.2): a rank-local checkpoint
+                                       folder is read as rank dcp_convert_options.rank's view,
+                                       its __R.metadata alone (DCP_OPEN_RANK) */
 };
 
 /* The DCP writer's flags of 0.1, kept as aliases of the one family. With
@@ -199,6 +202,7 @@ typedef struct dcp_convert_options {
      * handler sets it), the conversion stops at its next piece, removes what
      * it wrote and fails with ECANCELED. */
     volatile sig_atomic_t *cancel;
+    unsigned rank;              /* since 0.2 (appended): with DCP_WRITE_RANK, the R of __R.metadata */
 } dcp_convert_options;
 #define DCP_CONVERT_OPTIONS_INIT {.size = sizeof(dcp_convert_options)}
 

@@ -263,8 +263,24 @@ expect_fail "rank1.only" "$DCP" --rank 0 cat "$rl" rank1.only
 expect_fail "pt_ranklocal/__2.metadata: no such file" "$DCP" --rank 2 ls "$rl"
 expect_fail "--rank x: a rank is a decimal number" "$DCP" --rank x ls "$rl"
 expect_fail "--rank -1: a rank is a decimal number" "$DCP" --rank -1 ls "$rl"
-expect_fail "convert: --rank 1 is not supported" "$DCP" --rank 1 convert "$rl" "$SCRATCH/rl.pt"
-[ ! -e "$SCRATCH/rl.pt" ] || fail "convert --rank wrote something"
+# dcp --rank R convert: that rank's view written (to .pt and DCP), digests equal to dcp --rank R digest's
+for r in 0 1; do
+    "$DCP" --rank $r digest "$rl" | sort >"$SCRATCH/rank$r.digest"
+    grep -q " rank$r.only\$" "$SCRATCH/rank$r.digest" || fail "--rank $r digest lacks rank$r.only"
+    for out in rl$r.pt rl$r.dcp; do
+        "$DCP" --no-catalog --rank $r convert --quiet "$rl" "$SCRATCH/$out" || fail "--rank $r convert to $out"
+        "$DCP" --no-catalog digest "$SCRATCH/$out" | sort | diff "$SCRATCH/rank$r.digest" - ||
+            fail "--rank $r convert to $out did not write rank $r's view"
+    done
+done
+expect_fail "rank 5 saved no rank-local metadata here" "$DCP" --rank 5 convert "$rl" "$SCRATCH/rl5.pt"
+expect_fail "rank 5 saved no rank-local metadata here" "$DCP" --rank 5 convert --to hf --recipe llama-torchtitan "$rl" "$SCRATCH/rl5hf"
+expect_fail "rl0.pt: rank 1's view (DCP_WRITE_RANK) is of a rank-local checkpoint folder, its __1.metadata; this is a single file" \
+    "$DCP" --rank 1 convert "$SCRATCH/rl0.pt" "$SCRATCH/rl1.safetensors"
+expect_fail "rank 1's view (DCP_EXPORT_RANK) is of a rank-local checkpoint folder" \
+    "$DCP" --rank 1 convert --to hf --recipe llama-torchtitan "$SCRATCH/rl0.pt" "$SCRATCH/rl1hf"
+[ ! -e "$SCRATCH/rl5.pt" ] && [ ! -e "$SCRATCH/rl5hf" ] && [ ! -e "$SCRATCH/rl1.safetensors" ] && [ ! -e "$SCRATCH/rl1hf" ] ||
+    fail "a refused convert --rank wrote something"
 "$DCP" --no-catalog convert "$rl" "$SCRATCH/rl.pt" >/dev/null 2>&1 || fail "convert of a rank-local save"
 expect_fail "this is a single file" "$DCP" --rank 0 ls "$SCRATCH/rl.pt"
 rc=0; "$DCP" --rank 5 ls "$rl" >/dev/null 2>&1 || rc=$?

@@ -89,6 +89,10 @@ static int export_hf(char **argv, int hf, dcp_export_options *x, const dcp_conve
     x->keys = o->keys;
     if (o->flags & DCP_WRITE_NO_SYNC)
         x->flags |= DCP_EXPORT_NO_SYNC;
+    if (o->flags & DCP_WRITE_RANK) {
+        x->flags |= DCP_EXPORT_RANK;
+        x->rank = o->rank;
+    }
     x->progress = cli_progress;
     x->progress_ctx = "convert";
     x->skipped = report_skip;
@@ -168,10 +172,9 @@ int cmd_convert(int argc, char **argv)
         cli_error("convert: an empty %s path", *argv[optind] ? "DST" : "SRC");
         return 2;
     }
-    if (cli_rank >= 0) {   /* the writers open their source themselves, merged: never silently another view */
-        cli_error("convert: --rank %ld is not supported: convert reads a rank-local checkpoint with every rank's "
-                  "__R.metadata merged (a key several ranks saved from the lowest rank)", cli_rank);
-        return 2;
+    if (cli_rank >= 0) {   /* dcp --rank R convert: rank R's view of a rank-local folder, as every command */
+        o.flags |= DCP_WRITE_RANK;
+        o.rank = (unsigned)cli_rank;
     }
     if (hf || x.recipe || x.config || x.dtype || x.flags)
         return export_hf(argv, hf, &x, &o, quiet);

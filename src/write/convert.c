@@ -441,9 +441,16 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     dcp_plan_init(&s.plan);
     size_t nskipped = 0;
     int rc;
+    if ((opt->flags & DCP_WRITE_RANK) && !src_is_dir)
+        return dcpi_err(err, EINVAL, "%s: rank %u's view (DCP_WRITE_RANK) is of a rank-local checkpoint folder, its __%u.metadata; "
+                        "this is a single file", srcp, opt->rank, opt->rank);
     if (src_is_dir) {
         dcp_checkpoint *ck;
-        rc = dcp_open(srcp, opt->flags & DCP_WRITE_MEGATRON_FOLD ? DCP_OPEN_MEGATRON_FOLD : 0, &ck, err);
+        dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
+        oo.flags = (opt->flags & DCP_WRITE_MEGATRON_FOLD ? DCP_OPEN_MEGATRON_FOLD : 0) |
+                   (opt->flags & DCP_WRITE_RANK ? DCP_OPEN_RANK : 0);
+        oo.rank = opt->rank;
+        rc = dcp_open_ex(srcp, &oo, &ck, err);
         s.ck = rc == 0 ? ck : NULL;
         int nests = to == DCP_FORMAT_DCP || (to == DCP_FORMAT_TORCH_SAVE && (opt->flags & DCP_WRITE_NESTED));
         if (rc == 0 && nests && (rc = dcpw_kp_from_metadata(srcp, &s.paths, err)) < 0)

@@ -95,13 +95,20 @@ static int write_file(writer *w, const char *dir, size_t i, dcp_error *err)
     return rc;
 }
 
-static int open_source(const char *srcp, dcp_checkpoint **ck, dcp_error *err)
+static int open_source(const char *srcp, const dcp_export_options *opt, dcp_checkpoint **ck, dcp_error *err)
 {
     struct stat st;
     if (stat(srcp, &st) < 0)
         return dcpi_err(err, errno, "%s: cannot open: %s", srcp, strerror(errno));
-    if (S_ISDIR(st.st_mode))
-        return dcp_open(srcp, 0, ck, err);
+    if (S_ISDIR(st.st_mode)) {
+        dcp_open_options oo = DCP_OPEN_OPTIONS_INIT;
+        oo.flags = opt->flags & DCP_EXPORT_RANK ? DCP_OPEN_RANK : 0;
+        oo.rank = opt->rank;
+        return dcp_open_ex(srcp, &oo, ck, err);
+    }
+    if (opt->flags & DCP_EXPORT_RANK)
+        return dcpi_err(err, EINVAL, "%s: rank %u's view (DCP_EXPORT_RANK) is of a rank-local checkpoint folder, its __%u.metadata; "
+                        "this is a single file", srcp, opt->rank, opt->rank);
     return dcp_open_file(srcp, DCP_FORMAT_AUTO, ck, NULL, err);
 }
 
@@ -138,7 +145,7 @@ int dcp_export_hf(const char *srcp, const char *dst_in, const dcp_export_options
     writer w = {.opt = opt};
     dcp_plan_init(&w.plan);
     char tmp[4200] = "";
-    int rc = open_source(srcp, &ck, err);
+    int rc = open_source(srcp, opt, &ck, err);
     if (rc == 0 && dcpi_path_inside(dst, ck))   /* it would join the source */
         rc = dcpi_err(err, EINVAL, "%s: lies inside the source checkpoint %s, which an export never writes into", dst,
                       srcp);
