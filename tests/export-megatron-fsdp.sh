@@ -21,22 +21,16 @@
 need python3
 need getfattr
 need_fuse
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_megatron 0.19.2
 python3 -c 'import transformers' 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
 need_python_module xxhash
 need_python_module safetensors
-install="$top_srcdir/tests/interop/install-megatron-releases.sh"
-mpath=$(sh "$install" --path 0.19.2)
-for d in $(echo "$mpath" | tr : ' '); do
-    [ -n "$(ls -A "$d" 2>/dev/null)" ] ||
-        skip "megatron-core 0.19.2 (with einops) is not installed in $(sh "$install" --where) (sh tests/interop/install-megatron-releases.sh)"
-done
 export DCP_RECIPE_PATH="$top_srcdir/recipes"
 export PYTHONWARNINGS=ignore   # Megatron-Core warns of every missing GPU library
 D="$DCP --no-catalog"
 PY="$top_srcdir/tests/interop/save_fsdp_dtensor.py"
 fuse_scratch
-mpy() { PYTHONPATH="$mpath${PYTHONPATH:+:$PYTHONPATH}" timeout 600 python3 "$PY" "$@"; }
+mpy() { PYTHONPATH="$MEGATRON_PATH${PYTHONPATH:+:$PYTHONPATH}" timeout 600 python3 "$PY" "$@"; }
 for kind in llama llama-tp2 mixtral; do
     mpy make "$SCRATCH" $kind >"$SCRATCH/$kind.log" 2>&1 || { tail -30 "$SCRATCH/$kind.log"; fail "$kind: saving failed"; }
     mpy truth "$SCRATCH" $kind >>"$SCRATCH/$kind.log" 2>&1 || { tail -30 "$SCRATCH/$kind.log"; fail "$kind: torch's dcp.load"; }
@@ -61,7 +55,7 @@ for kind in llama llama-tp2 mixtral; do
     done
     "$DCP" --catalog "$SCRATCH/catalog.sqlite" info "$ck" | grep -q 'rebuilt from the catalog' || fail "$kind: not served from the catalog"
     # dcp ls's kinds, dtypes and shapes, dcp cat's bytes of every key (a bytes item: a torch.save archive)
-    PYTHONPATH="$mpath" python3 "$top_srcdir/tests/interop/check_truth.py" "$DCP" "$ck" "$truth.json" ||
+    PYTHONPATH="$MEGATRON_PATH" python3 "$top_srcdir/tests/interop/check_truth.py" "$DCP" "$ck" "$truth.json" ||
         fail "$kind: dcp ls / cat differ from dcp.load"
     $D verify "$ck" >"$SCRATCH/verify" 2>&1 || { cat "$SCRATCH/verify"; fail "$kind: dcp verify"; }
     mount_dcpfs "$ck" "$ck.mnt" -o no_catalog

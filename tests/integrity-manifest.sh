@@ -113,14 +113,9 @@ verify_rc "$SCRATCH/fifo"
 [ $rc = 1 ] && grep -q "integrity.json: not a regular file" "$SCRATCH/out" || fail "a FIFO manifest (status $rc): $(cat "$SCRATCH/out")"
 
 # Megatron-Core's own: 0.19.2, else 0.18.2.
-install="$top_srcdir/tests/interop/install-megatron-releases.sh"
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
-path=
-for v in 0.19.2 0.18.2; do
-    p=$(sh "$install" --path "$v") && [ -n "$(ls -A "${p%%:*}" 2>/dev/null)" ] && { path=$p; break; }
-done
-[ -n "$path" ] || skip "megatron-core 0.19.2 or 0.18.2 not installed in $(sh "$install" --where) (sh tests/interop/install-megatron-releases.sh)"
-mpy() { PYTHONPATH=$path timeout 600 python3 "$top_srcdir/tests/interop/save_integrity.py" "$@"; }
+need_megatron --any 0.19.2 0.18.2
+v=$MEGATRON_VERSION
+mpy() { PYTHONPATH=$MEGATRON_PATH timeout 600 python3 "$top_srcdir/tests/interop/save_integrity.py" "$@"; }
 mpy save "$SCRATCH/mck" >"$SCRATCH/save.log" 2>&1 || { tail -30 "$SCRATCH/save.log"; fail "megatron-core $v: saving failed"; }
 [ -f "$SCRATCH/mck/integrity.json" ] || fail "megatron-core $v wrote no integrity.json"
 m=$(python3 -c "import json; print(len(json.load(open('$SCRATCH/mck/integrity.json'))['files']))")

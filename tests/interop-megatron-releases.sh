@@ -18,27 +18,19 @@
 need python3
 need getfattr
 need_fuse
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+releases=$(grep -v '^#' "$top_srcdir/tests/interop/megatron-releases.txt" | cut -d' ' -f1)
+# shellcheck disable=SC2086
+need_megatron $releases
 need_python_module xxhash
 need_python_module psutil
 export DCP_RECIPE_PATH="$top_srcdir/recipes"   # dcp convert --to hf's recipes
-install="$top_srcdir/tests/interop/install-megatron-releases.sh"
-dir=$(sh "$install" --where)
-releases=$(grep -v '^#' "$top_srcdir/tests/interop/megatron-releases.txt" | cut -d' ' -f1)
-missing=
-for v in $releases; do
-    for d in $(sh "$install" --path "$v" | tr : ' '); do
-        [ -n "$(ls -A "$d" 2>/dev/null)" ] || { missing="$missing $v"; break; }
-    done
-done
-[ -z "$missing" ] || skip "megatron-core$missing not installed in $dir (sh tests/interop/install-megatron-releases.sh)"
 if [ -n "${DCP_SANITIZED:-}" ]; then   # the sanitizers watch dcp; the saves are Python's: oldest and newest
     releases="$(echo "$releases" | head -1) $(echo "$releases" | tail -1)"
     echo "sanitizer build: megatron-core $releases only"
 fi
 fuse_scratch
 for v in $releases; do
-    PYTHONPATH=$(sh "$install" --path "$v") timeout 600 python3 "$top_srcdir/tests/interop/megatron_releases.py" save "$SCRATCH/$v" \
+    PYTHONPATH=$(megatron_path "$v") timeout 600 python3 "$top_srcdir/tests/interop/megatron_releases.py" save "$SCRATCH/$v" \
         >"$SCRATCH/$v.log" 2>&1 || { tail -30 "$SCRATCH/$v.log"; fail "megatron-core $v: saving failed"; }
     for case in tp1 tp2dp2; do
         ck="$SCRATCH/$v/$case"

@@ -36,6 +36,40 @@ framework_setup() {
     $PY make "$SCRATCH" >"$SCRATCH/make.log" 2>&1 || { cat "$SCRATCH/make.log"; fail "building the $name models and checkpoints"; }
 }
 
+# Megatron-Core releases, each installed into a folder of its own by
+# tests/interop/install-megatron-releases.sh (under ~/.cache/dcpfs-tests/megatron-core).
+MEGATRON_INSTALL="$top_srcdir/tests/interop/install-megatron-releases.sh"
+
+# megatron_path V: release V's PYTHONPATH (its folder and those of what its line in
+# tests/interop/megatron-releases.txt adds); status 1 when one of them is missing or empty.
+megatron_path() {
+    local path d
+    path=$(sh "$MEGATRON_INSTALL" --path "$1") || return 1
+    for d in $(echo "$path" | tr : ' '); do
+        [ -n "$(ls -A "$d" 2>/dev/null)" ] || return 1
+    done
+    echo "$path"
+}
+
+# need_megatron [--any] V...: skip without PyTorch, or unless every release V is installed
+# (--any: one of them). MEGATRON_PATH: the PYTHONPATH of the last V (--any: of the first
+# installed one, MEGATRON_VERSION).
+need_megatron() {
+    local any= v missing= sep=" "
+    [ "$1" != --any ] || { any=yes; sep=" or "; shift; }
+    need python3
+    python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+    for v in "$@"; do
+        if MEGATRON_PATH=$(megatron_path "$v"); then
+            [ -z "$any" ] || { MEGATRON_VERSION=$v; return 0; }
+        else
+            missing="$missing${missing:+$sep}$v"
+        fi
+    done
+    [ -n "$missing" ] || return 0
+    skip "megatron-core $missing not installed in $(sh "$MEGATRON_INSTALL" --where) (sh tests/interop/install-megatron-releases.sh)"
+}
+
 # expect_fail "substring" cmd...: the command must fail and print the substring on stderr.
 expect_fail() {
     local want=$1; shift
