@@ -264,16 +264,16 @@ static int check_paths(const char *source, const char *mountpoint)
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        /* a file of a checkpoint folder: name the folder to mount */
-        const char *slash = strrchr(source, '/'), *base = slash ? slash + 1 : source;
+        /* a file of a checkpoint folder (a .safetensors file too: dcp reads
+         * one alone, dcpfs mounts folders only): name the folder to mount */
+        const char *dir, *slash = strrchr(source, '/'), *base = slash ? slash + 1 : source;
+        int dirlen;
         size_t n = strlen(base);
-        int part = !strcmp(base, ".metadata") || (n > 11 && !strncmp(base, "__", 2) && !strcmp(base + n - 9, ".metadata")) ||
-                   (n > 7 && !strcmp(base + n - 7, ".distcp")) || !strcmp(base, "metadata.json") ||
-                   (n > 12 && !strcmp(base + n - 12, ".safetensors")) || !strcmp(base, "model.safetensors.index.json");
-        int dirlen = !slash ? 1 : slash == source ? 1 : (int)(slash - source);
+        int part = dcp_is_part_of_checkpoint(source, &dir, &dirlen) ||
+                   (n > 12 && !strcmp(base + n - 12, ".safetensors"));
         fprintf(stderr, "dcpfs: %s: a file, not a folder: SOURCE is a checkpoint folder (the one that holds "
                         ".metadata, __R.metadata or .safetensors files) or a folder of them%s%.*s%s\n",
-                source, part ? "; mount " : "", part ? dirlen : 0, slash ? source : ".", part ? " instead" : "");
+                source, part ? "; mount " : "", part ? dirlen : 0, dir, part ? " instead" : "");
         return -1;
     }
     if (stat(mountpoint, &st) < 0) {

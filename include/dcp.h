@@ -289,6 +289,15 @@ int dcp_open_ex(const char *path, const dcp_open_options *opts, dcp_checkpoint *
  * 0 otherwise. For front ends that tell a checkpoint folder by its names.
  * Since DCP_0.2. */
 int dcp_is_rank_file(const char *name);
+/* 1 when path names a file of a checkpoint folder given instead of the
+ * folder: its last component is .metadata, .metadata.tmp, __R.metadata, a
+ * .distcp shard, Megatron-Core's metadata.json or
+ * model.safetensors.index.json; 0 otherwise (names only: nothing is
+ * opened). The folder is the first *folder_len bytes of *folder ("." for a
+ * bare name, "/" for "/.metadata"), set either way where the pointers are
+ * given, for a message "open the folder %.*s". For front ends that name the
+ * folder to a user who gave one of its files. Since DCP_0.2. */
+int dcp_is_part_of_checkpoint(const char *path, const char **folder, int *folder_len);
 /* What a folder holds, told from its file names alone (nothing is opened
  * but the folder): a checkpoint, a save that did not finish, or neither.
  * dcp_open judges by content: on a folder with shard files or in-flight

@@ -211,6 +211,19 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
     return 0;
 }
 
+int dcp_is_part_of_checkpoint(const char *path, const char **folder, int *folder_len)
+{
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t n = strlen(base);
+    if (folder)
+        *folder = slash ? path : ".";
+    if (folder_len)   /* what precedes the last '/' ("/" for "/.metadata"); a path fits in an int (argv, PATH_MAX) */
+        *folder_len = !slash || slash == path ? 1 : (int)(slash - path);
+    return !strcmp(base, ".metadata") || !strcmp(base, ".metadata.tmp") ||
+           (n > 11 && !strncmp(base, "__", 2) && ends_with(base, n, ".metadata")) || ends_with(base, n, ".distcp") ||
+           !strcmp(base, "metadata.json") || !strcmp(base, "model.safetensors.index.json");
+}
+
 int dcp_probe_folder(const char *path, dcp_folder_probe *out, dcp_error *err)
 {
     if (!path || !out)

@@ -406,18 +406,11 @@ static int not_single_file(const char *path, dcp_error *err)
         return dcpi_err(err, errno, "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode))
         return dcpi_err(err, EINVAL, "%s: a folder, not a torch.save or safetensors file: open it as a checkpoint folder", path);
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    size_t n = strlen(base);
-    int rank_meta = n > 11 && !strncmp(base, "__", 2) && !strcmp(base + n - 9, ".metadata");
-    if (!strcmp(base, ".metadata") || !strcmp(base, ".metadata.tmp") || rank_meta ||
-        (n > 7 && !strcmp(base + n - 7, ".distcp")) || !strcmp(base, "metadata.json") ||
-        !strcmp(base, "model.safetensors.index.json")) {
-        /* the folder: what precedes the last '/' ("/" for "/.metadata", "." for a bare name) */
-        const char *dir = slash ? path : ".";
-        int dirlen = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+    const char *dir;
+    int dirlen;
+    if (dcp_is_part_of_checkpoint(path, &dir, &dirlen))
         return dcpi_err(err, EINVAL, "%s: a file of a checkpoint folder, not a checkpoint of its own: open the folder %.*s",
                         path, dirlen, dir);
-    }
     return dcpi_err(err, EINVAL, "%s: not a checkpoint: neither a folder (with .metadata, __R.metadata or .safetensors "
                     "files) nor, by its name, a torch.save (.pt, .pth, .bin) or safetensors (.safetensors) file", path);
 }

@@ -166,6 +166,40 @@ START_TEST(errors_and_open)
 }
 END_TEST
 
+/* dcp_is_part_of_checkpoint: a checkpoint's own files by name, and the folder to open instead */
+START_TEST(part_of_checkpoint)
+{
+    static const struct {
+        const char *path;
+        int part;
+        const char *folder;   /* the first folder_len bytes of folder */
+    } cases[] = {
+        {".metadata", 1, "."},
+        {"/.metadata", 1, "/"},
+        {"step/.metadata", 1, "step"},
+        {"/ck/step_10/.metadata.tmp", 1, "/ck/step_10"},
+        {"run/__3.metadata", 1, "run"},
+        {"run/__0_0.distcp", 1, "run"},
+        {"iter_0000010/metadata.json", 1, "iter_0000010"},
+        {"hf/model.safetensors.index.json", 1, "hf"},
+        {"__.metadata", 0, "."},          /* no rank between "__" and ".metadata" */
+        {"run/.distcp", 0, "run"},        /* nothing before the suffix */
+        {"run/model.safetensors", 0, "run"},
+        {"run/model.pt", 0, "run"},
+        {"run/", 0, "run"},
+        {"", 0, "."},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *folder = NULL;
+        int len = -1;
+        ck_assert_msg(dcp_is_part_of_checkpoint(cases[i].path, &folder, &len) == cases[i].part, "%s", cases[i].path);
+        ck_assert_msg(len == (int)strlen(cases[i].folder) && !strncmp(folder, cases[i].folder, (size_t)len),
+                      "%s: folder %.*s", cases[i].path, len, folder);
+        ck_assert_int_eq(dcp_is_part_of_checkpoint(cases[i].path, NULL, NULL), cases[i].part);
+    }
+}
+END_TEST
+
 int main(void)
 {
     snprintf(root, sizeof root, "%s/dcp-probe.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -178,6 +212,7 @@ int main(void)
     tcase_add_test(t, partial_kinds);
     tcase_add_test(t, complete_and_none);
     tcase_add_test(t, errors_and_open);
+    tcase_add_test(t, part_of_checkpoint);
     suite_add_tcase(s, t);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);   /* the tests share root's folders */
