@@ -48,7 +48,8 @@ done
 # Every option a user can give is named on the command's page (the calls above are only half of
 # what a page documents): the long options of each dcp command's getopt table on its own page
 # (man/dcp-CMD.1, else dcp.1), dcp's own options (main.c) on dcp.1, dcpload's on dcpload.1 and
-# dcpfs's -o options (fuse_opt table) on dcpfs.1. A page names an option as \-\-name (or name=).
+# dcpfs's -o options (fuse_opt table) on dcpfs.1; and README's table of dcp commands. A page names
+# an option as \-\-name (or name=).
 page_text() { sed 's/\\f[BIRP]//g; s/\\//g' "$1"; }
 undoc=
 check_opts() {   # PAGE OPTION...
@@ -61,10 +62,18 @@ check_opts() {   # PAGE OPTION...
 long_opts() {   # FILE: the names of its struct option table
     grep -o '{"[a-z0-9-]*", *\(no_argument\|required_argument\|optional_argument\)' "$1" | sed 's/{"\([^"]*\)".*/\1/' | sort -u
 }
+# README's table of dcp commands names them too, in each command's rows (| `dcp CMD ...` |):
+# its convert row lacked --nested, --no-crc, --no-sync and --quiet.
+readme=$(grep '^| `dcp ' "$top_srcdir/README.md" || true)
 for src in "$top_srcdir"/src/cli/cmd_*.c; do
     cmd=${src##*/cmd_}; cmd=${cmd%.c}
     page=man/dcp-$cmd.1; [ -f "$top_srcdir/$page" ] || page=man/dcp.1
     check_opts "$page" $(long_opts "$src" | grep -v '^help$')
+    rows=$(printf '%s\n' "$readme" | grep "^| \`dcp $cmd[ \`]" || true)
+    [ -n "$rows" ] || { undoc="$undoc README.md:dcp-$cmd"; continue; }
+    for o in $(long_opts "$src" | grep -v '^help$'); do
+        printf '%s\n' "$rows" | grep -q -e "--$o\([^a-z0-9-]\|\$\)" || undoc="$undoc README.md:dcp-$cmd:--$o"
+    done
 done
 check_opts man/dcp.1 $(grep -o 'strcmp(argv\[1\], "--[a-z0-9-]*")' "$top_srcdir/src/cli/main.c" | sed 's/.*"--\([^"]*\)")/\1/' | sort -u)
 check_opts man/dcpload.1 $(long_opts "$top_srcdir/src/load/dcpload.c")
@@ -75,5 +84,5 @@ for o in $(grep -o 'OPT("[a-z_]*' "$top_srcdir/fuse/main.c" | sed 's/OPT("//') m
     printf '%s\n' "$fusetext" | grep -q -e "^\.B[IR]* $o\b" -e "^$o\b" -e "-o \"\\? *$o\b" || undoc="$undoc man/dcpfs.1:-o $o"
 done
 [ -z "$undoc" ] || fail "options no page documents:$undoc"
-echo "all $total public calls have a man page; every option of dcp, dcpload and dcpfs is on its page"
+echo "all $total public calls have a man page; every option of dcp, dcpload and dcpfs is on its page (dcp's in README's table too)"
 exit 0

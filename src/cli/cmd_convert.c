@@ -15,7 +15,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: dcp convert [--from FMT] [--to FMT] [--keys PATTERN] [--max-shard-size SIZE]\n"
                "                   [--nested] [--no-crc] [--no-sync] [--quiet] SRC DST\n"
                "       dcp convert --to hf --recipe NAME [--dtype float32|float16|bfloat16|float64] [--config FILE]\n"
-               "                   [--max-shard-size SIZE] [--keys PATTERN] [--allow-unmapped] SRC DST\n"
+               "                   [--max-shard-size SIZE] [--keys PATTERN] [--allow-unmapped] [--no-sync] [--quiet] SRC DST\n"
                "FMT: dcp, torch (.pt/.pth), safetensors, hf (a Hugging Face model folder, by a recipe). Taken from the paths when not given: a folder\n"
                "or a path with neither suffix is a DCP checkpoint. DST must not exist.\n");
 }
