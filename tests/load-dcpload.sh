@@ -34,14 +34,13 @@ for n in 1 4; do
     [ "$(grep -c . "$SCRATCH/pieces")" -eq "$(grep -c . "$SCRATCH/whole")" ] || fail "-n $n: lines lost in pieces"
 done
 
-# one rank cannot allocate: every rank prints its message
+# one rank cannot allocate: every rank fails with its message, printed once (not a line a rank)
 for bad in 0 2; do
     rc=0
     DCPLOAD_TEST_NO_MEMORY_RANK=$bad mpirun 3 "$DCPLOAD" "$CK" >"$SCRATCH/out" 2>"$SCRATCH/err" || rc=$?
     [ "$rc" -eq 1 ] || fail "no memory on rank $bad: status $rc"
-    grep '^dcpload: ' "$SCRATCH/err" | sort -u >"$SCRATCH/msgs"
-    [ "$(grep -c '^dcpload: ' "$SCRATCH/err")" -eq 3 ] || fail "not every rank reported: $(cat "$SCRATCH/err")"
-    [ "$(wc -l <"$SCRATCH/msgs")" -eq 1 ] || fail "ranks report different errors: $(cat "$SCRATCH/msgs")"
+    grep '^dcpload: ' "$SCRATCH/err" >"$SCRATCH/msgs" || true
+    [ "$(wc -l <"$SCRATCH/msgs")" -eq 1 ] || fail "not one line for the error of 3 ranks: $(cat "$SCRATCH/err")"
     grep -Eq "^dcpload: rank $bad: model\.[a-z_.]+: cannot allocate [0-9]+ bytes$" "$SCRATCH/msgs" ||
         fail "no memory on rank $bad: $(cat "$SCRATCH/msgs")"
 done
@@ -102,13 +101,14 @@ for r in stats(sys.argv[2]):
     assert r["seconds_digests"] == 0, r   # --no-digests
 PY
 
-# A rank that cannot compute its digests: every rank ends with its message
+# A rank that cannot compute its digests: every rank ends with its message, printed once
 # (rank 0 gathers the output and waited for ever).
 for bad in 0 1; do
     rc=0
     DCPLOAD_TEST_NO_DIGEST_MEMORY_RANK=$bad mpirun 2 "$DCPLOAD" "$CK" --json >"$SCRATCH/out" 2>"$SCRATCH/err" || rc=$?
     [ "$rc" -eq 1 ] || fail "no digest memory on rank $bad: status $rc: $(cat "$SCRATCH/err")"
-    [ "$(grep -c "^dcpload: rank $bad: out of memory for the digests of [0-9]* regions$" "$SCRATCH/err")" -eq 2 ] ||
+    [ "$(grep -c "^dcpload: rank $bad: out of memory for the digests of [0-9]* regions$" "$SCRATCH/err")" -eq 1 ] &&
+        [ "$(grep -c '^dcpload: ' "$SCRATCH/err")" -eq 1 ] ||
         fail "no digest memory on rank $bad: $(cat "$SCRATCH/err")"
     [ ! -s "$SCRATCH/out" ] || fail "no digest memory on rank $bad: printed $(cat "$SCRATCH/out")"
 done

@@ -476,7 +476,7 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
     return 0;
 }
 
-/* Every rank learns whether any failed and prints the same message: the
+/* Every rank learns whether any failed and has the same message: the
  * lowest failing rank's, naming it (as dcp_load does). */
 static int agree(MPI_Comm comm, int rc, dcp_error *err)
 {
@@ -496,6 +496,23 @@ static int agree(MPI_Comm comm, int rc, dcp_error *err)
     msg[sizeof msg - 1] = '\0';
     memcpy(err->msg, msg, sizeof msg);
     return -1;
+}
+
+/* A failure every rank returned from the same call (dcp_load_open, dcp_load
+ * and agree() fail on all ranks at once), said once, by rank 0, when every
+ * rank has the same message, as agreed ones are: N ranks printed N identical
+ * lines. Ranks whose messages differ each print their own. Collective. */
+static void report(MPI_Comm comm, const dcp_error *err)
+{
+    int me, same, all;
+    char first[sizeof err->msg];
+    MPI_Comm_rank(comm, &me);
+    memcpy(first, err->msg, sizeof first);
+    MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, comm);
+    same = strncmp(first, err->msg, sizeof first) == 0;
+    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, comm);
+    if (me == 0 || !all)
+        fprintf(stderr, "dcpload: %s\n", err->msg);
 }
 
 static const char *delivery_name(int d)
@@ -648,12 +665,14 @@ int main(int argc, char **argv)
      * others waiting in the first collective; --megatron-fold on some ranks
      * only gives ranks other shapes of one key (refused by dcp_load, but as
      * a region of the wrong rank). v: the lowest rank with a usage error,
-     * whether none asked for --help, cuda, -cuda, fold, -fold (minima). */
-    int v[6] = {prc == 2 ? me : nranks, prc == 1 ? 0 : 1, prc ? 0 : o.cuda, prc ? 0 : -o.cuda,
-                prc ? 0 : o.fold, prc ? 0 : -o.fold}, w[6];
-    MPI_Allreduce(v, w, 6, MPI_INT, MPI_MIN, comm);
+     * whether none asked for --help, cuda, -cuda, fold, -fold, the lowest
+     * rank without a usage error (minima): it alone names the rank with one,
+     * not every such rank the same line. */
+    int v[7] = {prc == 2 ? me : nranks, prc == 1 ? 0 : 1, prc ? 0 : o.cuda, prc ? 0 : -o.cuda,
+                prc ? 0 : o.fold, prc ? 0 : -o.fold, prc == 2 ? nranks : me}, w[7];
+    MPI_Allreduce(v, w, 7, MPI_INT, MPI_MIN, comm);
     if (w[0] < nranks || w[1] == 0 || w[2] != -w[3] || w[4] != -w[5]) {
-        if (w[0] < nranks && prc != 2)
+        if (w[0] < nranks && me == w[6])
             fprintf(stderr, "dcpload: rank %d was given bad arguments (its message above)\n", w[0]);
         else if (w[0] == nranks && w[1] && me == 0)
             fprintf(stderr, "dcpload: every rank must pass the same %s: some ranks pass it, others not\n",
@@ -667,7 +686,7 @@ int main(int argc, char **argv)
     int rc = 1;
     double t_open = now(), t_device = 0, t_alloc, t_warmup, t_digests, t_free;
     if (dcp_load_open(comm, o.path, o.fold ? DCP_OPEN_MEGATRON_FOLD : DCP_OPEN_DEFAULT, &ck, &err) < 0) {
-        fprintf(stderr, "dcpload: %s\n", err.msg);
+        report(comm, &err);
         goto out;
     }
     t_open = now() - t_open;
@@ -685,7 +704,7 @@ int main(int argc, char **argv)
     t_alloc = now();
     int lrc = build_job(ck, &o, me, nranks, cuda_ok, &job, &err);
     if (agree(comm, lrc, &err) < 0) {
-        fprintf(stderr, "dcpload: %s\n", err.msg);
+        report(comm, &err);
         goto out;
     }
     t_alloc = now() - t_alloc;
@@ -706,7 +725,7 @@ int main(int argc, char **argv)
     t_warmup = now() - t_warmup;
     double cpu = cpu_seconds();
     if (dcp_load(comm, ck, job.reg, job.nreg, &lo, &st, &err) < 0) {
-        fprintf(stderr, "dcpload: %s\n", err.msg);
+        report(comm, &err);
         goto out;
     }
     cpu = cpu_seconds() - cpu;
@@ -718,7 +737,7 @@ int main(int argc, char **argv)
     /* agreed: rank 0 gathers every rank's output below, and must not wait
      * for a rank that stopped here */
     if (agree(comm, digest && !digests ? -1 : 0, &err) < 0) {
-        fprintf(stderr, "dcpload: %s\n", err.msg);
+        report(comm, &err);
         goto out;
     }
     t_free = now();
