@@ -822,7 +822,8 @@ static int open_and_list(struct dfs *fs, struct dfs_ckpt *ck)
         dfs_log(LOG_ERR, "%s", err.msg);
         return -EIO;
     }
-    dfs_log(LOG_INFO, "%s: %s", ck->path, dcp_from_catalog(ck->ck) ? "model served from the catalog" : "model parsed");
+    /* every mount and every checkpoint opened says it: noise but with -d */
+    dfs_log(LOG_DEBUG, "%s: %s", ck->path, dcp_from_catalog(ck->ck) ? "model served from the catalog" : "model parsed");
 #ifdef __GLIBC__
     /* A first open parsed .metadata (a million chunks: ~1 GB at its peak)
      * and freed it: give that memory back to the system now. */

@@ -48,11 +48,12 @@ PY
 for case in 01_single_plain 05_mixed_2ranks 09_megatron_torch_dist; do
     ck="$FIXTURES/$case/ckpt" manifest="$FIXTURES/$case/expected/manifest.json" mnt="$SCRATCH/$case"
     [ -f "$manifest" ] || fail "$manifest is missing"
-    mount_dcpfs "$ck" "$mnt"          # parses, stores, and serves from the catalog
+    # -d: the log says whether the model was parsed or served from the catalog (a debug line)
+    mount_dcpfs "$ck" "$mnt" -d       # parses, stores, and serves from the catalog
     python3 "$SCRATCH/by_path.py" "$mnt" "$manifest" "$FUSE_CHECK" || fail "$case: first mount"
     unmount_dcpfs "$mnt"
     grep -q ": model parsed" "$mnt.log" || fail "$case: the first mount did not parse: $(cat "$mnt.log")"
-    mount_dcpfs "$ck" "$mnt"          # served from the catalog at once
+    mount_dcpfs "$ck" "$mnt" -d       # served from the catalog at once
     python3 "$SCRATCH/by_path.py" "$mnt" "$manifest" "$FUSE_CHECK" || fail "$case: second mount"
     grep -q ": model served from the catalog" "$mnt.log" ||
         fail "$case: the second mount was not served from the catalog: $(cat "$mnt.log")"
@@ -82,6 +83,8 @@ by_path_twice() {   # by_path_twice CKPT MANIFEST [dcpfs options]: a first mount
         mount_dcpfs "$ck" "$mnt" "$@"
         python3 "$SCRATCH/by_path.py" "$mnt" "$manifest" "$FUSE_CHECK" $npy || fail "$ck $*: $pass mount"
         unmount_dcpfs "$mnt"
+        # which way the model came is a debug line: without -d, every mount logged it
+        ! grep -E ": model (parsed|served from the catalog)$" "$mnt.log" || fail "$ck $*: $pass mount: logged without -d"
     done
 }
 

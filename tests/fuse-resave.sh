@@ -24,7 +24,8 @@ for mode in no_catalog catalog; do
     opt="-o no_catalog"
     # and no splice, opendir answered (every listing reaches dcpfs)
     [ $mode = catalog ] && opt="-o catalog=$SCRATCH/$mode/catalog.sqlite -o read=pread -o opendir"
-    mount_dcpfs "$src" "$mnt" $opt
+    # -d: the log says which models are opened (a debug line) and freed: fuse_resave.py counts them
+    mount_dcpfs "$src" "$mnt" -d $opt
     $PY "$src" "$mnt" || fail "($mode) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     grep -q "runs/latest/__0_0.distcp: w: the data file was written to since the checkpoint was opened" "$mnt.log" ||
         fail "($mode) the log does not say why a file held open failed: $(tail -20 "$mnt.log")"
@@ -37,7 +38,7 @@ done
 ck="$SCRATCH/single/ckpt" mnt="$SCRATCH/single/mnt"
 mkdir -p "$SCRATCH/single"
 $PY save "$ck" 1
-mount_dcpfs "$ck" "$mnt" -o no_catalog
+mount_dcpfs "$ck" "$mnt" -d -o no_catalog
 $PY single "$ck" "$mnt" "$mnt.log" || fail "(one checkpoint) see above; dcpfs's log: $(tail -20 "$mnt.log")"
 unmount_dcpfs "$mnt"
 echo PASS

@@ -72,8 +72,8 @@ def expect(ckpt, v, what):
 
 def models(log, name):
     """Checkpoints named name (the last component of their path) the daemon has open, by its
-    log: each opened one says 'model parsed' or 'served from the catalog', each freed one
-    'is closed'."""
+    log (the daemon runs with -d): each opened one says 'model parsed' or 'served from the
+    catalog', each freed one 'is closed'."""
     with open(log, errors="replace") as f:
         lines = [ln for ln in f if "/%s: " % name in ln]
     return (sum("model parsed" in ln or "model served from the catalog" in ln for ln in lines)
