@@ -6,7 +6,7 @@
 # See tests/interop/export_hf.py for how each layout is derived.
 . "$top_srcdir/tests/lib.sh"
 need python3
-python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
+need_torch
 python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
 scratch
 export DCP_RECIPE_PATH="$top_srcdir/recipes"

@@ -4,7 +4,7 @@
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 need_fuse
 fuse_scratch
 timeout 300 python3 "$top_srcdir/tests/fuse_torch_save.py" "$SCRATCH/dt" dtensor >"$SCRATCH/save.log" 2>&1 ||

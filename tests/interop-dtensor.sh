@@ -4,7 +4,7 @@
 # every key read back byte-exact by dcp.
 . "$top_srcdir/tests/lib.sh"
 need python3
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 scratch
 # Every variant saved by one set of 4 forked ranks (torch imported once).
 variants="torch_save safetensors zstd ranklocal hf"

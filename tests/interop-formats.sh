@@ -8,7 +8,7 @@
 . "$top_srcdir/tests/lib.sh"
 need python3
 need sha256sum
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 need_python_module safetensors
 scratch
 GEN="$top_srcdir/tests/interop/save_formats.py"

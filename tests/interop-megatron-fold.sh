@@ -15,7 +15,7 @@
 . "$top_srcdir/tests/fuse_lib.sh"
 . "$top_srcdir/tests/load_lib.sh"
 need python3
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 need_python_module xxhash
 need_python_module numpy
 fuse_scratch

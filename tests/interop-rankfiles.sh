@@ -10,7 +10,7 @@
 # fail with the file or key named.
 . "$top_srcdir/tests/lib.sh"
 need python3
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 python3 -c 'import torch_checkpointing' 2>/dev/null ||
     fail "torch_checkpointing is not installed (pip install --no-deps torch-checkpointing==0.1.1, as .ci/run does)"
 scratch

@@ -3,7 +3,7 @@
 # torch.load(weights_only=True) reads converted .pt files, all byte-exact against the source.
 . "$top_srcdir/tests/lib.sh"
 need python3
-python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
+need_torch
 scratch
 # The torch checks are collected and run at the end in one batch (torch imported
 # once, one process group a rank count): each names its checkpoint when it fails.

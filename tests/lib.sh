@@ -10,6 +10,7 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || skip "$1 is not installed"; }
 need_python_module() { python3 -c "import $1" 2>/dev/null || skip "python3 module $1 is not installed"; }
+need_torch() { python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"; }
 
 # A scratch folder removed on exit.
 scratch() {
@@ -25,7 +26,7 @@ scratch() {
 framework_setup() {
     local module=$1 name=$2 pip=$3 why
     need python3
-    python3 -c "import torch" 2>/dev/null || skip "PyTorch is not installed (import torch failed)"
+    need_torch
     python3 -c "import transformers" 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
     python3 -c "import $module" 2>/dev/null || skip "$name is not installed ($pip)"
     PY="python3 $top_srcdir/tests/interop/$4"
@@ -58,7 +59,7 @@ need_megatron() {
     local any= v missing= sep=" "
     [ "$1" != --any ] || { any=yes; sep=" or "; shift; }
     need python3
-    python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+    need_torch
     for v in "$@"; do
         if MEGATRON_PATH=$(megatron_path "$v"); then
             [ -z "$any" ] || { MEGATRON_VERSION=$v; return 0; }

@@ -6,7 +6,7 @@
 . "$top_srcdir/tests/load_lib.sh"
 need python3
 need_python_module numpy
-python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"
+need_torch
 scratch
 # Every variant saved by one set of 4 forked ranks (torch imported once).
 variants="torch_save safetensors zstd"
