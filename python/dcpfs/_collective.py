@@ -360,7 +360,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
          process_group: Optional["ProcessGroup"] = None, *,
          staging_bytes: int = _STAGING, nstaging: int = 2, shm_bytes: int = 32 << 20,
          plan_ops: int = 1 << 17, io_threads: int = 4, node_sharing: str = "page_cache",
-         catalog: bool = True, direct: bool = False, megatron_fold: bool = False) -> LoadStats:
+         catalog: bool = True, direct: bool = False, megatron_fold: bool = False,
+         allow_partial_load: bool = False) -> LoadStats:
     """Fill ``state_dict`` in place from the checkpoint at ``path``, collectively.
 
     Call it on every rank of ``process_group`` (default: the whole job, as set
@@ -396,8 +397,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     rank, file, key and reason; a rank passing another checkpoint (a copy
     with a shard of another size) is told which file differs.
     Destinations are checked before anything is read, as ``dcp.load``
-    checks them: each key must be stored, each tensor (a DTensor's global
-    shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
+    checks them: each key must be stored (unless ``allow_partial_load``),
+    each tensor (a DTensor's global shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
     tensor subclasses without storage of their own and DTensors with a
     ``Partial`` placement are refused. Conj and neg views, other dtypes
     and non-contiguous tensors are filled through a temporary. Tensors
@@ -443,6 +444,10 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
             reads them into the shared staging the same way (its slots
             have room for whole blocks).
 
+        allow_partial_load: keys of the state dict that the checkpoint does
+            not store are left as they are instead of failing the load, as
+            with ``dcp.load(..., planner=DefaultLoadPlanner(allow_partial_load=True))``
+            (a stored key of another shape or kind still fails).
         megatron_fold: Megatron-Core's reformulated tensors (its distributed
             optimizer's states) in their original shapes, as its own load
             gives them (see :func:`dcpfs.open`): the state dict's tensors
@@ -484,12 +489,15 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         if node_sharing not in ("page_cache", "staging"):
             raise ValueError(f"dcpfs.torch.load: node_sharing must be 'page_cache' or 'staging', "
                              f"not {node_sharing!r}")
-        item["opts"] = (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct), bool(megatron_fold))
+        item["opts"] = (staging_bytes, nstaging, shm_bytes, plan_ops, node_sharing, bool(direct), bool(megatron_fold),
+                        bool(allow_partial_load))
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"dcpfs.torch.load: state_dict must be a dict, not {type(state_dict).__name__}")
         loading, stateful = _stateful_state_dicts(state_dict)
         flat, mappings = _flatten(loading)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
+        if allow_partial_load:      # as dcp.load's DefaultLoadPlanner(allow_partial_load=True): left as they are
+            flat = {k: v for k, v in flat.items() if k in ck}
         dests, reqs = _regions(flat, ck)
         stored, sizes = _check_local(ck, dests, reqs)
         dests, reqs, stored, sizes = _drop_empty(dests, reqs, stored, sizes)

@@ -718,3 +718,38 @@ def test_rank_local_per_rank_values(tmp_path):
     errs = distrun.run(3, _rl_more_ranks, path, timeout=90)
     for e in errs:
         assert e and "rank 2: " in e and "__2.metadata: no such file" in e, errs
+
+
+# -- dcp.load's strictness and its reading of older saves --------------------------
+
+def _both_loads(path: str, make, planner=None, **opts) -> tuple:
+    """The state dict make() builds, loaded by dcp.load (with planner) and by dcpfs.torch.load (with opts)."""
+    theirs, ours = make(), make()
+    dcp.load(theirs, storage_reader=FileSystemReader(path), planner=planner, no_dist=True)
+    dcpfs.torch.load(ours, path, **opts)
+    return ours, theirs
+
+
+def test_allow_partial_load(tmp_path):
+    """allow_partial_load=True leaves the state dict's keys the checkpoint does
+    not store as they are, as dcp.load's DefaultLoadPlanner(allow_partial_load=True)
+    does (there was no way to load a model grown by a layer since the save);
+    a stored key of another shape still fails, and without it a missing key too."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    path = str(tmp_path / "ck")
+    want = tr._full_values()
+    _save_one_process(dict(want, extra={"epoch": 3}), path)
+
+    def make():
+        return {"a": torch.zeros_like(want["a"]), "new": {"w": torch.full((2, 3), 7.0), "n": 5},
+                "extra": {"epoch": 0, "lr": 0.5}, "c": torch.zeros_like(want["c"])}
+    ours, theirs = _both_loads(path, make, DefaultLoadPlanner(allow_partial_load=True), allow_partial_load=True)
+    tr._same_sd(ours, theirs, local=False, what="allow_partial_load: dcpfs.torch.load vs dcp.load")
+    tr._same(ours["a"], want["a"], "a")
+    tr._same(ours["new"]["w"], torch.full((2, 3), 7.0), "new.w (not stored: left as it was)")
+    assert ours["extra"] == {"epoch": 3, "lr": 0.5} and ours["new"]["n"] == 5, ours
+    with pytest.raises(dcpfs.DcpError, match=r": (new\.w|new\.n|extra\.lr): no such key in the checkpoint"):
+        dcpfs.torch.load(make(), path)
+    with pytest.raises(dcpfs.DcpError, match=r": a: the state dict's tensor has shape \[1, 7\]"):
+        dcpfs.torch.load({"a": torch.zeros(1, 7), "new": torch.zeros(1)}, path, allow_partial_load=True)
+
