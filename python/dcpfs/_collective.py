@@ -105,6 +105,33 @@ def _flatten(state_dict: Dict[str, Any]):
     return flatten_state_dict(state_dict)
 
 
+def _flatten_as_saved(state_dict: Dict[str, Any], flat: Dict[str, Any], mappings: Dict[str, Any], ck):
+    """The state dict flattened as the checkpoint's torch flattened it, as
+    ``DefaultLoadPlanner.create_local_plan`` decides: torch up to 2.3 kept a
+    dict holding no tensor (and a list of such dicts) whole, one stored item,
+    where torch 2.4 on stores each of its values. When a stored key is not
+    among ``flat``'s keys and is among the 2.3 flattening's, that one is
+    used; else ``flat`` and ``mappings`` as they are (also with a torch
+    without the 2.3 traversal, whose flattening is 2.3's already)."""
+    try:
+        from torch.distributed.checkpoint import _version
+        from torch.distributed.checkpoint._traverse import traverse_state_dict_v_2_3  # noqa: F401  (2.4+)
+    except ImportError:
+        return flat, mappings
+    missing = set(ck.keys()) - set(flat)
+    if not missing:
+        return flat, mappings
+    before = _version._derived_version
+    _version._derived_version = "2_3"
+    try:
+        old_flat, old_mappings = _flatten(state_dict)
+    finally:
+        _version._derived_version = before
+    if missing & set(old_flat):
+        return old_flat, old_mappings
+    return flat, mappings
+
+
 def _torch_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -402,7 +429,13 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     tensor subclasses without storage of their own and DTensors with a
     ``Partial`` placement are refused. Conj and neg views, other dtypes
     and non-contiguous tensors are filled through a temporary. Tensors
-    filled in place have their autograd version counter bumped.
+    filled in place have their autograd version counter bumped. A checkpoint
+    saved by torch 2.3 or older, whose dicts holding no tensor (an
+    optimizer's ``param_groups``, ``{"epoch": 3, "name": ...}``) are one
+    stored item each where newer torch stores each of their values, loads
+    as ``dcp.load`` loads it: when a stored key is no key of the state dict
+    flattened as torch >= 2.4 flattens it and is one of the state dict
+    flattened as torch 2.3 did, that flattening is used.
 
     Args:
         state_dict: the (nested) state dict to fill, as for ``dcp.load``; as
@@ -496,6 +529,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         loading, stateful = _stateful_state_dicts(state_dict)
         flat, mappings = _flatten(loading)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
+        flat, mappings = _flatten_as_saved(loading, flat, mappings, ck)
         if allow_partial_load:      # as dcp.load's DefaultLoadPlanner(allow_partial_load=True): left as they are
             flat = {k: v for k, v in flat.items() if k in ck}
         dests, reqs = _regions(flat, ck)

@@ -753,3 +753,42 @@ def test_allow_partial_load(tmp_path):
     with pytest.raises(dcpfs.DcpError, match=r": a: the state dict's tensor has shape \[1, 7\]"):
         dcpfs.torch.load({"a": torch.zeros(1, 7), "new": torch.zeros(1)}, path, allow_partial_load=True)
 
+
+def test_saved_by_torch_2_3(tmp_path):
+    """torch 2.3 and older stored a dict holding no tensor (an optimizer's
+    param_groups, a dict of settings) and a list of such values as one item;
+    dcp.load flattens the state dict as 2.3 did when that finds the stored
+    keys, and so does dcpfs.torch.load now (it failed 'extra.epoch: no such
+    key in the checkpoint'). Saved here as 2.3 saved (torch's own switch)."""
+    from torch.distributed.checkpoint import _version
+    if not hasattr(_version, "_derived_version"):
+        pytest.skip(f"torch {torch.__version__} flattens as 2.3 did: nothing to tell apart")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam([{"params": [model.weight], "lr": 0.1}, {"params": [model.bias]}], lr=0.01)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    saved = {"model": model.state_dict(), "optim": opt.state_dict(), "extra": {"epoch": 3, "name": "run-7"},
+             "tags": [1, "a"]}
+    path = str(tmp_path / "ck")
+    _version._derived_version = "2_3"
+    try:
+        _save_one_process(saved, path)
+    finally:
+        _version._derived_version = None
+    with dcpfs.open(path) as ck:
+        assert {"extra", "optim.param_groups", "tags"} <= set(ck.keys()), ck.keys()
+
+    def make():
+        m = torch.nn.Linear(3, 2)
+        o = torch.optim.Adam([{"params": [m.weight], "lr": 1.0}, {"params": [m.bias]}], lr=1.0)
+        m(torch.randn(4, 3)).sum().backward()
+        o.step()
+        return {"model": {k: torch.zeros_like(v) for k, v in m.state_dict().items()}, "optim": o.state_dict(),
+                "extra": {"epoch": 0, "name": ""}, "tags": []}
+    ours, theirs = _both_loads(path, make)
+    tr._same_sd(ours, theirs, local=False, what="torch 2.3 save: dcpfs.torch.load vs dcp.load")
+    assert ours["extra"] == {"epoch": 3, "name": "run-7"} and ours["tags"] == [1, "a"], ours
+    assert ours["optim"]["param_groups"] == opt.state_dict()["param_groups"]
+    tr._same_sd(ours["optim"]["state"], opt.state_dict()["state"], local=False, what="optim.state")
+
