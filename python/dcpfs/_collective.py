@@ -191,6 +191,15 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
                 raise DcpError(22, f"{where}: the DTensor has a Partial placement ({partial[0]}): its value is "
                                    "a sum over ranks still to be reduced, which a load cannot fill (dcp.load "
                                    "refuses it too): redistribute it to Replicate() or Shard() first")
+            if value.device_mesh.get_coordinate() is None:
+                # a DTensor on a mesh without this rank (another stage's): dcp.load skips it here; its key and
+                # global shape are checked all the same, with an empty box that needs no byte
+                d.kind = "tensor"
+                d.target = torch.empty(0)
+                d.shape = tuple(int(s) for s in value.shape)
+                dests.append(d)
+                reqs.append((key, (0,) * len(d.shape), (0,) * len(d.shape)))
+                continue
             local = value.to_local()
             shape, offset = local_shape_and_offset(
                 value.shape, value.device_mesh, value.placements)
@@ -429,7 +438,9 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     tensor subclasses without storage of their own and DTensors with a
     ``Partial`` placement are refused. Conj and neg views, other dtypes
     and non-contiguous tensors are filled through a temporary. Tensors
-    filled in place have their autograd version counter bumped. A checkpoint
+    filled in place have their autograd version counter bumped. A DTensor
+    whose mesh does not hold this rank (a submesh: another pipeline stage's)
+    is only checked, not filled, as ``dcp.load`` skips it. A checkpoint
     saved by torch 2.3 or older, whose dicts holding no tensor (an
     optimizer's ``param_groups``, ``{"epoch": 3, "name": ...}``) are one
     stored item each where newer torch stores each of their values, loads

@@ -792,3 +792,42 @@ def test_saved_by_torch_2_3(tmp_path):
     assert ours["optim"]["param_groups"] == opt.state_dict()["param_groups"]
     tr._same_sd(ours["optim"]["state"], opt.state_dict()["state"], local=False, what="optim.state")
 
+
+def _submesh(rank: int, world: int, path: str) -> "str | None":
+    """A DTensor on a mesh of rank 0 alone (one pipeline stage's): rank 1
+    holds no shard of it and dcp.load skips it there; it was refused on
+    every rank ('w: the region has 0 dimensions')."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    api = tr._dtensor_api()
+    full = torch.arange(30.0).reshape(6, 5)
+    dcp.save({"w": api.distribute_tensor(full, init_device_mesh("cpu", (world,)), [api.Shard(0)]),
+              "s": torch.tensor(2.5)}, checkpoint_id=path)
+    stage = DeviceMesh("cpu", torch.tensor([0]))
+    got = {}
+    for name in ("dcpfs", "torch"):
+        sd = {"w": api.distribute_tensor(torch.zeros(6, 5), stage, [api.Shard(0)]),
+              "s": api.distribute_tensor(torch.tensor(0.0), stage, [api.Replicate()]),
+              "plain": torch.zeros(6, 5)}
+        if name == "dcpfs":
+            dcpfs.torch.load({k: v for k, v in sd.items() if k != "plain"}, path)
+            dcpfs.torch.load({"w": sd["plain"]}, path)
+        else:
+            dcp.load({k: v for k, v in sd.items() if k != "plain"}, storage_reader=FileSystemReader(path))
+            dcp.load({"w": sd["plain"]}, storage_reader=FileSystemReader(path))
+        got[name] = {k: tr._local(v).clone() for k, v in sd.items()}
+    tr._same_sd(got["dcpfs"], got["torch"], local=False, what=f"rank {rank}: dcpfs.torch.load vs dcp.load")
+    tr._same(got["dcpfs"]["plain"], full, "plain")
+    if rank == 0:
+        tr._same(got["dcpfs"]["w"], full, "w on its stage's rank")
+        tr._same(got["dcpfs"]["s"], torch.tensor(2.5), "s on its stage's rank")
+    try:
+        dcpfs.torch.load({"w": api.distribute_tensor(torch.zeros(6, 4), stage, [api.Shard(0)])}, path)
+    except dcpfs.DcpError as e:
+        return str(e)
+    return None
+
+
+def test_dtensor_on_a_submesh(tmp_path):
+    """Off its mesh a DTensor is still checked: a wrong global shape fails, on every rank alike."""
+    msgs = distrun.run(2, _submesh, str(tmp_path / "ck"), timeout=90)
+    _same_message(msgs, ": w: the state dict's tensor has shape [6, 4], the checkpoint stores [6, 5]")
