@@ -291,22 +291,32 @@ def _check_local(ck, dests, reqs) -> Tuple[List[str], List[int]]:
         l = ffi.new("int64_t[]", list(ln) or [0])
         if lib.dcp_greq_check(ck._ptr, _c_key(key), lib.DCP_DTYPE_INVALID, len(off), o, l, entry, nbytes,
                               err) < 0:
-            raise _err(err)
+            failed = _err(err)
+            # a stored key of another kind or shape: said so, as for a smaller tensor, not as the box's failure
+            # ('the region has 0 dimensions', 'region [0:6,0:5] lies outside the tensor')
+            if lib.dcp_find_entry(ck._ptr, _c_key(key), entry, ffi.new("dcp_error *")) == 0:
+                _check_entry(ck, d, key, entry[0])
+            raise failed
         e = entry[0]
+        _check_entry(ck, d, key, e)
         is_tensor = e.kind == lib.DCP_KIND_TENSOR
-        if is_tensor != (d.kind == "tensor"):
-            what = "a tensor" if is_tensor else "a bytes item (a non-tensor value)"
-            raise DcpError(22, f"{ck.path}: {key}: the checkpoint stores {what}, the state dict holds "
-                               f"{type(d.target).__name__ if d.kind == 'tensor' else 'a non-tensor value'}")
-        if is_tensor:
-            # the box is inside the stored tensor; the tensor must also be as large (dcp.load's size check)
-            have = tuple(int(e.shape[i]) for i in range(e.ndim))
-            if d.shape != have:
-                raise DcpError(22, f"{ck.path}: {key}: the state dict's tensor has shape {list(d.shape)}, "
-                                   f"the checkpoint stores {list(have)}")
         stored.append(ffi.string(lib.dcp_dtype_name(e.dtype)).decode() if is_tensor else "bytes")
         sizes.append(int(nbytes[0]))
     return stored, sizes
+
+
+def _check_entry(ck, d: _Dest, key: str, e) -> None:
+    """The stored entry e of key is of d's kind and, a tensor, of d's (global) shape (dcp.load's size check)."""
+    is_tensor = e.kind == lib.DCP_KIND_TENSOR
+    if is_tensor != (d.kind == "tensor"):
+        what = "a tensor" if is_tensor else "a bytes item (a non-tensor value)"
+        raise DcpError(22, f"{ck.path}: {_shown(key)}: the checkpoint stores {what}, the state dict holds "
+                           f"{type(d.target).__name__ if d.kind == 'tensor' else 'a non-tensor value'}")
+    if is_tensor:
+        have = tuple(int(e.shape[i]) for i in range(e.ndim))
+        if d.shape != have:
+            raise DcpError(22, f"{ck.path}: {_shown(key)}: the state dict's tensor has shape {list(d.shape)}, "
+                               f"the checkpoint stores {list(have)}")
 
 
 def _encode(reqs) -> bytes:

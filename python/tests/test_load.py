@@ -334,7 +334,7 @@ def test_errors_agreed(tmp_path):
     _same_message(distrun.run(2, _expect_error, str(path), "unknown-key", timeout=60),
                   "rank 1", "no.such.key", "no such key")
     _same_message(distrun.run(2, _expect_error, str(path), "outside", timeout=60),
-                  "rank 0", ": a:", "outside the tensor")
+                  "rank 0", ": a: the state dict's tensor has shape [14, 7], the checkpoint stores [13, 7]")
     bad = tmp_path / "damaged"
     shutil.copytree(path, bad)
     md = (bad / ".metadata").read_bytes()
@@ -415,7 +415,10 @@ def test_unfillable_refused(tmp_path):
     the reason) before anything is read, not filled wrongly or not at all: a
     tensor without storage of its own, a meta tensor, a missing key or a
     wrong shape also for an empty tensor, a smaller tensor than stored (not
-    a box of it), a key with a NUL (C would read another key)."""
+    a box of it), a key with a NUL (C would read another key). A larger
+    tensor, a 0-dim one and a non-tensor value where a tensor is stored are
+    told so (they were told by the box that failed: 'region [0:0,0:5]
+    (start:count) lies outside the tensor', 'the region has 0 dimensions')."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     path = tmp_path / "ck"
     want = dict(tr._full_values(), e=torch.zeros(0, 4))
@@ -430,11 +433,16 @@ def test_unfillable_refused(tmp_path):
         ({"a": torch.zeros(0, shape_a[1])}, f": a: the state dict's tensor has shape [0, {shape_a[1]}], "
                                             f"the checkpoint stores {shape_a}"),
         ({"a": torch.zeros(1, shape_a[1])}, f": a: the state dict's tensor has shape [1, {shape_a[1]}]"),
-        ({"e": torch.zeros(0, 5)}, ": e: region [0:0,0:5] (start:count) lies outside the tensor of shape [0,4]"),
+        ({"e": torch.zeros(0, 5)}, ": e: the state dict's tensor has shape [0, 5], the checkpoint stores [0, 4]"),
+        ({"a": torch.zeros(shape_a[::-1])}, f": a: the state dict's tensor has shape {shape_a[::-1]}, "
+                                            f"the checkpoint stores {shape_a}"),
+        ({"c": torch.zeros(())}, ": c: the state dict's tensor has shape [], the checkpoint stores [9]"),
+        ({"a": 0, "b": None}, ": a: the checkpoint stores a tensor, the state dict holds a non-tensor value"),
         ({"a\0junk": torch.zeros_like(want["a"])}, ": a\\0junk: no such key in the checkpoint"),
     ]
     for sd, msg in cases:
-        before = {k: v.clone() for k, v in sd.items() if v.device.type == "cpu" and not isinstance(v, type(fake))}
+        before = {k: v.clone() for k, v in sd.items()
+                  if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not isinstance(v, type(fake))}
         with pytest.raises(dcpfs.DcpError) as ei:
             dcpfs.torch.load(sd, str(path))
         assert f"{path}{msg}" in str(ei.value), (msg, str(ei.value))
