@@ -1,12 +1,12 @@
 """The read-once collective load under torch.distributed (``dcpfs.torch.load``).
 
 Every rank passes its state dict; each rank's tensors (plain tensors whole,
-DTensors by their local shard's box of the global tensor) and non-tensor
-items become requests. The ranks exchange them, and each builds the same
-global plan with libdcp's ``dcp_gplan_build`` -- the planner libdcpload runs
-over MPI: every needed byte range of storage is one *unit*, read by one rank
-and delivered to every rank that needs part of it. Here the plan runs over
-torch.distributed:
+DTensors by their local shard's box of the global tensor, ShardedTensors by
+each local shard's) and non-tensor items become requests. The ranks
+exchange them, and each builds the same global plan with libdcp's
+``dcp_gplan_build`` -- the planner libdcpload runs over MPI: every needed
+byte range of storage is one *unit*, read by one rank and delivered to
+every rank that needs part of it. Here the plan runs over torch.distributed:
 
 * a rank places its own fragments of the units it reads (a unit that only
   it needs, landing contiguously in one host destination, is read straight
@@ -38,6 +38,7 @@ import mmap
 import operator
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -173,8 +174,11 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
             break
         except (ImportError, AttributeError):
             DTensor = None
+    # ShardedTensor (torch.distributed._shard: FSDP1, old tensor parallelism): a state dict holding one has
+    # imported its module; not imported here (deprecated: importing it warns)
+    ShardedTensor: Any = getattr(sys.modules.get("torch.distributed._shard.sharded_tensor"), "ShardedTensor", None)
     dests: List[_Dest] = []
-    reqs = []
+    reqs: List[Tuple[str, tuple, tuple]] = []
     for key, value in flat.items():
         d = _Dest()
         d.key = key
@@ -184,6 +188,9 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
         if isinstance(value, torch.Tensor) and _stores_bytes(ck, key):
             # dcp.load's planner reads a stored bytes item whatever the state dict holds: its value replaces it
             value = None
+        if ShardedTensor is not None and isinstance(value, ShardedTensor):
+            _sharded_tensor_regions(torch, d, value, where, ShardedTensor, DTensor, dests, reqs)
+            continue
         if DTensor is not None and isinstance(value, DTensor):
             partial = [p for p in value.placements if p.is_partial()]
             if partial:
@@ -192,13 +199,8 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
                                    "a sum over ranks still to be reduced, which a load cannot fill (dcp.load "
                                    "refuses it too): redistribute it to Replicate() or Shard() first")
             if value.device_mesh.get_coordinate() is None:
-                # a DTensor on a mesh without this rank (another stage's): dcp.load skips it here; its key and
-                # global shape are checked all the same, with an empty box that needs no byte
-                d.kind = "tensor"
-                d.target = torch.empty(0)
-                d.shape = tuple(int(s) for s in value.shape)
-                dests.append(d)
-                reqs.append((key, (0,) * len(d.shape), (0,) * len(d.shape)))
+                # a DTensor on a mesh without this rank (another stage's): dcp.load skips it here
+                _check_only(torch, d, tuple(int(s) for s in value.shape), dests, reqs)
                 continue
             local = value.to_local()
             shape, offset = local_shape_and_offset(
@@ -225,6 +227,45 @@ def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tup
         dests.append(d)         # empty ones too: their key and shape are checked, then they are dropped
         reqs.append((key, offsets, lengths))
     return dests, reqs
+
+
+def _check_only(torch, d: _Dest, shape: tuple, dests: List[_Dest], reqs: list) -> None:
+    """A tensor this rank holds no element of (a DTensor on another mesh, a
+    ShardedTensor without a local shard here): its key and global shape are
+    checked all the same, as ``dcp.load`` checks them, with an empty box
+    that needs no byte (dropped by _drop_empty)."""
+    d.kind = "tensor"
+    d.target = torch.empty(0)
+    d.shape = shape
+    dests.append(d)
+    reqs.append((d.key, (0,) * len(shape), (0,) * len(shape)))
+
+
+def _sharded_tensor_regions(torch, d: _Dest, value: Any, where: str, ShardedTensor: Any, DTensor: Any,
+                            dests: List[_Dest], reqs: list) -> None:
+    """A ShardedTensor's requests: one per local shard (its offsets and sizes
+    in the global tensor, filled in place), as dcp.load reads into each."""
+    shape = tuple(int(s) for s in value.size())
+    shards = value.local_shards()
+    if not shards:
+        _check_only(torch, d, shape, dests, reqs)
+        return
+    for sh in shards:
+        t = sh.tensor
+        offsets = tuple(int(o) for o in sh.metadata.shard_offsets)
+        lengths = tuple(int(n) for n in sh.metadata.shard_sizes)
+        what = f"{where} (the ShardedTensor's local shard at {list(offsets)})"
+        if isinstance(t, ShardedTensor) or (DTensor is not None and isinstance(t, DTensor)):
+            raise DcpError(22, f"{what}: the shard is itself a {type(t).__name__} (FSDP1 with tensor "
+                               "parallelism): not supported, load through dcpfs.torch.Reader and dcp.load")
+        if tuple(t.shape) != lengths:
+            raise DcpError(22, f"{what}: the shard's tensor has shape {list(t.shape)}, its metadata says "
+                               f"{list(lengths)}")
+        _check_target(torch, what, t)
+        s = _Dest()
+        s.key, s.kind, s.target, s.shape = d.key, "tensor", t, shape
+        dests.append(s)
+        reqs.append((d.key, offsets, lengths))
 
 
 def _stores_bytes(ck, key: str) -> bool:
@@ -413,8 +454,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     Call it on every rank of ``process_group`` (default: the whole job, as set
     up by ``torch.distributed.init_process_group`` under torchrun or Slurm).
     Tensors are filled in place (plain tensors whole, DTensors by their local
-    shard, in any sharding -- not necessarily the one the checkpoint was
-    saved with); non-tensor items are replaced by their stored values, as
+    shard, ShardedTensors by each of their local shards, in any sharding --
+    not necessarily the one the checkpoint was saved with); non-tensor items are replaced by their stored values, as
     ``torch.distributed.checkpoint.load`` does (a tensor too, where the
     checkpoint stores a non-tensor value under its key). Every stored byte is read from
     storage once across the job and delivered to the ranks that need it:

@@ -839,3 +839,55 @@ def test_dtensor_on_a_submesh(tmp_path):
     """Off its mesh a DTensor is still checked: a wrong global shape fails, on every rank alike."""
     msgs = distrun.run(2, _submesh, str(tmp_path / "ck"), timeout=90)
     _same_message(msgs, ": w: the state dict's tensor has shape [6, 4], the checkpoint stores [6, 5]")
+
+
+def _sharded(spec_dim: int, ranks: list, full, fill: bool, dtype=None):
+    """A ShardedTensor of full's shape chunked along spec_dim over ranks (a rank may
+    appear more than once: several local shards), its shards full's values or zeros."""
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    spec = ChunkShardingSpec(dim=spec_dim, placements=[f"rank:{r}/cpu" for r in ranks])
+    t = sharded_tensor.zeros(spec, *full.shape, dtype=dtype or full.dtype)
+    for sh in t.local_shards():
+        if fill:
+            box = tuple(slice(o, o + n) for o, n in zip(sh.metadata.shard_offsets, sh.metadata.shard_sizes))
+            sh.tensor.copy_(full[box])
+    return t
+
+
+def _sharded_tensors(rank: int, world: int, path: str):
+    """ShardedTensors (FSDP1, the old tensor parallelism) are filled shard by
+    shard as dcp.load fills them, in another sharding than saved: rank 1
+    holding two shards of rows, rank 1 none of a column-sharded one (of
+    another dtype: cast); they were refused ('... not supported for
+    ShardedTensor!', from a check made for plain tensors)."""
+    rows, cols = torch.arange(21.0).reshape(7, 3), torch.arange(20, dtype=torch.int32).reshape(4, 5)
+    dcp.save({"rows": _sharded(0, [0, 1], rows, True), "cols": _sharded(1, [0, 1], cols, True)},
+             checkpoint_id=path)
+    got = {}
+    for name in ("dcpfs", "torch"):
+        sd = {"rows": _sharded(0, [1, 0, 1], rows, False), "cols": _sharded(1, [0], cols, False, torch.float64)}
+        if name == "dcpfs":
+            dcpfs.torch.load(sd, path)
+        else:
+            dcp.load(sd, storage_reader=FileSystemReader(path))
+        got[name] = {k: [(list(s.metadata.shard_offsets), s.tensor.clone()) for s in v.local_shards()]
+                     for k, v in sd.items()}
+    assert [len(got["dcpfs"]["rows"]), len(got["dcpfs"]["cols"])] == ([2, 0] if rank else [1, 1])
+    for k, shards in got["torch"].items():
+        for (off, want), (off2, t) in zip(shards, got["dcpfs"][k]):
+            assert off == off2
+            tr._same(t, want, f"rank {rank}: {k} shard at {off}: dcpfs.torch.load vs dcp.load")
+            box = tuple(slice(o, o + n) for o, n in zip(off, t.shape))
+            tr._same(t, (rows if k == "rows" else cols.double())[box], f"rank {rank}: {k} shard at {off}")
+    try:
+        dcpfs.torch.load({"cols": _sharded(1, [0], torch.zeros(4, 6), False)}, path)
+    except dcpfs.DcpError as e:
+        return str(e)
+    return None
+
+
+def test_sharded_tensors(tmp_path):
+    """A rank without a shard still has the key's global shape checked: a wrong one fails on every rank alike."""
+    msgs = distrun.run(2, _sharded_tensors, str(tmp_path / "ck"), timeout=90)
+    _same_message(msgs, ": cols: the state dict's tensor has shape [4, 6], the checkpoint stores [4, 5]")
