@@ -801,6 +801,15 @@ def test_saved_by_torch_2_3(tmp_path):
     tr._same_sd(ours["optim"]["state"], opt.state_dict()["state"], local=False, what="optim.state")
 
 
+def _error_of(sd: dict, path: str) -> "str | None":
+    """The DcpError dcpfs.torch.load raises for sd (None: it loaded)."""
+    try:
+        dcpfs.torch.load(sd, path)
+    except dcpfs.DcpError as e:
+        return str(e)
+    return None
+
+
 def _submesh(rank: int, world: int, path: str) -> "str | None":
     """A DTensor on a mesh of rank 0 alone (one pipeline stage's): rank 1
     holds no shard of it and dcp.load skips it there; it was refused on
@@ -828,11 +837,7 @@ def _submesh(rank: int, world: int, path: str) -> "str | None":
     if rank == 0:
         tr._same(got["dcpfs"]["w"], full, "w on its stage's rank")
         tr._same(got["dcpfs"]["s"], torch.tensor(2.5), "s on its stage's rank")
-    try:
-        dcpfs.torch.load({"w": api.distribute_tensor(torch.zeros(6, 4), stage, [api.Shard(0)])}, path)
-    except dcpfs.DcpError as e:
-        return str(e)
-    return None
+    return _error_of({"w": api.distribute_tensor(torch.zeros(6, 4), stage, [api.Shard(0)])}, path)
 
 
 def test_dtensor_on_a_submesh(tmp_path):
@@ -855,7 +860,7 @@ def _sharded(spec_dim: int, ranks: list, full, fill: bool, dtype=None):
     return t
 
 
-def _sharded_tensors(rank: int, world: int, path: str):
+def _sharded_tensors(rank: int, world: int, path: str) -> "str | None":
     """ShardedTensors (FSDP1, the old tensor parallelism) are filled shard by
     shard as dcp.load fills them, in another sharding than saved: rank 1
     holding two shards of rows, rank 1 none of a column-sharded one (of
@@ -880,11 +885,7 @@ def _sharded_tensors(rank: int, world: int, path: str):
             tr._same(t, want, f"rank {rank}: {k} shard at {off}: dcpfs.torch.load vs dcp.load")
             box = tuple(slice(o, o + n) for o, n in zip(off, t.shape))
             tr._same(t, (rows if k == "rows" else cols.double())[box], f"rank {rank}: {k} shard at {off}")
-    try:
-        dcpfs.torch.load({"cols": _sharded(1, [0], torch.zeros(4, 6), False)}, path)
-    except dcpfs.DcpError as e:
-        return str(e)
-    return None
+    return _error_of({"cols": _sharded(1, [0], torch.zeros(4, 6), False)}, path)
 
 
 def test_sharded_tensors(tmp_path):
