@@ -167,6 +167,20 @@ assert keys == ["e\x1b[31m\x7f", "w\n0123456789abcdef0123456789abcdef  forged.ke
         fail "dcp ls --json does not give the keys exactly"
 fi
 
+# A quantized tensor of torch.ao (scale and zero point in its record's data.pkl): refused naming
+# the key, never its integer bytes as if they were its values; the checkpoint's other keys read.
+if python3 -c 'import torch' 2>/dev/null; then
+    python3 - "$SCRATCH/qck" <<'PY'
+import sys, torch, torch.distributed.checkpoint as dcp
+q = torch.quantize_per_tensor(torch.randn(4, 4), 0.1, 3, torch.qint8)
+dcp.save({"q": q, "w": torch.ones(2)}, checkpoint_id=sys.argv[1], no_dist=True)
+PY
+    expect_fail "__0_0.distcp: q: chunk 0 at offset 0: data.pkl does not rebuild a plain tensor (_rebuild_qtensor)" \
+        "$DCP" --no-catalog cat "$SCRATCH/qck" q
+    [ "$("$DCP" --no-catalog cat "$SCRATCH/qck" w | od -An -tx1 | tr -d ' \n')" = 0000803f0000803f ] ||
+        fail "the key beside a quantized tensor"
+fi
+
 # A storage offset or length that is not a 64-bit size: the message names the field and why.
 if python3 -c 'import torch' 2>/dev/null; then
     for how in "offset 18446744073709551616 negative or past 2^63" "length -1 negative or past 2^63" \
