@@ -270,7 +270,7 @@ raw_rate() {   # MB/s of one sequential read of the files with 1 MiB reads
     t1=$(date +%s%N)
     awk -v b="$bytes" -v ns=$((t1 - t0)) 'BEGIN {printf "%.0f", b / ns * 1000}'
 }
-rate_of() { sed -n "s/^content: $1 .*(\([0-9]*\) MB\/s).*/\1/p" "$OUT"; }
+rate_of() { sed -n "s/^content: $1 .* at \([0-9]*\) MB\/s.*/\1/p" "$OUT"; }
 max() { awk -v a="$1" -v b="$2" 'BEGIN {print (b + 0 > a + 0) ? b : a}'; }
 verify_rates() {   # verify_rates CKPT LABEL
     local ck=$1 label=$2 raw=0 chk=0 rec r c

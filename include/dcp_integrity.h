@@ -123,6 +123,13 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
 int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
                         dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
                         dcp_error *err);
+/* The same for a folder that is not opened as a checkpoint: one whose
+ * .metadata is missing or cannot be parsed, where the manifest can still
+ * name every damaged file (.metadata itself included). -1 with err also
+ * when the folder cannot be opened. Reads only. Since DCP_0.2. */
+int dcp_verify_manifest_folder(const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
+                               dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
+                               dcp_error *err);
 
 #ifdef __cplusplus
 }

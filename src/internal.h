@@ -38,6 +38,9 @@ int dcpi_dirent_regular(int dirfd, const struct dirent *de);
 struct json_t;
 int dcpi_read_json(dcp_checkpoint *ck, const char *rel, const char *what, uint64_t max, const char *bound,
                    struct json_t **root, dcp_error *err);
+/* The same, relative to a folder's descriptor (a folder not opened as a checkpoint). */
+int dcpi_read_json_at(int dirfd, const char *rel, const char *what, uint64_t max, const char *bound,
+                      struct json_t **root, dcp_error *err);
 
 /* ------------------------------------------------------- checked arithmetic */
 

@@ -280,8 +280,14 @@ int dcpi_dirent_regular(int dirfd, const struct dirent *de)
 int dcpi_read_json(dcp_checkpoint *ck, const char *rel, const char *what, uint64_t max, const char *bound,
                    json_t **root, dcp_error *err)
 {
+    return dcpi_read_json_at(ck->dirfd, rel, what, max, bound, root, err);
+}
+
+int dcpi_read_json_at(int dirfd, const char *rel, const char *what, uint64_t max, const char *bound,
+                      json_t **root, dcp_error *err)
+{
     *root = NULL;
-    int fd = openat(ck->dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    int fd = openat(dirfd, rel, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return errno == ENOENT ? 0 : dcpi_err(err, errno, "%s: cannot open: %s", what, strerror(errno));
     struct stat st;

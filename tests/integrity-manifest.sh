@@ -3,7 +3,8 @@
 # and why, never a crash or a hang), then a checkpoint saved by megatron-core 0.19.2 or
 # 0.18.2 itself (dist_checkpointing.save(..., verify_integrity=True), one gloo rank on the
 # CPU; tests/interop/save_integrity.py; skipped when neither release is installed): intact,
-# a flipped byte, a removed file. The checkpoint folder is never written to.
+# a flipped byte, a removed file, a truncated .metadata. A .metadata that does not open still
+# has the manifest checked. The checkpoint folder is never written to.
 . "$top_srcdir/tests/lib.sh"
 need python3
 scratch
@@ -51,6 +52,62 @@ verify_rc "$SCRATCH/bad"
 [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/bad/__0_3.distcp: SHA-256 [0-9a-f]\{64\}, integrity.json lists [0-9a-f]\{64\}$" "$SCRATCH/out" &&
     grep -q "^PROBLEM: $SCRATCH/bad/__1_2.distcp: listed in integrity.json, missing$" "$SCRATCH/out" ||
     fail "a flipped byte and a missing file: $(cat "$SCRATCH/out")"
+# The hashing rate says what was hashed, how much and how fast.
+grep -q "^integrity.json: read and hashed [0-9.]* [KMGT]*i*B of files in [0-9.]* s at [0-9]* MB/s$" "$SCRATCH/out" ||
+    fail "the rate line: $(cat "$SCRATCH/out")"
+# Only a missing shard: named once by the structure check (the content check goes on over
+# the other files: no error, no "not checked"), once by the manifest.
+rm -rf "$SCRATCH/bad" && cp -r "$SCRATCH/ck" "$SCRATCH/bad" && rm "$SCRATCH/bad/__1_2.distcp"
+verify_rc "$SCRATCH/bad"
+[ $rc = 1 ] && [ "$(grep -c '__1_2\.distcp' "$SCRATCH/out")" = 2 ] &&
+    grep -q "^PROBLEM: $SCRATCH/bad/__1_2.distcp: the data file is missing$" "$SCRATCH/out" &&
+    grep -q "^PROBLEM: $SCRATCH/bad/__1_2.distcp: listed in integrity.json, missing$" "$SCRATCH/out" &&
+    ! grep -q "not checked\|^dcp:" "$SCRATCH/out" && grep -q "^integrity.json: $n files re-hashed (SHA-256), 1 problems$" "$SCRATCH/out" ||
+    fail "a missing shard (status $rc): $(cat "$SCRATCH/out")"
+
+# A .metadata that does not open (truncated, not a pickle, missing, a folder in its place):
+# the checkpoint cannot be read, but integrity.json still names the damaged file, status 1
+# (a folder with integrity.json is a finished save: not a partial one's 3), and nothing is
+# written to the folder.
+meta_sum=$(sha256sum <"$SCRATCH/ck/.metadata" | cut -d' ' -f1)
+for case in truncated garbage missing folder; do
+    rm -rf "$SCRATCH/bad" && cp -r "$SCRATCH/ck" "$SCRATCH/bad"
+    case $case in
+    truncated) truncate -s 500 "$SCRATCH/bad/.metadata"
+               why="^dcp: $SCRATCH/bad/.metadata: truncated pickle";;
+    garbage) printf 'not a pickle at all' >"$SCRATCH/bad/.metadata"
+             why="^dcp: $SCRATCH/bad/.metadata: is not a pickle";;
+    missing) rm "$SCRATCH/bad/.metadata"
+             why="^dcp: $SCRATCH/bad: a partial checkpoint";;
+    folder) rm "$SCRATCH/bad/.metadata" && mkdir "$SCRATCH/bad/.metadata"
+            why="^dcp: $SCRATCH/bad: a partial checkpoint";;
+    esac
+    case $case in
+    truncated|garbage) want="^PROBLEM: $SCRATCH/bad/.metadata: SHA-256 [0-9a-f]\{64\}, integrity.json lists $meta_sum$";;
+    missing) want="^PROBLEM: $SCRATCH/bad/.metadata: listed in integrity.json, missing$";;
+    folder) want="^PROBLEM: $SCRATCH/bad/.metadata: listed in integrity.json, not a regular file$";;
+    esac
+    before=$(sums "$SCRATCH/bad")
+    verify_rc "$SCRATCH/bad"
+    [ $rc = 1 ] && grep -q "$why" "$SCRATCH/out" && grep -q "$want" "$SCRATCH/out" &&
+        [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 1 ] &&
+        grep -q "^integrity.json: $n files re-hashed (SHA-256), 1 problems$" "$SCRATCH/out" &&
+        grep -q "^structure: not checked (the checkpoint does not open: the error above)$" "$SCRATCH/out" &&
+        tail -1 "$SCRATCH/out" | grep -q "^$SCRATCH/bad: FAILED$" ||
+        fail ".metadata $case (status $rc): $(cat "$SCRATCH/out")"
+    [ "$before" = "$(sums "$SCRATCH/bad")" ] || fail ".metadata $case: verify wrote into the folder"
+    # ... and, the manifest damaged too, that is named (status 1); without one, the error alone
+    printf '{"algorithm": "sha256", "files": {' >"$SCRATCH/bad/integrity.json"
+    verify_rc "$SCRATCH/bad"
+    [ $rc = 1 ] && grep -q "$why" "$SCRATCH/out" && grep -q "^dcp: $SCRATCH/bad/integrity.json: not valid JSON" "$SCRATCH/out" &&
+        grep -q '^integrity.json: not checked$' "$SCRATCH/out" ||
+        fail ".metadata $case, a broken manifest (status $rc): $(cat "$SCRATCH/out")"
+    rm "$SCRATCH/bad/integrity.json"
+    want_rc=1; case $case in missing|folder) want_rc=3;; esac
+    verify_rc "$SCRATCH/bad"
+    [ $rc = $want_rc ] && grep -q "$why" "$SCRATCH/out" && [ "$(wc -l <"$SCRATCH/out")" = 1 ] ||
+        fail ".metadata $case, no manifest (status $rc, not $want_rc): $(cat "$SCRATCH/out")"
+done
 
 # Hostile manifests: refused with integrity.json and the reason named, status 1, the folder
 # unchanged. (NAME|JSON-of-the-whole-manifest; D: a digest of 64 hex digits.)
@@ -145,4 +202,11 @@ rm "$SCRATCH/gone/metadata.json"
 verify_rc "$SCRATCH/gone"
 [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/gone/metadata.json: listed in integrity.json, missing$" "$SCRATCH/out" ||
     fail "megatron-core $v, metadata.json removed (status $rc): $(cat "$SCRATCH/out")"
+# Its .metadata cut short: the checkpoint does not open, integrity.json names it.
+cp -r "$SCRATCH/mck" "$SCRATCH/cut"
+truncate -s 100 "$SCRATCH/cut/.metadata"
+verify_rc "$SCRATCH/cut"
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/cut/.metadata: SHA-256 [0-9a-f]\{64\}, integrity.json lists [0-9a-f]\{64\}$" "$SCRATCH/out" &&
+    grep -q "^integrity.json: $m files re-hashed (SHA-256), 1 problems$" "$SCRATCH/out" ||
+    fail "megatron-core $v, .metadata truncated (status $rc): $(cat "$SCRATCH/out")"
 echo "megatron-core $v: integrity.json of $m files checked"

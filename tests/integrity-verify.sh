@@ -47,18 +47,36 @@ for bad in "dcpfs-digests 12|" "|0123456789abcdef0 0 16 __0_0.distcp" "|01234567
     [ $rc != 0 ] && grep -q "bad.txt" "$SCRATCH/out" || fail "the sidecar '$bad' was accepted: $(cat "$SCRATCH/out")"
 done
 
-# A truncated shard and a missing one.
+# A truncated shard, a missing one, a folder in a shard's place, digests recorded before:
+# each named once (file, key, reason), the content check still runs over the other files
+# and never advises recording over the damage, the folder is never written to.
 fresh 05_mixed_2ranks
+"$DCP" verify --record "$SCRATCH/ck" >/dev/null
+sums() { (cd "$SCRATCH/ck" && ls -lA --time-style=full-iso && sha256sum .metadata *.distcp) | sha256sum; }
 truncate -s 1000 "$SCRATCH/ck/__0_0.distcp"
-rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || rc=$?
-[ $rc = 1 ] && grep -q "__0_0.distcp: enc.weight: chunk \[0:20,0:24\] (start:count) at offset 0 length 2667 ends past the file (1000 bytes)" "$SCRATCH/out" \
-    || fail "truncated shard: $(cat "$SCRATCH/out")"
+before=$(sums)
+rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/ck/__0_0.distcp: enc.weight: chunk \[0:20,0:24\] (start:count) at offset 0 length 2667 ends past the file (1000 bytes)$" "$SCRATCH/out" \
+    && [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 1 ] || fail "truncated shard: $(cat "$SCRATCH/out")"
+grep -q "^content: 13 blobs have no recorded digest for the files as they are now (recorded digests are tied to the .metadata and every shard file's size; repair the problems above, never record over them)$" "$SCRATCH/out" &&
+    ! grep -q "record first" "$SCRATCH/out" || fail "truncated shard: the content line: $(cat "$SCRATCH/out")"
+expect_fail "$SCRATCH/ck/__0_0.distcp: enc.weight: cannot hash the blob at offset 0 length 2667: it ends past the end of the file" \
+    "$DCP" verify --record "$SCRATCH/ck"
 rm "$SCRATCH/ck/__0_1.distcp"
-rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || rc=$?
-[ $rc = 1 ] && grep -q "__0_1.distcp: shard file missing" "$SCRATCH/out" || fail "missing shard: $(cat "$SCRATCH/out")"
-# ... and its summary, though the content check cannot run over the missing file
-tail -2 "$SCRATCH/out" | grep -q "^structure: [1-9][0-9]* problems$" && tail -1 "$SCRATCH/out" | grep -q ": FAILED$" ||
+before=$(sums)
+rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/ck/__0_1.distcp: the data file is missing$" "$SCRATCH/out" &&
+    [ "$(grep -c '__0_1\.distcp' "$SCRATCH/out")" = 1 ] && [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 2 ] &&
+    ! grep -q "not checked\|^dcp:" "$SCRATCH/out" || fail "missing shard: $(cat "$SCRATCH/out")"
+# ... and its summary
+tail -2 "$SCRATCH/out" | grep -q "^structure: 2 problems$" && tail -1 "$SCRATCH/out" | grep -q ": FAILED$" ||
     fail "missing shard: no summary: $(cat "$SCRATCH/out")"
+mkdir "$SCRATCH/ck/__0_1.distcp"
+rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/ck/__0_1.distcp: the data file is not a regular file$" "$SCRATCH/out" &&
+    [ "$(grep -c '__0_1\.distcp' "$SCRATCH/out")" = 1 ] || fail "a folder for a shard: $(cat "$SCRATCH/out")"
+rmdir "$SCRATCH/ck/__0_1.distcp"
+[ "$before" = "$(sums)" ] || fail "verify wrote into the damaged checkpoint folder"
 
 # Overlapping chunks: move the row-250 chunks of 02 down by one row (both the
 # chunk and its storage index), so rows 250..500 overlap the next chunk.

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli.h"
@@ -37,14 +38,17 @@ static void progress(void *ctx, uint64_t done, uint64_t total)
     cli_progress((void *)r->label, done, total);
 }
 
-/* The hashing rate, and the whole pass's time when it differs much. */
-static void print_rate(const char *what, const struct rate *r, double t0, double t1)
+/* What was hashed and how fast ("PREFIX: VERB SIZE WHAT in S s at R MB/s"),
+ * and the whole pass's time when listing the blobs and the catalog's work
+ * add much to it. */
+static void print_rate(const char *prefix, const char *verb, const char *what, const struct rate *r, double t0,
+                       double t1)
 {
     char h[32];
     if (!r->total)
         return;
     double hs = r->start > 0 && r->end >= r->start ? r->end - r->start : t1 - t0;
-    printf("content: %s %s in %.2f s (%.0f MB/s)", what, cli_human_bytes(r->total, h), hs,
+    printf("%s: %s %s %s in %.2f s at %.0f MB/s", prefix, verb, cli_human_bytes(r->total, h), what, hs,
            hs > 0 ? (double)r->total / hs / 1e6 : 0.0);
     if (t1 - t0 > hs + 0.05)
         printf("; %.2f s with listing the blobs and the catalog's work", t1 - t0);
@@ -63,15 +67,20 @@ static void print_note(void *ctx, const char *msg)
     printf("note: %s\n", msg);
 }
 
-/* Megatron-Core's integrity.json, when the folder has one: 0, or 1 when a
- * file differs, is missing, or the manifest cannot be used. */
-static int check_manifest(dcp_checkpoint *ck)
+/* Megatron-Core's integrity.json, when the folder has one: of the open
+ * checkpoint ck, else of the folder that did not open. 0, or 1 when a file
+ * differs, is missing, or the manifest cannot be used; *present: the
+ * folder has one. */
+static int check_manifest(dcp_checkpoint *ck, const char *folder, int *present)
 {
     uint64_t files, problems;
     dcp_error err;
     struct rate rate = {"integrity.json", 0, 0, 0};
     double t0 = now();
-    int rc = dcp_verify_manifest(ck, print_problem, print_note, NULL, progress, &rate, &files, &problems, &err);
+    int rc = ck ? dcp_verify_manifest(ck, print_problem, print_note, NULL, progress, &rate, &files, &problems, &err)
+                : dcp_verify_manifest_folder(folder, print_problem, print_note, NULL, progress, &rate, &files,
+                                             &problems, &err);
+    *present = rc != 0;
     if (rc < 0) {
         cli_error("%s", err.msg);
         printf("integrity.json: not checked\n");
@@ -79,9 +88,27 @@ static int check_manifest(dcp_checkpoint *ck)
     }
     if (rc == 0)
         return 0;
-    print_rate("SHA-256 of", &rate, t0, now());
+    print_rate("integrity.json", "read and hashed", "of files", &rate, t0, now());
     printf("integrity.json: %" PRIu64 " files re-hashed (SHA-256), %" PRIu64 " problems\n", files, problems);
     return problems ? 1 : 0;
+}
+
+/* CKPT did not open (its .metadata missing, truncated or not a pickle; the
+ * error above says which): whatever does not need the model is checked
+ * still. Megatron-Core writes integrity.json last, so a folder with one is
+ * a finished save, damaged since: 1, not a partial checkpoint's 3. */
+static int verify_unopened(const char *path, int status)
+{
+    struct stat st;
+    int present;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return status;
+    check_manifest(NULL, path, &present);
+    if (!present)
+        return status;
+    printf("structure: not checked (the checkpoint does not open: the error above)\n");
+    printf("%s: FAILED\n", path);
+    return 1;
 }
 
 int cmd_verify(int argc, char **argv)
@@ -110,11 +137,11 @@ int cmd_verify(int argc, char **argv)
     const char *path = argv[optind];
     dcp_checkpoint *ck = cli_open(path);
     if (!ck)
-        return cli_open_status();
+        return verify_unopened(path, cli_open_status());
     dcp_error err;
     dcp_catalog *cat = NULL;
     uint64_t structural = 0, content = 0, checked = 0, missing = 0, n;
-    int status = 1;
+    int status = 1, present;
     if (dcp_verify_structure(ck, print_problem, NULL, &structural, &err) < 0) {
         cli_error("%s", err.msg);
         goto out;
@@ -138,7 +165,7 @@ int cmd_verify(int argc, char **argv)
             goto out;
         }
         printf("recorded %" PRIu64 " digests in %s\n", n, dcp_catalog_path(cat));
-        print_rate("hashed", &rate, t0, now());
+        print_rate("content", "hashed", "of stored data (XXH3-64)", &rate, t0, now());
     } else {
         if (dcp_verify_digests(cat, ck, print_problem, NULL, progress, &rate, &checked, &missing, &content,
                                &err) < 0) {
@@ -146,18 +173,22 @@ int cmd_verify(int argc, char **argv)
              * summary still says what was found */
             cli_error("%s", err.msg);
             printf("content: not checked\n");
-            check_manifest(ck);
+            check_manifest(ck, path, &present);
             printf("structure: %" PRIu64 " problems\n", structural);
             printf("%s: FAILED\n", path);
             status = 1;
             goto out;
         }
-        print_rate("re-hashed", &rate, t0, now());
+        print_rate("content", "re-hashed", "of stored data (XXH3-64)", &rate, t0, now());
         if (checked)
-            printf("content: %" PRIu64 " blobs re-hashed, %" PRIu64 " changed%s\n", checked, content,
-                   missing ? "" : "");
+            printf("content: %" PRIu64 " blobs re-hashed, %" PRIu64 " changed\n", checked, content);
+        /* never advise recording over a damaged checkpoint: its records, if any, were tied to
+         * the files as they were (.metadata, every shard file's size) */
         if (missing)
-            printf("content: %" PRIu64 " blobs have no recorded digest (run dcp verify --record first)\n", missing);
+            printf("content: %" PRIu64 " blobs have no recorded digest%s\n", missing,
+                   structural ? " for the files as they are now (recorded digests are tied to the .metadata and "
+                                "every shard file's size; repair the problems above, never record over them)"
+                              : " (run dcp verify --record first)");
     }
     if (export) {
         if (dcp_digests_export(cat, ck, export, &err) < 0) {
@@ -166,7 +197,7 @@ int cmd_verify(int argc, char **argv)
         }
         printf("exported digests to %s\n", export);
     }
-    int manifest = check_manifest(ck);
+    int manifest = check_manifest(ck, path, &present);
     printf("structure: %" PRIu64 " problems\n", structural);
     status = structural || content || manifest ? 1 : 0;
     printf("%s: %s\n", path, status ? "FAILED" : "OK");

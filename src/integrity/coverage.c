@@ -123,7 +123,7 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
         dcp_error fe;
         if (dcpi_ck_file_size(ck, (uint32_t)f, &sizes[f], &fe) < 0) {
             missing[f] = 1;
-            problem(&r, "%s/%s: shard file missing or unreadable: %s", ck->path, ck->files[f], fe.msg);
+            problem(&r, "%s", fe.msg);   /* names the file and why ("the data file is missing") */
         }
     }
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {

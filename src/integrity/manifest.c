@@ -45,7 +45,7 @@ typedef struct mfile {
 } mfile;
 
 typedef struct hasher {
-    dcp_checkpoint *ck;
+    int dirfd;                        /* the folder's */
     mfile *f;
     size_t n;
     atomic_size_t next;
@@ -81,7 +81,7 @@ static void *hash_files(void *arg)
     for (size_t i; (i = atomic_fetch_add(&h->next, 1)) < h->n;) {
         mfile *f = &h->f[i];
         struct stat st;   /* a device or FIFO the manifest names is not even opened */
-        if (fstatat(h->ck->dirfd, f->name, &st, 0) < 0) {
+        if (fstatat(h->dirfd, f->name, &st, 0) < 0) {
             f->err = errno;
             continue;
         }
@@ -89,7 +89,7 @@ static void *hash_files(void *arg)
             f->notreg = 1;
             continue;
         }
-        int fd = openat(h->ck->dirfd, f->name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        int fd = openat(h->dirfd, f->name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
         if (fd < 0) {
             f->err = errno;
             continue;
@@ -119,9 +119,9 @@ static int hex_digest(const char *s)
 
 /* The regular files of the folder (links to one count), the manifest aside;
  * with listed, note(ctx, ...) each one it does not name. -1 with errno. */
-static long folder_files(dcp_checkpoint *ck, json_t *listed, dcp_problem_fn note, void *ctx)
+static long folder_files(int dirfd, const char *folder, json_t *listed, dcp_problem_fn note, void *ctx)
 {
-    int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR *d = fd < 0 ? NULL : fdopendir(fd);
     if (!d) {
         if (fd >= 0)
@@ -136,7 +136,7 @@ static long folder_files(dcp_checkpoint *ck, json_t *listed, dcp_problem_fn note
         if (listed && note && !json_object_get(listed, de->d_name)) {
             char name[1024], msg[2048];
             dcp_key_text(de->d_name, name, sizeof name);
-            snprintf(msg, sizeof msg, "%s/%s: not listed in %s (not checked)", dcpi_ck_name(ck), name,
+            snprintf(msg, sizeof msg, "%s/%s: not listed in %s (not checked)", folder, name,
                      MANIFEST_NAME);
             note(ctx, msg);
         }
@@ -177,27 +177,25 @@ static int take_files(json_t *files, const char *what, mfile *f, dcp_error *err)
     return 0;
 }
 
-int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
-                        dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
-                        dcp_error *err)
+/* The manifest of the folder open as dirfd, named folder in messages. */
+static int verify_at(int dirfd, const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
+                     dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems, dcp_error *err)
 {
     *nfiles = *nproblems = 0;
-    if (dcpi_ck_is_file(ck))
-        return 0;
     char what[4096], bound[128];
-    snprintf(what, sizeof what, "%s/%s", dcpi_ck_name(ck), MANIFEST_NAME);
+    snprintf(what, sizeof what, "%s/%s", folder, MANIFEST_NAME);
     struct stat st;
-    if (fstatat(ck->dirfd, MANIFEST_NAME, &st, 0) < 0 && errno == ENOENT)
+    if (fstatat(dirfd, MANIFEST_NAME, &st, 0) < 0 && errno == ENOENT)
         return 0;
-    long have = folder_files(ck, NULL, NULL, NULL);
+    long have = folder_files(dirfd, folder, NULL, NULL, NULL);
     if (have < 0)
-        return dcpi_err(err, errno, "%s: cannot list the folder: %s", dcpi_ck_name(ck), strerror(errno));
+        return dcpi_err(err, errno, "%s: cannot list the folder: %s", folder, strerror(errno));
     uint64_t max = 4096 + (uint64_t)have * PER_FILE;
     if (max > MANIFEST_MAX)
         max = MANIFEST_MAX;
     snprintf(bound, sizeof bound, "a manifest of the folder's %ld files", have);
     json_t *root;
-    if (dcpi_read_json(ck, MANIFEST_NAME, what, max, bound, &root, err) < 0)
+    if (dcpi_read_json_at(dirfd, MANIFEST_NAME, what, max, bound, &root, err) < 0)
         return -1;
     if (!root)
         return 0;
@@ -220,9 +218,9 @@ int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_
         rc = 1;
     }
     size_t n = rc == 1 ? json_object_size(files) : 0;
-    hasher h = {.ck = ck, .f = f, .n = n, .progress = progress, .pctx = pctx};
+    hasher h = {.dirfd = dirfd, .f = f, .n = n, .progress = progress, .pctx = pctx};
     for (size_t i = 0; i < n; i++)
-        if (fstatat(ck->dirfd, f[i].name, &st, 0) == 0 && S_ISREG(st.st_mode))
+        if (fstatat(dirfd, f[i].name, &st, 0) == 0 && S_ISREG(st.st_mode))
             h.total += (uint64_t)st.st_size;
     if (rc == 1 && n) {
         pthread_mutex_init(&h.lock, NULL);
@@ -251,18 +249,18 @@ int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_
         char shown[1024], msg[2048], hex[2 * DCPI_SHA256_LEN + 1];
         dcp_key_text(f[i].name, shown, sizeof shown);
         if (f[i].err == ENOENT)
-            snprintf(msg, sizeof msg, "%s/%s: listed in %s, missing", dcpi_ck_name(ck), shown, MANIFEST_NAME);
+            snprintf(msg, sizeof msg, "%s/%s: listed in %s, missing", folder, shown, MANIFEST_NAME);
         else if (f[i].err)
-            snprintf(msg, sizeof msg, "%s/%s: cannot read: %s", dcpi_ck_name(ck), shown, strerror(f[i].err));
+            snprintf(msg, sizeof msg, "%s/%s: cannot read: %s", folder, shown, strerror(f[i].err));
         else if (f[i].notreg)
-            snprintf(msg, sizeof msg, "%s/%s: listed in %s, not a regular file", dcpi_ck_name(ck), shown,
+            snprintf(msg, sizeof msg, "%s/%s: listed in %s, not a regular file", folder, shown,
                      MANIFEST_NAME);
         else {
             for (int k = 0; k < DCPI_SHA256_LEN; k++)
                 snprintf(hex + 2 * k, 3, "%02x", f[i].got[k]);
             if (!strcmp(hex, f[i].want))
                 continue;
-            snprintf(msg, sizeof msg, "%s/%s: SHA-256 %s, %s lists %s", dcpi_ck_name(ck), shown, hex,
+            snprintf(msg, sizeof msg, "%s/%s: SHA-256 %s, %s lists %s", folder, shown, hex,
                      MANIFEST_NAME, f[i].want);
         }
         ++*nproblems;
@@ -272,9 +270,32 @@ int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_
     if (rc == 1) {
         *nfiles = n;
         if (note)
-            folder_files(ck, files, note, ctx);
+            folder_files(dirfd, folder, files, note, ctx);
     }
     free(f);
     json_decref(root);
+    return rc;
+}
+
+int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
+                        dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
+                        dcp_error *err)
+{
+    *nfiles = *nproblems = 0;
+    if (dcpi_ck_is_file(ck))
+        return 0;
+    return verify_at(ck->dirfd, dcpi_ck_name(ck), problem, note, ctx, progress, pctx, nfiles, nproblems, err);
+}
+
+int dcp_verify_manifest_folder(const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
+                               dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,
+                               dcp_error *err)
+{
+    *nfiles = *nproblems = 0;
+    int dirfd = open(folder, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dirfd < 0)
+        return dcpi_err(err, errno, "%s: cannot open the folder: %s", folder, strerror(errno));
+    int rc = verify_at(dirfd, folder, problem, note, ctx, progress, pctx, nfiles, nproblems, err);
+    close(dirfd);
     return rc;
 }
