@@ -39,7 +39,7 @@ tests_unit_test_probe_LDADD = $(UNIT_TEST_LIBS)
 EXTRA_tests_unit_test_probe_DEPENDENCIES = libdcp.la
 
 # Verification, digests, the catalog and diffs.
-INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-manifest.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh tests/catalog-spill.sh
+INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-manifest.sh tests/integrity-unreadable.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh tests/catalog-spill.sh
 TESTS += $(INTEGRITY_TESTS)
 dist_check_SCRIPTS += $(INTEGRITY_TESTS)
 

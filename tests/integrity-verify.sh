@@ -148,6 +148,44 @@ PY
     "$DCP" --no-catalog convert -q "$SCRATCH/ovl" "$SCRATCH/ovl.safetensors" || fail "overlap and hole: convert"
     [ "$("$DCP" --no-catalog digest --keys w "$SCRATCH/ovl.safetensors" | cut -d' ' -f1)" = "$want" ] ||
         fail "overlap and hole: the converted w is not the stored bytes with a zero hole"
+    # A hostile .metadata: blobs far past the end of their shard (a length of 2^63 - 1, an
+    # offset and length of 2^62 each, a bytes item ending just below 2^63), one at the middle
+    # of a record, one cut short: each named with its key and why, nothing read out of
+    # bounds; an offset of 2^63 or more is refused at the open, naming the key.
+    python3 - "$SCRATCH/hostile" <<'PY' 2>/dev/null
+import pickle, sys, torch, torch.distributed.checkpoint as dcp
+out = sys.argv[1]
+dcp.save({"w": torch.arange(12.).reshape(3, 4), "v": torch.ones(5), "b": {"x": 1}, "m": torch.ones(2),
+          "s": torch.ones(3)}, checkpoint_id=out, no_dist=True)
+md = pickle.load(open(out + "/.metadata", "rb"))
+for k, v in md.storage_data.items():
+    if k.fqn == "w": v.length = 2**63 - 1
+    if k.fqn == "v": v.offset = v.length = 2**62
+    if k.fqn == "b.x": v.offset, v.length = 2**63 - 10, 9
+    if k.fqn == "m": v.offset += 100
+    if k.fqn == "s": v.length = 200
+pickle.dump(md, open(out + "/.metadata", "wb"))
+for k, v in md.storage_data.items():
+    if k.fqn == "v": v.offset = 2**63 + 5
+pickle.dump(md, open(out + "/.metadata.huge", "wb"))
+PY
+    mkdir "$SCRATCH/huge" && cp "$SCRATCH/hostile/__0_0.distcp" "$SCRATCH/huge/" && mv "$SCRATCH/hostile/.metadata.huge" "$SCRATCH/huge/.metadata"
+    sz=$(stat -c %s "$SCRATCH/hostile/__0_0.distcp")
+    before=$(cd "$SCRATCH/hostile" && ls -lA --time-style=full-iso && sha256sum .metadata __0_0.distcp)
+    rc=0; "$DCP" --no-catalog verify "$SCRATCH/hostile" > "$SCRATCH/out" 2>&1 || rc=$?
+    H="^PROBLEM: $SCRATCH/hostile/__0_0.distcp"
+    [ $rc = 1 ] && grep -q "$H: w: chunk \[0:3,0:4\] (start:count) at offset [0-9]* length 9223372036854775807 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
+        grep -q "$H: v: chunk \[0:5\] (start:count) at offset 4611686018427387904 length 4611686018427387904 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
+        grep -q "$H: b.x: blob at offset 9223372036854775798 length 9 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
+        grep -q "$H: m: chunk 0 at offset [0-9]*: neither a torch.save archive nor a safetensors buffer" "$SCRATCH/out" &&
+        grep -q "$H: s: corrupt torch.save archive at offset [0-9]*: no end-of-central-directory record$" "$SCRATCH/out" &&
+        [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 5 ] && grep -q "^structure: 5 problems$" "$SCRATCH/out" ||
+        fail "hostile offsets and lengths (status $rc): $(cat "$SCRATCH/out")"
+    [ "$before" = "$(cd "$SCRATCH/hostile" && ls -lA --time-style=full-iso && sha256sum .metadata __0_0.distcp)" ] ||
+        fail "hostile offsets: verify wrote into the folder"
+    rc=0; "$DCP" --no-catalog verify "$SCRATCH/huge" > "$SCRATCH/out" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "^dcp: $SCRATCH/huge/.metadata: v: _StorageInfo's offset is negative or past 2^63$" "$SCRATCH/out" ||
+        fail "an offset past 2^63 (status $rc): $(cat "$SCRATCH/out")"
 else
     echo "gap case skipped: PyTorch not installed"
 fi

@@ -241,9 +241,10 @@ static int verify_at(int dirfd, const char *folder, dcp_problem_fn problem, dcp_
         pthread_mutex_destroy(&h.lock);
         if (h.oom && atomic_load(&h.next) < n)
             rc = dcpi_err(err, ENOMEM, "%s: out of memory for reading", what);
-        uint64_t end = atomic_load(&h.done) > h.total ? atomic_load(&h.done) : h.total;
+        /* the end: the bytes hashed, fewer than planned when a file was missing, unreadable or shorter */
+        uint64_t end = atomic_load(&h.done);
         if (progress)
-            progress(pctx, end, end);   /* the end, also when a file was missing or shorter */
+            progress(pctx, end, end);
     }
     for (size_t i = 0; rc == 1 && i < n; i++) {
         char shown[1024], msg[2048], hex[2 * DCPI_SHA256_LEN + 1];
