@@ -108,6 +108,16 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
                        dcp_progress_fn progress, void *pctx, uint64_t *checked, uint64_t *missing,
                        uint64_t *nproblems, dcp_error *err);
 
+/* The CRC-32 of every record of every torch.save archive a chunk or bytes
+ * item is stored as (torch's save.compute_crc32, on by default), checked
+ * against its bytes, reading all of them; each that differs or cannot be
+ * read is reported to fn. *checked: records compared; *nocrc: records
+ * saved without a CRC-32 (0); *nproblems: reported. Blobs that are not
+ * torch.save archives (safetensors; one that does not parse, which
+ * dcp_verify_structure reports) are skipped. Reads only. Since DCP_0.2. */
+int dcp_verify_crc(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, dcp_progress_fn progress, void *pctx,
+                   uint64_t *checked, uint64_t *nocrc, uint64_t *nproblems, dcp_error *err);
+
 /* Megatron-Core's integrity.json (dist_checkpointing.save(...,
  * verify_integrity=True), 0.18 and later): {"algorithm": "sha256", "files":
  * {NAME: HEX, ...}}, the SHA-256 of every regular file of the folder but

@@ -93,6 +93,7 @@ int dcpi_zip_open(dcp_checkpoint *ck, const dcp_blob *b, const char *key, dcpi_z
         }
         e->flags = (uint16_t)le(h + 8, 2);
         e->method = (uint16_t)le(h + 10, 2);
+        e->crc = (uint32_t)le(h + 16, 4);
         uint64_t csize = le(h + 20, 4), usize = le(h + 24, 4), loff = le(h + 42, 4);
         /* zip64 extra: only the fields that were 0xFFFFFFFF, in order usize, csize, offset. */
         const unsigned char *x = h + 46 + nl, *xe = x + xl;

@@ -14,6 +14,7 @@ typedef struct dcpi_zip_entry {
     size_t name_len;
     uint64_t local_offset;   /* local header, from the blob start */
     uint64_t size;           /* stored == uncompressed */
+    uint32_t crc;            /* the central directory's CRC-32 of the data (0: none computed) */
     uint16_t method, flags;
 } dcpi_zip_entry;
 

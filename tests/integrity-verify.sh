@@ -26,6 +26,42 @@ PY
 rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || rc=$?
 [ $rc = 1 ] || fail "a flipped byte was not reported (rc $rc)"
 grep -q "__0_0.distcp: enc.weight: bytes at offset 0 .* changed" "$SCRATCH/out" || fail "$(cat "$SCRATCH/out")"
+# ... found without recorded digests too, by the CRC-32 torch.save keeps of each record (--crc);
+# a byte of a zip header that nothing reads (the record's time) is not.
+rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/ck/__0_0.distcp: enc.weight: record archive/data/0 of the torch.save archive at offset 0: CRC-32 [0-9a-f]\{8\}, the archive records [0-9a-f]\{8\}$" "$SCRATCH/out" &&
+    [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 1 ] && grep -q "^crc: 37 records checked (CRC-32), 1 problems$" "$SCRATCH/out" &&
+    grep -q "^crc: read and checked [0-9.]* [KMGT]*i*B of torch.save records in [0-9.]* s at [0-9]* MB/s$" "$SCRATCH/out" ||
+    fail "--crc, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
+fresh 05_mixed_2ranks
+"$DCP" --no-catalog verify --crc "$SCRATCH/ck" > "$SCRATCH/out" && grep -q "^crc: 37 records checked (CRC-32), 0 problems$" "$SCRATCH/out" ||
+    fail "--crc, intact: $(cat "$SCRATCH/out")"
+printf '\001' | dd of="$SCRATCH/ck/__0_0.distcp" bs=1 seek=10 conv=notrunc status=none
+"$DCP" --no-catalog verify --crc "$SCRATCH/ck" > "$SCRATCH/out" || fail "--crc, a header's time changed: $(cat "$SCRATCH/out")"
+# Records written without CRC-32s (dcp synth without --crc, as torch's compute_crc32=False)
+# are counted and not checked; with them, a changed byte is found.
+"$DCP" synth "$SCRATCH/nocrc" --keys 3 --shape 8,8 --ranks 2 >/dev/null
+"$DCP" --no-catalog verify --crc "$SCRATCH/nocrc" > "$SCRATCH/out" &&
+    grep -q "^crc: 0 records checked (CRC-32), 0 problems$" "$SCRATCH/out" &&
+    grep -q "^crc: 42 records carry no CRC-32 (written as 0, as torch does with save.compute_crc32=False): not checked$" "$SCRATCH/out" ||
+    fail "--crc, no CRCs: $(cat "$SCRATCH/out")"
+"$DCP" synth "$SCRATCH/crc" --keys 3 --shape 8,8 --ranks 2 --crc >/dev/null
+python3 - "$SCRATCH/crc/__1_0.distcp" <<'PY'
+import struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
+# the first local record named .../data/0: flip the first byte of its data
+i = 0
+while True:
+    i = b.index(b'PK\x03\x04', i)
+    nl, xl = struct.unpack_from('<HH', b, i + 26)
+    if bytes(b[i + 30:i + 30 + nl]).endswith(b'/data/0'):
+        break
+    i += 4
+b[i + 30 + nl + xl] ^= 0x80; open(p, 'wb').write(b)
+PY
+rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/crc" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/crc/__1_0.distcp: [^ ]*: record [^ ]*/data/0 of the torch.save archive at offset [0-9]*: CRC-32" "$SCRATCH/out" &&
+    grep -q "^crc: 42 records checked (CRC-32), 1 problems$" "$SCRATCH/out" || fail "--crc, dcp synth --crc, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
 
 # The sidecar carries the digests to a machine with an empty catalog.
 rm -rf "$XDG_CACHE_HOME"

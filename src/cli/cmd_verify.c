@@ -12,7 +12,7 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dcp verify [--record] [--export FILE] [--import FILE] [--catalog PATH | --no-catalog] CKPT\n");
+    fprintf(f, "usage: dcp verify [--record] [--crc] [--export FILE] [--import FILE] [--catalog PATH | --no-catalog] CKPT\n");
 }
 
 static double now(void)
@@ -93,6 +93,26 @@ static int check_manifest(dcp_checkpoint *ck, const char *folder, int *present)
     return problems ? 1 : 0;
 }
 
+/* --crc: the CRC-32 of every torch.save record, against its bytes. 0, or 1
+ * when one differs or cannot be read (or the check cannot run). */
+static int check_crc(dcp_checkpoint *ck)
+{
+    uint64_t checked, nocrc, problems;
+    dcp_error err;
+    struct rate rate = {"crc", 0, 0, 0};
+    double t0 = now();
+    if (dcp_verify_crc(ck, print_problem, NULL, progress, &rate, &checked, &nocrc, &problems, &err) < 0) {
+        cli_error("%s", err.msg);
+        printf("crc: not checked\n");
+        return 1;
+    }
+    print_rate("crc", "read and checked", "of torch.save records", &rate, t0, now());
+    printf("crc: %" PRIu64 " records checked (CRC-32), %" PRIu64 " problems\n", checked, problems);
+    if (nocrc)
+        printf("crc: %" PRIu64 " records carry no CRC-32 (written as 0, as torch does with save.compute_crc32=False): not checked\n", nocrc);
+    return problems ? 1 : 0;
+}
+
 /* CKPT did not open (its .metadata missing, truncated or not a pickle; the
  * error above says which): whatever does not need the model is checked
  * still. Megatron-Core writes integrity.json last, so a folder with one is
@@ -114,14 +134,15 @@ static int verify_unopened(const char *path, int status)
 int cmd_verify(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"record", no_argument, 0, 'r'}, {"export", required_argument, 0, 'e'},
+        {"record", no_argument, 0, 'r'}, {"crc", no_argument, 0, 'C'}, {"export", required_argument, 0, 'e'},
         {"import", required_argument, 0, 'i'}, {"catalog", required_argument, 0, 'c'},
         {"no-catalog", no_argument, 0, 'n'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    int record = 0, c;
+    int record = 0, crc = 0, c;
     const char *export = NULL, *import = NULL, *catalog = cli_catalog_enabled ? cli_catalog_path : ":memory:";
     while ((c = getopt_long(argc, argv, "re:i:c:nh", opts, NULL)) != -1) {
         switch (c) {
         case 'r': record = 1; break;
+        case 'C': crc = 1; break;
         case 'e': export = optarg; break;
         case 'i': import = optarg; break;
         case 'c': catalog = cli_catalog_path = optarg; break;
@@ -173,6 +194,8 @@ int cmd_verify(int argc, char **argv)
              * summary still says what was found */
             cli_error("%s", err.msg);
             printf("content: not checked\n");
+            if (crc)
+                check_crc(ck);
             check_manifest(ck, path, &present);
             printf("structure: %" PRIu64 " problems\n", structural);
             printf("%s: FAILED\n", path);
@@ -197,9 +220,10 @@ int cmd_verify(int argc, char **argv)
         }
         printf("exported digests to %s\n", export);
     }
+    int crcs = crc ? check_crc(ck) : 0;
     int manifest = check_manifest(ck, path, &present);
     printf("structure: %" PRIu64 " problems\n", structural);
-    status = structural || content || manifest ? 1 : 0;
+    status = structural || content || crcs || manifest ? 1 : 0;
     printf("%s: %s\n", path, status ? "FAILED" : "OK");
 out:
     dcp_catalog_close(cat);
