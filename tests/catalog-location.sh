@@ -49,7 +49,7 @@ for p in $pids; do wait "$p" || fail "a concurrent dcp failed: $(cat "$SCRATCH"/
 for i in 1 2 3; do
     grep -q "recorded 13 digests" "$SCRATCH/rec$i" || fail "record $i: $(cat "$SCRATCH/rec$i")"
     cmp -s "$SCRATCH/ls.ref" "$SCRATCH/ls$i" || fail "listing $i differs"
-    "$DCP" verify "$SCRATCH/c$i" | grep -q "13 blobs re-hashed, 0 changed" || fail "digests of c$i lost"
+    "$DCP" verify "$SCRATCH/c$i" | grep -q "13 blobs checked against their recorded digests, 0 problems" || fail "digests of c$i lost"
     "$DCP" info "$SCRATCH/c$i" | grep -q "rebuilt from the catalog" || fail "model of c$i not stored"
 done
 

@@ -53,4 +53,16 @@ verify_rc
     grep -q "^integrity.json: not checked$" "$SCRATCH/out" || fail "an unreadable integrity.json (status $rc): $(cat "$SCRATCH/out")"
 chmod 644 "$SCRATCH/ck/integrity.json" "$SCRATCH/ck/.metadata" "$SCRATCH/ck/__0_1.distcp"
 [ "$before" = "$(sums)" ] || fail "verify wrote into the checkpoint folder"
+# Digests recorded before (a sidecar), a shard unreadable since: its blobs are named in one
+# line.
+"$DCP" synth "$SCRATCH/syn" --keys 5 --shape 8,8 --ranks 2 >/dev/null
+"$DCP" --no-catalog verify --record --export "$SCRATCH/side.txt" "$SCRATCH/syn" >/dev/null
+chmod -R a+rX "$SCRATCH/syn" "$SCRATCH/side.txt"
+chmod 000 "$SCRATCH/syn/__1_0.distcp"
+rc=0; $run "$DCP" --no-catalog verify --import "$SCRATCH/side.txt" "$SCRATCH/syn" >"$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/syn/__1_0.distcp: cannot open the data file: Permission denied$" "$SCRATCH/out" &&
+    grep -q "^PROBLEM: $SCRATCH/syn/__1_0.distcp: model.layers.0.weight: cannot re-hash the bytes at offset 0 (length [0-9]*): Permission denied (and 4 more blobs of the file alike)$" "$SCRATCH/out" &&
+    [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 2 ] &&
+    grep -q "^content: 10 blobs checked against their recorded digests, 1 problems$" "$SCRATCH/out" ||
+    fail "an unreadable shard, digests recorded (status $rc): $(cat "$SCRATCH/out")"
 echo "integrity-unreadable: ok${run:+ (as nobody)}"

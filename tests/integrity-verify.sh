@@ -16,7 +16,7 @@ grep -q "recorded 13 digests" "$SCRATCH/out" || fail "record: $(cat "$SCRATCH/ou
 after=$(cd "$SCRATCH/ck" && ls -lA --time-style=full-iso | sha256sum)
 [ "$before" = "$after" ] || fail "verify wrote into the checkpoint folder"
 "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" || fail "verify of an intact checkpoint failed: $(cat "$SCRATCH/out")"
-grep -q "13 blobs re-hashed, 0 changed" "$SCRATCH/out" || fail "$(cat "$SCRATCH/out")"
+grep -q "13 blobs checked against their recorded digests, 0 problems" "$SCRATCH/out" || fail "$(cat "$SCRATCH/out")"
 
 # A flipped byte inside enc.weight's data record (file offset 0 + data at 320 + 100).
 python3 - "$SCRATCH/ck/__0_0.distcp" <<'PY'
@@ -232,7 +232,7 @@ mkdir -p "$XDG_CACHE_HOME/dcpfs"
 echo "not a database" > "$XDG_CACHE_HOME/dcpfs/catalog.sqlite"
 "$DCP" verify --record "$SCRATCH/ck" > "$SCRATCH/out" || fail "record over a corrupt catalog: $(cat "$SCRATCH/out")"
 [ -f "$XDG_CACHE_HOME/dcpfs/catalog.sqlite.corrupt" ] || fail "the corrupt catalog was not moved aside"
-"$DCP" verify "$SCRATCH/ck" | grep -q "13 blobs re-hashed, 0 changed" || fail "rebuilt catalog unusable"
+"$DCP" verify "$SCRATCH/ck" | grep -q "13 blobs checked against their recorded digests, 0 problems" || fail "rebuilt catalog unusable"
 
 # Two processes recording into one catalog at once.
 fresh 05_mixed_2ranks
@@ -241,7 +241,7 @@ cp -r "$SCRATCH/ck" "$SCRATCH/ck2"
 "$DCP" verify --record "$SCRATCH/ck2" >/dev/null & p2=$!
 wait $p1 || fail "concurrent record 1"
 wait $p2 || fail "concurrent record 2"
-"$DCP" verify "$SCRATCH/ck2" | grep -q "13 blobs re-hashed, 0 changed" || fail "concurrent catalog lost records"
+"$DCP" verify "$SCRATCH/ck2" | grep -q "13 blobs checked against their recorded digests, 0 problems" || fail "concurrent catalog lost records"
 
 # A changed .metadata changes the identity: old records are not applied.
 touch -d '2001-01-01' "$SCRATCH/ck/.metadata"

@@ -204,7 +204,8 @@ int cmd_verify(int argc, char **argv)
         }
         print_rate("content", "re-hashed", "of stored data (XXH3-64)", &rate, t0, now());
         if (checked)
-            printf("content: %" PRIu64 " blobs re-hashed, %" PRIu64 " changed\n", checked, content);
+            printf("content: %" PRIu64 " blobs checked against their recorded digests, %" PRIu64 " problems\n",
+                   checked, content);
         /* never advise recording over a damaged checkpoint: its records, if any, were tied to
          * the files as they were (.metadata, every shard file's size) */
         if (missing)

@@ -703,10 +703,21 @@ int dcp_verify_digests(dcp_catalog *cat, dcp_checkpoint *ck, dcp_problem_fn fn, 
             continue;
         }
         (*checked)++;
+        /* a file that cannot be read (permissions, a read error) fails each of its blobs
+         * alike: one line names the first and counts the others */
+        size_t more = 0;
+        while (b->rerr > 0 && i + 1 < n && r[i + 1].want && r[i + 1].file == b->file && r[i + 1].rerr == b->rerr) {
+            i++;
+            more++;
+            (*checked)++;
+        }
+        char others[96] = "";
+        if (more)
+            snprintf(others, sizeof others, " (and %zu more blob%s of the file alike)", more, more == 1 ? "" : "s");
         if (b->rerr)
-            snprintf(msg, sizeof msg, "%s/%s: %s: cannot re-hash the bytes at offset %" PRIu64 " (length %" PRIu64 "): %s",
+            snprintf(msg, sizeof msg, "%s/%s: %s: cannot re-hash the bytes at offset %" PRIu64 " (length %" PRIu64 "): %s%s",
                      ck->path, file, key, b->offset, b->length,
-                     b->rerr == DCPI_PAST_END ? "they end past the end of the file" : strerror(b->rerr));
+                     b->rerr == DCPI_PAST_END ? "they end past the end of the file" : strerror(b->rerr), others);
         else if (b->xxh3 != b->recorded)
             snprintf(msg, sizeof msg, "%s/%s: %s: bytes at offset %" PRIu64 " (length %" PRIu64 ") changed: recorded xxh3 %016" PRIx64 ", now %016" PRIx64,
                      ck->path, file, key, b->offset, b->length, b->recorded, b->xxh3);

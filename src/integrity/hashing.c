@@ -13,7 +13,8 @@
  * machine the low-priority reader yields and the hasher does it all. 
  *
  * Progress: progress(ctx, 0, total) when hashing starts, so that callers can
- * time the hashing alone.
+ * time the hashing alone; progress(ctx, hashed, hashed) at the end, the bytes
+ * actually hashed (fewer than total when a blob could not be read).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -240,6 +241,7 @@ int dcpi_hash_blobs(dcp_checkpoint *ck, dcpi_blobref *r, size_t n, dcp_progress_
                     dcp_error *err)
 {
     struct progress pg = {progress, pctx, 0, 0, 0};
+    uint64_t hashed = 0;
     for (size_t i = 0; i < n; i++)
         pg.total += r[i].want ? r[i].length : 0;
     plan pl = {0};
@@ -300,13 +302,16 @@ int dcpi_hash_blobs(dcp_checkpoint *ck, dcpi_blobref *r, size_t n, dcp_progress_
             if (!b->rerr)
                 b->xxh3 = XXH3_64bits_digest(st);
         }
+        if (!b->rerr)
+            hashed += b->length;
         advance(&pg, b->length);
     }
     release_until(&g, pl.n);   /* the reader thread may be waiting for a buffer: it ends */
     if (threaded)
         pthread_join(th, NULL);
-    if (progress && pg.total && pg.last != pg.done)
-        progress(pctx, pg.done, pg.total);
+    /* the end: the bytes hashed, fewer than planned when a blob could not be read */
+    if (progress && pg.total && (pg.last != pg.done || hashed != pg.total))
+        progress(pctx, hashed, hashed);
     for (int who = 0; who < 2; who++)
         if (g.fd[who] >= 0)
             close(g.fd[who]);
