@@ -41,6 +41,10 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         return dcpi_load_rank_view(ck, (unsigned)ck->rank_view, err);
     if (has_file(ck->dirfd, ".metadata"))
         return dcpi_load_metadata(ck, ".metadata", err);
+    struct stat st;   /* one that is there but no file is damage (never read: a FIFO would block) */
+    if (fstatat(ck->dirfd, ".metadata", &st, 0) == 0)
+        return dcpi_err(err, EINVAL, "%s/.metadata: not a regular file (%s)", ck->path,
+                        S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
 
     int fd = openat(ck->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)

@@ -122,6 +122,9 @@ int dcpi_probe_at(int dirfd, const char *path, dcp_folder_probe *out, dcp_error 
         const char *nm = de->d_name;
         size_t n = strlen(nm);
         if (!dcpi_dirent_regular(fd, de)) {
+            /* a .metadata that is not a file (a folder, a FIFO, a link to a device) is
+             * damage, not a save that did not finish: opening names it */
+            metadata |= !strcmp(nm, ".metadata");
             errno = 0;
             continue;
         }

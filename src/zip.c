@@ -18,10 +18,11 @@ static uint64_t le(const unsigned char *p, int n)
     return v;
 }
 
+/* key "": a whole file (dcp_open_file), named by its path alone */
 static int bad(dcp_checkpoint *ck, const dcp_blob *b, const char *key, const char *why, dcp_error *err)
 {
-    return dcpi_err(err, EIO, "%s/%s: %s: corrupt torch.save archive at offset %llu: %s", ck->path,
-                    ck->files[b->file], key, (unsigned long long)b->offset, why);
+    return dcpi_err(err, EIO, "%s/%s: %s%scorrupt torch.save archive at offset %llu: %s", ck->path,
+                    ck->files[b->file], key, *key ? ": " : "", (unsigned long long)b->offset, why);
 }
 
 int dcpi_zip_open(dcp_checkpoint *ck, const dcp_blob *b, const char *key, dcpi_zip *z, dcp_error *err)

@@ -65,12 +65,13 @@ verify_rc "$SCRATCH/bad"
     ! grep -q "not checked\|^dcp:" "$SCRATCH/out" && grep -q "^integrity.json: $n files re-hashed (SHA-256), 1 problems$" "$SCRATCH/out" ||
     fail "a missing shard (status $rc): $(cat "$SCRATCH/out")"
 
-# A .metadata that does not open (truncated, not a pickle, missing, a folder in its place):
+# A .metadata that does not open (truncated, not a pickle, missing, a folder or a FIFO in its
+# place: damage, not a partial save; never waited on):
 # the checkpoint cannot be read, but integrity.json still names the damaged file, status 1
 # (a folder with integrity.json is a finished save: not a partial one's 3), and nothing is
 # written to the folder.
 meta_sum=$(sha256sum <"$SCRATCH/ck/.metadata" | cut -d' ' -f1)
-for case in truncated garbage missing folder; do
+for case in truncated garbage missing folder fifo; do
     rm -rf "$SCRATCH/bad" && cp -r "$SCRATCH/ck" "$SCRATCH/bad"
     case $case in
     truncated) truncate -s 500 "$SCRATCH/bad/.metadata"
@@ -80,12 +81,14 @@ for case in truncated garbage missing folder; do
     missing) rm "$SCRATCH/bad/.metadata"
              why="^dcp: $SCRATCH/bad: a partial checkpoint";;
     folder) rm "$SCRATCH/bad/.metadata" && mkdir "$SCRATCH/bad/.metadata"
-            why="^dcp: $SCRATCH/bad: a partial checkpoint";;
+            why="^dcp: $SCRATCH/bad/.metadata: not a regular file (a folder)$";;
+    fifo) rm "$SCRATCH/bad/.metadata" && mkfifo "$SCRATCH/bad/.metadata"
+          why="^dcp: $SCRATCH/bad/.metadata: not a regular file (a FIFO)$";;
     esac
     case $case in
     truncated|garbage) want="^PROBLEM: $SCRATCH/bad/.metadata: SHA-256 [0-9a-f]\{64\}, integrity.json lists $meta_sum$";;
     missing) want="^PROBLEM: $SCRATCH/bad/.metadata: listed in integrity.json, missing$";;
-    folder) want="^PROBLEM: $SCRATCH/bad/.metadata: listed in integrity.json, not a regular file$";;
+    folder|fifo) want="^PROBLEM: $SCRATCH/bad/.metadata: listed in integrity.json, not a regular file$";;
     esac
     before=$(sums "$SCRATCH/bad")
     verify_rc "$SCRATCH/bad"
@@ -103,7 +106,7 @@ for case in truncated garbage missing folder; do
         grep -q '^integrity.json: not checked$' "$SCRATCH/out" ||
         fail ".metadata $case, a broken manifest (status $rc): $(cat "$SCRATCH/out")"
     rm "$SCRATCH/bad/integrity.json"
-    want_rc=1; case $case in missing|folder) want_rc=3;; esac
+    want_rc=1; case $case in missing) want_rc=3;; esac
     verify_rc "$SCRATCH/bad"
     [ $rc = $want_rc ] && grep -q "$why" "$SCRATCH/out" && [ "$(wc -l <"$SCRATCH/out")" = 1 ] ||
         fail ".metadata $case, no manifest (status $rc, not $want_rc): $(cat "$SCRATCH/out")"

@@ -114,6 +114,12 @@ rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
 rmdir "$SCRATCH/ck/__0_1.distcp"
 [ "$before" = "$(sums)" ] || fail "verify wrote into the damaged checkpoint folder"
 
+# A single file that is not a torch.save archive: named with the reason (no empty key), status 1.
+head -c 100 /dev/zero >"$SCRATCH/junk.pt"
+rc=0; "$DCP" --no-catalog verify "$SCRATCH/junk.pt" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && [ "$(cat "$SCRATCH/out")" = "dcp: $SCRATCH/junk.pt: corrupt torch.save archive at offset 0: no end-of-central-directory record" ] ||
+    fail "a junk single file (status $rc): $(cat "$SCRATCH/out")"
+
 # Overlapping chunks: move the row-250 chunks of 02 down by one row (both the
 # chunk and its storage index), so rows 250..500 overlap the next chunk.
 fresh 02_rowwise_4ranks
