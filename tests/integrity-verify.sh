@@ -98,6 +98,13 @@ grep -q "^content: 13 blobs have no recorded digest for the files as they are no
     ! grep -q "record first" "$SCRATCH/out" || fail "truncated shard: the content line: $(cat "$SCRATCH/out")"
 expect_fail "$SCRATCH/ck/__0_0.distcp: enc.weight: cannot hash the blob at offset 0 length 2667: it ends past the end of the file" \
     "$DCP" verify --record "$SCRATCH/ck"
+# A shard holding 50 chunks cut after the first: one problem, the first chunk past the cut
+# named, the others counted (not 49 lines).
+"$DCP" synth "$SCRATCH/cut" --keys 50 --shape 8,8 --ranks 2 >/dev/null
+truncate -s 2000 "$SCRATCH/cut/__0_0.distcp"
+rc=0; "$DCP" --no-catalog verify "$SCRATCH/cut" > "$SCRATCH/out" 2>&1 || rc=$?
+[ $rc = 1 ] && [ "$(grep '^PROBLEM:' "$SCRATCH/out")" = "PROBLEM: $SCRATCH/cut/__0_0.distcp: model.layers.1.weight: chunk [0:4,0:8] (start:count) at offset 1705 length 1705 ends past the file (2000 bytes) (and 48 more chunks or bytes items of the file)" ] &&
+    grep -q "^structure: 1 problems$" "$SCRATCH/out" || fail "a shard of 50 chunks cut short (status $rc): $(cat "$SCRATCH/out")"
 rm "$SCRATCH/ck/__0_1.distcp"
 before=$(sums)
 rc=0; "$DCP" verify "$SCRATCH/ck" > "$SCRATCH/out" 2>&1 || rc=$?
@@ -191,9 +198,10 @@ PY
     [ "$("$DCP" --no-catalog digest --keys w "$SCRATCH/ovl.safetensors" | cut -d' ' -f1)" = "$want" ] ||
         fail "overlap and hole: the converted w is not the stored bytes with a zero hole"
     # A hostile .metadata: blobs far past the end of their shard (a length of 2^63 - 1, an
-    # offset and length of 2^62 each, a bytes item ending just below 2^63), one at the middle
-    # of a record, one cut short: each named with its key and why, nothing read out of
-    # bounds; an offset of 2^63 or more is refused at the open, naming the key.
+    # offset and length of 2^62 each, a bytes item ending just below 2^63: one problem of the
+    # file, the first named and the others counted), one at the middle of a record, one cut
+    # short: each named with its key and why, nothing read out of bounds; an offset of 2^63 or
+    # more is refused at the open, naming the key.
     python3 - "$SCRATCH/hostile" <<'PY' 2>/dev/null
 import pickle, sys, torch, torch.distributed.checkpoint as dcp
 out = sys.argv[1]
@@ -216,12 +224,10 @@ PY
     before=$(cd "$SCRATCH/hostile" && ls -lA --time-style=full-iso && sha256sum .metadata __0_0.distcp)
     rc=0; "$DCP" --no-catalog verify "$SCRATCH/hostile" > "$SCRATCH/out" 2>&1 || rc=$?
     H="^PROBLEM: $SCRATCH/hostile/__0_0.distcp"
-    [ $rc = 1 ] && grep -q "$H: w: chunk \[0:3,0:4\] (start:count) at offset [0-9]* length 9223372036854775807 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
-        grep -q "$H: v: chunk \[0:5\] (start:count) at offset 4611686018427387904 length 4611686018427387904 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
-        grep -q "$H: b.x: blob at offset 9223372036854775798 length 9 ends past the file ($sz bytes)$" "$SCRATCH/out" &&
+    [ $rc = 1 ] && grep -q "$H: w: chunk \[0:3,0:4\] (start:count) at offset [0-9]* length 9223372036854775807 ends past the file ($sz bytes) (and 2 more chunks or bytes items of the file)$" "$SCRATCH/out" &&
         grep -q "$H: m: chunk 0 at offset [0-9]*: neither a torch.save archive nor a safetensors buffer" "$SCRATCH/out" &&
         grep -q "$H: s: corrupt torch.save archive at offset [0-9]*: no end-of-central-directory record$" "$SCRATCH/out" &&
-        [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 5 ] && grep -q "^structure: 5 problems$" "$SCRATCH/out" ||
+        [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 3 ] && grep -q "^structure: 3 problems$" "$SCRATCH/out" ||
         fail "hostile offsets and lengths (status $rc): $(cat "$SCRATCH/out")"
     [ "$before" = "$(cd "$SCRATCH/hostile" && ls -lA --time-style=full-iso && sha256sum .metadata __0_0.distcp)" ] ||
         fail "hostile offsets: verify wrote into the folder"

@@ -29,6 +29,44 @@ static void problem(report *r, const char *fmt, ...)
         r->fn(r->ctx, msg);
 }
 
+/* Blobs past the end of their file: a file cut short puts every blob after
+ * the cut there, thousands of lines for one problem. The first one of each
+ * file is kept and reported at the end with a count of the others. */
+typedef struct past_end {
+    char **first;       /* per file: the first blob's message, NULL when none */
+    uint64_t *count;    /* per file */
+} past_end;
+
+__attribute__((format(printf, 3, 4)))
+static void note_past_end(past_end *p, size_t file, const char *fmt, ...)
+{
+    if (p->count[file]++)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    p->first[file] = strdup(msg);   /* NULL (no memory): the count alone is reported */
+}
+
+static void report_past_end(past_end *p, const dcp_checkpoint *ck, report *r)
+{
+    for (size_t f = 0; f < ck->nfiles; f++) {
+        if (!p->count[f])
+            continue;
+        if (p->count[f] == 1 && p->first[f])
+            problem(r, "%s", p->first[f]);
+        else if (p->first[f])
+            problem(r, "%s (and %llu more chunks or bytes items of the file)", p->first[f],
+                    (unsigned long long)(p->count[f] - 1));
+        else
+            problem(r, "%s/%s: %llu chunks or bytes items end past the file", ck->path, ck->files[f],
+                    (unsigned long long)p->count[f]);
+        free(p->first[f]);
+    }
+}
+
 /* "0:4,8:2": each dimension's start and count, as the loader's messages say them */
 static void box_text(const dcp_entry *e, const dcp_chunk *c, char *buf, size_t n)
 {
@@ -114,10 +152,12 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
     report r = {fn, ctx, 0};
     char *missing = calloc(ck->nfiles ? ck->nfiles : 1, 1);
     uint64_t *sizes = calloc(ck->nfiles ? ck->nfiles : 1, sizeof *sizes);
-    if (!missing || !sizes) {
-        free(missing);
-        free(sizes);
-        return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    past_end past = {calloc(ck->nfiles ? ck->nfiles : 1, sizeof *past.first),
+                     calloc(ck->nfiles ? ck->nfiles : 1, sizeof *past.count)};
+    int rc = -1;
+    if (!missing || !sizes || !past.first || !past.count) {
+        dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+        goto out;
     }
     for (size_t f = 0; f < ck->nfiles; f++) {
         dcp_error fe;
@@ -129,31 +169,24 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {
         const dcp_entry *e;
         const dcp_chunk *chunks;
-        if (dcp_get_entry(ck, i, &e, err) < 0) {
-            free(missing);
-            free(sizes);
-            return -1;
-        }
+        if (dcp_get_entry(ck, i, &e, err) < 0)
+            goto out;
         if (e->kind == DCP_KIND_BYTES) {
             if (!e->has_blob)
                 problem(&r, "%s: %s: no storage entry for this bytes item", ck->path, e->key);
             else if (!(e->blob.transforms & DCP_TRANSFORM_MEMORY) && !missing[e->blob.file] &&
                      e->blob.offset + e->blob.length > sizes[e->blob.file])
-                problem(&r, "%s/%s: %s: blob at offset %llu length %llu ends past the file (%llu bytes)", ck->path,
+                note_past_end(&past, e->blob.file, "%s/%s: %s: blob at offset %llu length %llu ends past the file (%llu bytes)", ck->path,
                         ck->files[e->blob.file], e->key, (unsigned long long)e->blob.offset,
                         (unsigned long long)e->blob.length, (unsigned long long)sizes[e->blob.file]);
             continue;
         }
-        if (dcp_entry_chunks(ck, e, &chunks, err) < 0) {
-            free(missing);
-            free(sizes);
-            return -1;
-        }
+        if (dcp_entry_chunks(ck, e, &chunks, err) < 0)
+            goto out;
         if (check_tiling(ck, e, chunks, &r) < 0) {
             dcp_release_chunks(ck, e);
-            free(missing);
-            free(sizes);
-            return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+            dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+            goto out;
         }
         for (size_t c = 0; c < e->nchunks; c++) {
             const dcp_chunk *ch = &chunks[c];
@@ -166,7 +199,7 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
             if (missing[ch->blob.file])
                 continue;
             if (ch->blob.offset + ch->blob.length > sizes[ch->blob.file]) {
-                problem(&r, "%s/%s: %s: chunk [%s] (start:count) at offset %llu length %llu ends past the file (%llu bytes)",
+                note_past_end(&past, ch->blob.file, "%s/%s: %s: chunk [%s] (start:count) at offset %llu length %llu ends past the file (%llu bytes)",
                         ck->path, ck->files[ch->blob.file], e->key, box, (unsigned long long)ch->blob.offset,
                         (unsigned long long)ch->blob.length, (unsigned long long)sizes[ch->blob.file]);
                 continue;
@@ -182,8 +215,16 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
         }
         dcp_release_chunks(ck, e);
     }
+    report_past_end(&past, ck, &r);
+    *nproblems = r.n;
+    rc = 0;
+out:
+    if (rc < 0 && past.first && past.count)
+        for (size_t f = 0; f < ck->nfiles; f++)
+            free(past.first[f]);
+    free(past.first);
+    free(past.count);
     free(missing);
     free(sizes);
-    *nproblems = r.n;
-    return 0;
+    return rc;
 }
