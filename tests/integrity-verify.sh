@@ -234,6 +234,26 @@ PY
     rc=0; "$DCP" --no-catalog verify "$SCRATCH/huge" > "$SCRATCH/out" 2>&1 || rc=$?
     [ $rc = 1 ] && grep -q "^dcp: $SCRATCH/huge/.metadata: v: _StorageInfo's offset is negative or past 2^63$" "$SCRATCH/out" ||
         fail "an offset past 2^63 (status $rc): $(cat "$SCRATCH/out")"
+    # --crc over a single torch.save file: its records (every tensor's, data.pkl) checked; a
+    # flipped byte of a tensor named with the record.
+    python3 -c 'import sys, torch; torch.save({"a": torch.ones(3, 3), "b": torch.arange(5)}, sys.argv[1])' "$SCRATCH/m.pt"
+    "$DCP" --no-catalog verify --crc "$SCRATCH/m.pt" > "$SCRATCH/out" && grep -q "^crc: 8 records checked (CRC-32), 0 problems$" "$SCRATCH/out" ||
+        fail "--crc, a torch.save file: $(cat "$SCRATCH/out")"
+    python3 - "$SCRATCH/m.pt" <<'PY'
+import struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
+i = 0
+while True:
+    i = b.index(b'PK\x03\x04', i)
+    nl, xl = struct.unpack_from('<HH', b, i + 26)
+    if bytes(b[i + 30:i + 30 + nl]).endswith(b'/data/0'):
+        break
+    i += 4
+b[i + 30 + nl + xl + 3] ^= 0x40; open(p, 'wb').write(b)
+PY
+    rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/m.pt" > "$SCRATCH/out" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/m.pt: record m/data/0 of the torch.save archive at offset 0: CRC-32 [0-9a-f]\{8\}, the archive records [0-9a-f]\{8\}$" "$SCRATCH/out" &&
+        grep -q "^crc: 8 records checked (CRC-32), 1 problems$" "$SCRATCH/out" || fail "--crc, a torch.save file, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
 else
     echo "gap case skipped: PyTorch not installed"
 fi

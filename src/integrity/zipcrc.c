@@ -81,7 +81,7 @@ static void check_blob(struct crc_pass *p, const dcp_blob *b, const char *key)
         for (uint64_t off = 0; off < ze->size && ok; off += PIECE) {
             size_t n = ze->size - off < PIECE ? (size_t)(ze->size - off) : PIECE;
             if (dcpi_blob_read(ck, b, p->buf, n, data + off, key, &e) < 0) {
-                report(p, "%s: record %s: %s", key, name, e.msg);
+                report(p, "%s: record %s", e.msg, name);
                 ok = 0;
                 break;
             }
@@ -92,9 +92,9 @@ static void check_blob(struct crc_pass *p, const dcp_blob *b, const char *key)
             continue;
         ++*p->checked;
         if (crc != ze->crc)
-            report(p, "%s/%s: %s: record %s of the torch.save archive at offset %" PRIu64 ": CRC-32 %08" PRIx32
-                      ", the archive records %08" PRIx32, ck->path, ck->files[b->file], key, name, b->offset, crc,
-                   ze->crc);
+            report(p, "%s/%s: %s%srecord %s of the torch.save archive at offset %" PRIu64 ": CRC-32 %08" PRIx32
+                      ", the archive records %08" PRIx32, ck->path, ck->files[b->file], key, *key ? ": " : "", name,
+                   b->offset, crc, ze->crc);
     }
     dcpi_zip_close(&z);
 }
@@ -111,6 +111,20 @@ int dcp_verify_crc(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, dcp_progres
     struct crc_pass p = {ck, fn, ctx, progress, pctx, 0, 0, 0, checked, nocrc, nproblems, malloc(PIECE)};
     if (!p.buf)
         return dcpi_err(err, ENOMEM, "%s: out of memory", ck->path);
+    uint64_t size;
+    dcp_error e;
+    if (dcpi_ck_is_file(ck) && dcpi_ck_file_size(ck, 0, &size, &e) == 0) {
+        /* a torch.save file: one archive, its records those of every tensor and of data.pkl */
+        dcp_blob whole = {.file = 0, .offset = 0, .length = size};
+        p.total = size;
+        if (progress)
+            progress(pctx, 0, p.total);
+        check_blob(&p, &whole, "");
+        if (progress)
+            progress(pctx, p.done, p.done);
+        free(p.buf);
+        return 0;
+    }
     size_t nentries = dcp_num_entries(ck);
     for (int pass = 0; pass < 2; pass++) {   /* the total first, for the progress */
         if (pass == 1 && progress)
