@@ -254,6 +254,34 @@ PY
     rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/m.pt" > "$SCRATCH/out" 2>&1 || rc=$?
     [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/m.pt: record m/data/0 of the torch.save archive at offset 0: CRC-32 [0-9a-f]\{8\}, the archive records [0-9a-f]\{8\}$" "$SCRATCH/out" &&
         grep -q "^crc: 8 records checked (CRC-32), 1 problems$" "$SCRATCH/out" || fail "--crc, a torch.save file, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
+    # ... and one whose central directory lists a 4 KiB record three times (records that
+    # overlap would be read again and again): refused once it claims more than the archive.
+    python3 -c 'import sys, torch; torch.save({"a": torch.ones(1024)}, sys.argv[1])' "$SCRATCH/dup.pt"
+    python3 - "$SCRATCH/dup.pt" <<'PY'
+import struct, sys
+p = sys.argv[1]; b = bytes(open(p, 'rb').read())
+e = b.rindex(b'PK\x05\x06')
+n, cds, cdo = struct.unpack_from('<HII', b, e + 10)
+z = b.rindex(b'PK\x06\x06', 0, e)
+n, cds, cdo = struct.unpack_from('<QQQ', b, z + 32)
+cd, pos, extra = b[cdo:cdo + cds], 0, b''
+while pos < len(cd):
+    nl, xl, cl = struct.unpack_from('<HHH', cd, pos + 28)
+    ent = cd[pos:pos + 46 + nl + xl + cl]
+    if cd[pos + 46:pos + 46 + nl].endswith(b'/data/0'):
+        extra = ent * 2
+    pos += len(ent)
+newcd = cd + extra
+z64 = bytearray(b[z:z + 56]); struct.pack_into('<QQQQ', z64, 24, n + 2, n + 2, len(newcd), cdo)
+loc = bytearray(b[z + 56:z + 76]); struct.pack_into('<Q', loc, 8, cdo + len(newcd))
+eocd = bytearray(b[e:e + 22]); struct.pack_into('<HHII', eocd, 8, min(n + 2, 0xffff), min(n + 2, 0xffff),
+                                                  min(len(newcd), 0xffffffff), min(cdo, 0xffffffff))
+open(p, 'wb').write(b[:cdo] + newcd + bytes(z64) + bytes(loc) + bytes(eocd))
+PY
+    len=$(stat -c %s "$SCRATCH/dup.pt")
+    rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/dup.pt" > "$SCRATCH/out" 2>&1 || rc=$?
+    [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/dup.pt: torch.save archive at offset 0: its records hold more bytes than the archive ($len): they overlap, not checked further$" "$SCRATCH/out" &&
+        [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 1 ] || fail "--crc, records listed thrice (status $rc): $(cat "$SCRATCH/out")"
 else
     echo "gap case skipped: PyTorch not installed"
 fi

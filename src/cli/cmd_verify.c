@@ -109,7 +109,8 @@ static int check_crc(dcp_checkpoint *ck)
     print_rate("crc", "read and checked", "of torch.save records", &rate, t0, now());
     printf("crc: %" PRIu64 " records checked (CRC-32), %" PRIu64 " problems\n", checked, problems);
     if (nocrc)
-        printf("crc: %" PRIu64 " records carry no CRC-32 (written as 0, as torch does with save.compute_crc32=False): not checked\n", nocrc);
+        printf("crc: %" PRIu64 " records carry no CRC-32 (written as 0, as torch does with "
+               "save.compute_crc32=False): not checked\n", nocrc);
     return problems ? 1 : 0;
 }
 

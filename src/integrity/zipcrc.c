@@ -63,8 +63,16 @@ static void check_blob(struct crc_pass *p, const dcp_blob *b, const char *key)
     if (dcpi_ck_file_size(ck, b->file, &size, &e) < 0 || b->offset > size || b->length > size - b->offset ||
         dcpi_blob_size(ck, b, &len, key, &e) < 0 || dcpi_zip_open(ck, b, key, &z, &e) < 0)
         return;
+    uint64_t claimed = 0;   /* records that overlap would read the same bytes over and over */
     for (size_t i = 0; i < z.n; i++) {
         const dcpi_zip_entry *ze = &z.entries[i];
+        if (ze->size > len - claimed) {
+            report(p, "%s/%s: %s%storch.save archive at offset %" PRIu64 ": its records hold more bytes than "
+                      "the archive (%" PRIu64 "): they overlap, not checked further",
+                   ck->path, ck->files[b->file], key, *key ? ": " : "", b->offset, len);
+            break;
+        }
+        claimed += ze->size;
         char name[512];
         dcp_key_text(ze->name, name, sizeof name);
         uint64_t data;
