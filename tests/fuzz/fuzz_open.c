@@ -29,7 +29,10 @@
  *   recipe      an export recipe (dcp-recipe(5)) applied to fixture 09, a
  *               Megatron checkpoint: dcp_export_hf into a folder, removed
  *   manifest    integrity.json (Megatron-Core's SHA-256 of every file) in
- *               fixture 05's folder, checked by dcp_verify_manifest
+ *               fixture 05's folder, checked by dcp_verify_manifest (opened,
+ *               and as a folder not opened: dcp_verify_manifest_folder)
+ * Every opened checkpoint is also checked as dcp verify does
+ * (dcp_verify_structure, and dcp_verify_crc's read of every record).
  *
  * Built with -fsanitize=fuzzer by `make fuzz`, and with replay.c's main by
  * `make check`, which runs every committed input (tests/fuzz-regress.sh).
@@ -125,6 +128,9 @@ static void walk(dcp_checkpoint *ck)
     dcp_plan plan;
     dcp_plan_init(&plan);
     (void)dcp_get_info(ck);
+    uint64_t n1, n2, n3;   /* dcp verify's checks of the hostile files: structure, records' CRC-32s */
+    (void)dcp_verify_structure(ck, NULL, NULL, &n1, &err);
+    (void)dcp_verify_crc(ck, NULL, NULL, NULL, NULL, &n1, &n2, &n3, &err);
     for (size_t i = 0; i < dcp_num_entries(ck); i++) {
         const dcp_entry *e = dcp_entry_at(ck, i);
         if (!e)
@@ -208,6 +214,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
                 fprintf(stderr, "fuzz_open: manifest: %s\n", rc < 0 ? err.msg : rc ? "checked" : "none");
             dcp_close(ck);
         }
+        uint64_t files, problems;   /* the same, of the folder not opened (dcp verify of a damaged one) */
+        (void)dcp_verify_manifest_folder(dir, NULL, NULL, NULL, NULL, NULL, &files, &problems, &err);
         return 0;
     }
     if (tg->how != AS_FILE)
