@@ -512,8 +512,8 @@ START_TEST(file_errors)
     spit(meta, "\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00", 11);
     open_fails(dir, want, NULL);
     unlink(meta);
-    mkdir(meta, 0700);   /* .metadata that is not a regular file: not taken for one */
-    open_fails(dir, "not a checkpoint", NULL);
+    mkdir(meta, 0700);   /* .metadata that is not a regular file: named as such, never read */
+    open_fails(dir, "/.metadata: not a regular file (a folder)", NULL);
     rmdir(meta);
     remove_tree(dir);
 }
