@@ -124,7 +124,11 @@ int dcp_verify_crc(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, dcp_progres
  * itself. Re-hashes every listed file (several at once, dcp_read_threads())
  * and reports to problem each that differs, is missing or cannot be read;
  * to note (may be NULL) each regular file of the folder it does not list.
- * *nfiles: the files it lists; *nproblems: those reported to problem.
+ * A data file of ck that cannot be opened (missing, unreadable, not a
+ * regular file) is dcp_verify_structure's to name, with the reason: it is
+ * counted here but not reported again (one line per damaged file).
+ * *nfiles: the files it lists; *nproblems: the files that differ, are
+ * missing or cannot be read.
  * Returns 1 when checked, 0 when the folder has no integrity.json (or ck is
  * a single file), -1 with err naming the manifest and why when it cannot be
  * used (not JSON, another algorithm, a name that is not a plain file name of
@@ -135,7 +139,8 @@ int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_
                         dcp_error *err);
 /* The same for a folder that is not opened as a checkpoint: one whose
  * .metadata is missing or cannot be parsed, where the manifest can still
- * name every damaged file (.metadata itself included). -1 with err also
+ * name every damaged file (.metadata itself included), each reported to
+ * problem (there is no structure check to name any). -1 with err also
  * when the folder cannot be opened. Reads only. Since DCP_0.2. */
 int dcp_verify_manifest_folder(const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
                                dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems,

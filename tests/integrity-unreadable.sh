@@ -26,18 +26,19 @@ n=$(ls -A "$SCRATCH/ck" | grep -vc '^integrity.json$')
 sums() { (cd "$SCRATCH/ck" && ls -lA --time-style=full-iso && sha256sum .metadata ./*.distcp integrity.json) | sha256sum; }
 verify_rc() { rc=0; $run timeout 120 "$DCP" --no-catalog verify "$SCRATCH/ck" >"$SCRATCH/out" 2>&1 || rc=$?; }
 
-# A shard file unreadable.
+# A shard file unreadable: named on one line, the structure check's (integrity.json counts
+# it without naming it again).
 before=$(sums)
 chmod 000 "$SCRATCH/ck/__0_1.distcp"
 ! $run test -r "$SCRATCH/ck/__0_1.distcp" || skip "a file of mode 000 is still readable here"
 verify_rc
 [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/ck/__0_1.distcp: cannot open the data file: Permission denied$" "$SCRATCH/out" &&
-    grep -q "^PROBLEM: $SCRATCH/ck/__0_1.distcp: cannot read: Permission denied$" "$SCRATCH/out" &&
-    [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 2 ] &&
+    [ "$(grep -c '__0_1\.distcp' "$SCRATCH/out")" = 1 ] && [ "$(grep -c '^PROBLEM:' "$SCRATCH/out")" = 1 ] &&
     grep -q "^integrity.json: $n files re-hashed (SHA-256), 1 problems$" "$SCRATCH/out" &&
     grep -q "^structure: 1 problems$" "$SCRATCH/out" && tail -1 "$SCRATCH/out" | grep -q "^$SCRATCH/ck: FAILED$" ||
     fail "an unreadable shard (status $rc): $(cat "$SCRATCH/out")"
-# ... and the .metadata too: the checkpoint does not open, integrity.json names both.
+# ... and the .metadata too: the checkpoint does not open, integrity.json names both (no
+# structure check to name the shard).
 chmod 000 "$SCRATCH/ck/.metadata"
 verify_rc
 [ $rc = 1 ] && grep -q "^dcp: $SCRATCH/ck/.metadata: cannot open: Permission denied$" "$SCRATCH/out" &&

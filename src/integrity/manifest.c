@@ -177,9 +177,25 @@ static int take_files(json_t *files, const char *what, mfile *f, dcp_error *err)
     return 0;
 }
 
-/* The manifest of the folder open as dirfd, named folder in messages. */
-static int verify_at(int dirfd, const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
-                     dcp_progress_fn progress, void *pctx, uint64_t *nfiles, uint64_t *nproblems, dcp_error *err)
+/* 1 when name is a data file of ck that cannot be opened (missing,
+ * unreadable, not a file): dcp_verify_structure names it with the reason,
+ * so the manifest's check counts it without naming it again. */
+static int named_by_structure(dcp_checkpoint *ck, const char *name)
+{
+    for (size_t i = 0; ck && i < ck->nfiles; i++)
+        if (!strcmp(ck->files[i], name)) {
+            uint64_t size;
+            dcp_error e;
+            return dcpi_ck_file_size(ck, (uint32_t)i, &size, &e) < 0;
+        }
+    return 0;
+}
+
+/* The manifest of the folder open as dirfd, named folder in messages; ck:
+ * the checkpoint open there, or NULL. */
+static int verify_at(dcp_checkpoint *ck, int dirfd, const char *folder, dcp_problem_fn problem,
+                     dcp_problem_fn note, void *ctx, dcp_progress_fn progress, void *pctx, uint64_t *nfiles,
+                     uint64_t *nproblems, dcp_error *err)
 {
     *nfiles = *nproblems = 0;
     char what[4096], bound[128];
@@ -248,6 +264,10 @@ static int verify_at(int dirfd, const char *folder, dcp_problem_fn problem, dcp_
     }
     for (size_t i = 0; rc == 1 && i < n; i++) {
         char shown[1024], msg[2048], hex[2 * DCPI_SHA256_LEN + 1];
+        if ((f[i].err || f[i].notreg) && named_by_structure(ck, f[i].name)) {
+            ++*nproblems;   /* one line per damaged file: the structure check's, which says why */
+            continue;
+        }
         dcp_key_text(f[i].name, shown, sizeof shown);
         if (f[i].err == ENOENT)
             snprintf(msg, sizeof msg, "%s/%s: listed in %s, missing", folder, shown, MANIFEST_NAME);
@@ -285,7 +305,7 @@ int dcp_verify_manifest(dcp_checkpoint *ck, dcp_problem_fn problem, dcp_problem_
     *nfiles = *nproblems = 0;
     if (dcpi_ck_is_file(ck))
         return 0;
-    return verify_at(ck->dirfd, dcpi_ck_name(ck), problem, note, ctx, progress, pctx, nfiles, nproblems, err);
+    return verify_at(ck, ck->dirfd, dcpi_ck_name(ck), problem, note, ctx, progress, pctx, nfiles, nproblems, err);
 }
 
 int dcp_verify_manifest_folder(const char *folder, dcp_problem_fn problem, dcp_problem_fn note, void *ctx,
@@ -296,7 +316,7 @@ int dcp_verify_manifest_folder(const char *folder, dcp_problem_fn problem, dcp_p
     int dirfd = open(folder, O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dirfd < 0)
         return dcpi_err(err, errno, "%s: cannot open the folder: %s", folder, strerror(errno));
-    int rc = verify_at(dirfd, folder, problem, note, ctx, progress, pctx, nfiles, nproblems, err);
+    int rc = verify_at(NULL, dirfd, folder, problem, note, ctx, progress, pctx, nfiles, nproblems, err);
     close(dirfd);
     return rc;
 }
