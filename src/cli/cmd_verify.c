@@ -127,12 +127,25 @@ static int verify_unopened(const char *path, int status)
     check_manifest(NULL, path, &present);
     if (!present)
         return status;
-    if (status == 3)   /* the open called it partial: the manifest says otherwise */
-        printf("note: %s: not a partial save: Megatron-Core writes integrity.json last, so the save finished and "
-               "files were lost or damaged since\n", path);
     printf("structure: not checked (the checkpoint does not open: the error above)\n");
     printf("%s: FAILED\n", path);
     return 1;
+}
+
+/* 1 when path is a folder that reads as a partial save (dcp_probe_folder)
+ * but holds integrity.json: Megatron-Core writes that last, so the save
+ * finished and files were lost or damaged since. */
+static int damaged_finished_save(const char *path)
+{
+    struct stat st;
+    char manifest[4096];
+    dcp_folder_probe probe;
+    dcp_error err;
+    if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(manifest, sizeof manifest, "%s/integrity.json", path);
+    return lstat(manifest, &st) == 0 && dcp_probe_folder(path, &probe, &err) == 0 &&
+           probe.kind == DCP_FOLDER_PARTIAL;
 }
 
 int cmd_verify(int argc, char **argv)
@@ -160,6 +173,11 @@ int cmd_verify(int argc, char **argv)
         return 2;
     }
     const char *path = argv[optind];
+    if (damaged_finished_save(path)) {   /* said once, never called partial */
+        cli_error("%s: a damaged checkpoint, not a partial save: it holds integrity.json, which Megatron-Core "
+                  "writes last, so the save finished and files were lost or damaged since", path);
+        return verify_unopened(path, 1);
+    }
     dcp_checkpoint *ck = cli_open(path);
     if (!ck)
         return verify_unopened(path, cli_open_status());
