@@ -42,6 +42,7 @@ EXTRA_tests_unit_test_probe_DEPENDENCIES = libdcp.la
 INTEGRITY_TESTS = tests/integrity-verify.sh tests/integrity-manifest.sh tests/integrity-unreadable.sh tests/integrity-diff.sh tests/integrity-diff-formats.sh tests/catalog-model.sh tests/catalog-spill.sh
 TESTS += $(INTEGRITY_TESTS)
 dist_check_SCRIPTS += $(INTEGRITY_TESTS)
+EXTRA_DIST += tests/flip_record.py
 
 # The ABI: exported symbols and their versions against tests/abi; a man page for every public call.
 ABI_TESTS = tests/abi-symbols.sh tests/man-coverage.sh

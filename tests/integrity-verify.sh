@@ -46,19 +46,7 @@ printf '\001' | dd of="$SCRATCH/ck/__0_0.distcp" bs=1 seek=10 conv=notrunc statu
     grep -q "^crc: 42 records carry no CRC-32 (written as 0, as torch does with save.compute_crc32=False): not checked$" "$SCRATCH/out" ||
     fail "--crc, no CRCs: $(cat "$SCRATCH/out")"
 "$DCP" synth "$SCRATCH/crc" --keys 3 --shape 8,8 --ranks 2 --crc >/dev/null
-python3 - "$SCRATCH/crc/__1_0.distcp" <<'PY'
-import struct, sys
-p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
-# the first local record named .../data/0: flip the first byte of its data
-i = 0
-while True:
-    i = b.index(b'PK\x03\x04', i)
-    nl, xl = struct.unpack_from('<HH', b, i + 26)
-    if bytes(b[i + 30:i + 30 + nl]).endswith(b'/data/0'):
-        break
-    i += 4
-b[i + 30 + nl + xl] ^= 0x80; open(p, 'wb').write(b)
-PY
+python3 "$top_srcdir/tests/flip_record.py" "$SCRATCH/crc/__1_0.distcp"   # the first byte of the first .../data/0
 rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/crc" > "$SCRATCH/out" 2>&1 || rc=$?
 [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/crc/__1_0.distcp: [^ ]*: record [^ ]*/data/0 of the torch.save archive at offset [0-9]*: CRC-32" "$SCRATCH/out" &&
     grep -q "^crc: 42 records checked (CRC-32), 1 problems$" "$SCRATCH/out" || fail "--crc, dcp synth --crc, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
@@ -239,18 +227,7 @@ PY
     python3 -c 'import sys, torch; torch.save({"a": torch.ones(3, 3), "b": torch.arange(5)}, sys.argv[1])' "$SCRATCH/m.pt"
     "$DCP" --no-catalog verify --crc "$SCRATCH/m.pt" > "$SCRATCH/out" && grep -q "^crc: 8 records checked (CRC-32), 0 problems$" "$SCRATCH/out" ||
         fail "--crc, a torch.save file: $(cat "$SCRATCH/out")"
-    python3 - "$SCRATCH/m.pt" <<'PY'
-import struct, sys
-p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
-i = 0
-while True:
-    i = b.index(b'PK\x03\x04', i)
-    nl, xl = struct.unpack_from('<HH', b, i + 26)
-    if bytes(b[i + 30:i + 30 + nl]).endswith(b'/data/0'):
-        break
-    i += 4
-b[i + 30 + nl + xl + 3] ^= 0x40; open(p, 'wb').write(b)
-PY
+    python3 "$top_srcdir/tests/flip_record.py" "$SCRATCH/m.pt" 3 0x40
     rc=0; "$DCP" --no-catalog verify --crc "$SCRATCH/m.pt" > "$SCRATCH/out" 2>&1 || rc=$?
     [ $rc = 1 ] && grep -q "^PROBLEM: $SCRATCH/m.pt: record m/data/0 of the torch.save archive at offset 0: CRC-32 [0-9a-f]\{8\}, the archive records [0-9a-f]\{8\}$" "$SCRATCH/out" &&
         grep -q "^crc: 8 records checked (CRC-32), 1 problems$" "$SCRATCH/out" || fail "--crc, a torch.save file, a flipped byte (status $rc): $(cat "$SCRATCH/out")"
