@@ -57,11 +57,23 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
     grep -q "$want" "$SCRATCH/msgs" || fail "CUDA message without '$want': $(cat "$SCRATCH/msgs")"
 fi
 
-# usage errors are not collective but must not hang either
-rc=0
-mpirun 2 "$DCPLOAD" "$CK" --layout diagonal >/dev/null 2>"$SCRATCH/err" || rc=$?
-[ "$rc" -eq 2 ] || fail "bad layout: status $rc"
-grep -q "unknown layout 'diagonal'" "$SCRATCH/err" || fail "bad layout message: $(cat "$SCRATCH/err")"
+# usage errors are not collective but must not hang either; every rank parses the same
+# arguments, the message (and the usage) is printed once, by rank 0, not once per rank
+usage_error() {
+    local n=$1 want=$2 usage=$3 rc=0; shift 3
+    mpirun "$n" "$DCPLOAD" "$@" >/dev/null 2>"$SCRATCH/err" || rc=$?
+    [ "$rc" -eq 2 ] || fail "dcpload $* on $n ranks: status $rc: $(cat "$SCRATCH/err")"
+    [ "$(grep -c '^dcpload: ' "$SCRATCH/err")" -eq 1 ] && grep -qx "dcpload: $want" "$SCRATCH/err" &&
+        [ "$(grep -c '^usage: ' "$SCRATCH/err")" -eq "$usage" ] ||
+        fail "dcpload $* on $n ranks: not 'dcpload: $want' once (and the usage $usage times): $(cat "$SCRATCH/err")"
+}
+usage_error 2 "unknown layout 'diagonal' (rows, cols, blocks, replicate)" 0 "$CK" --layout diagonal
+usage_error 4 "unrecognized option '--bogus'" 1 --bogus "$CK"
+usage_error 4 "bad --buffers '0' (1 to 64)" 0 "$CK" --buffers 0
+usage_error 3 "option '--layout' requires an argument" 1 "$CK" --layout
+usage_error 3 "invalid option -- 'x'" 1 -x "$CK"
+usage_error 2 "no checkpoint named" 1
+usage_error 2 "2 checkpoints named, one is loaded ('$CK' is extra)" 1 "$CK" "$CK"
 # ranks given different arguments (mpiexec's MPMD form): a usage error on one
 # rank, or --device or --megatron-fold on some ranks only, ends every rank
 # with status 2 (the others waited in the first collective for ever; views

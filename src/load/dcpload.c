@@ -254,8 +254,25 @@ static void print_all(MPI_Comm comm, const struct out *o, FILE *f)
 
 /* ------------------------------------------------------------ main */
 
-/* 0, 1 for --help (printed by rank 0 only: me), 2 for a usage error (printed) */
-static int parse(int argc, char **argv, struct opts *o, int me)
+/* A usage error: its message (without "dcpload: "; "" for none) and
+ * whether the usage follows it. */
+struct usage_error { char msg[512]; int usage; };
+
+/* The message into *u; 2, parse's status for a usage error. */
+__attribute__((format(printf, 3, 4)))
+static int bad_args(struct usage_error *u, int usage_too, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(u->msg, sizeof u->msg, fmt, ap);
+    va_end(ap);
+    u->usage = usage_too;
+    return 2;
+}
+
+/* 0, 1 for --help (printed by rank 0 only: me), 2 for a usage error (in *u,
+ * printed by the caller: once when every rank has the same one) */
+static int parse(int argc, char **argv, struct opts *o, int me, struct usage_error *u)
 {
     static const struct option lo[] = {
         {"keys", required_argument, 0, 'k'},     {"layout", required_argument, 0, 'l'},
@@ -270,9 +287,11 @@ static int parse(int argc, char **argv, struct opts *o, int me)
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
+    memset(u, 0, sizeof *u);
     o->layout = L_ROWS;
     int c;
-    while ((c = getopt_long(argc, argv, "k:l:d:jh", lo, NULL)) != -1) {
+    opterr = 0;   /* getopt's own messages would come from every rank */
+    while ((c = getopt_long(argc, argv, ":k:l:d:jh", lo, NULL)) != -1) {
         switch (c) {
         case 'k': o->keys = optarg; break;
         case 'l':
@@ -280,30 +299,26 @@ static int parse(int argc, char **argv, struct opts *o, int me)
             else if (!strcmp(optarg, "cols")) o->layout = L_COLS;
             else if (!strcmp(optarg, "blocks")) o->layout = L_BLOCKS;
             else if (!strcmp(optarg, "replicate")) o->layout = L_REPLICATE;
-            else { fprintf(stderr, "dcpload: unknown layout '%s' (rows, cols, blocks, replicate)\n", optarg); return 2; }
+            else return bad_args(u, 0, "unknown layout '%s' (rows, cols, blocks, replicate)", optarg);
             break;
         case 'd':
             if (!strcmp(optarg, "host")) o->cuda = 0;
             else if (!strcmp(optarg, "cuda")) o->cuda = 1;
-            else { fprintf(stderr, "dcpload: unknown device '%s' (host, cuda)\n", optarg); return 2; }
+            else return bad_args(u, 0, "unknown device '%s' (host, cuda)", optarg);
             break;
         case 'j': o->json = 1; break;
         case 's':
             if (!strcmp(optarg, "collective")) o->independent = 0;
             else if (!strcmp(optarg, "independent")) o->independent = 1;
-            else { fprintf(stderr, "dcpload: unknown strategy '%s' (collective, independent)\n", optarg); return 2; }
+            else return bad_args(u, 0, "unknown strategy '%s' (collective, independent)", optarg);
             break;
         case 'S': {
             uint64_t v = 0;
             dcp_error err;
-            if (dcp_parse_size_ex(optarg, NULL, &v, &err) < 0) {
-                fprintf(stderr, "dcpload: bad --staging '%s': %s\n", optarg, err.msg);
-                return 2;
-            }
-            if (v == 0 || v > SIZE_MAX) {
-                fprintf(stderr, "dcpload: bad --staging '%s' (a size: 65536, 64K, 16MiB, 1G)\n", optarg);
-                return 2;
-            }
+            if (dcp_parse_size_ex(optarg, NULL, &v, &err) < 0)
+                return bad_args(u, 0, "bad --staging '%s': %s", optarg, err.msg);
+            if (v == 0 || v > SIZE_MAX)
+                return bad_args(u, 0, "bad --staging '%s' (a size: 65536, 64K, 16MiB, 1G)", optarg);
             o->staging = (size_t)v;
             break;
         }
@@ -311,10 +326,8 @@ static int parse(int argc, char **argv, struct opts *o, int me)
             char *end;
             errno = 0;
             unsigned long v = strtoul(optarg, &end, 10);
-            if (errno || end == optarg || *end || v == 0 || v > 64) {
-                fprintf(stderr, "dcpload: bad --buffers '%s' (1 to 64)\n", optarg);
-                return 2;
-            }
+            if (errno || end == optarg || *end || v == 0 || v > 64)
+                return bad_args(u, 0, "bad --buffers '%s' (1 to 64)", optarg);
             o->buffers = (unsigned)v;
             break;
         }
@@ -332,13 +345,19 @@ static int parse(int argc, char **argv, struct opts *o, int me)
             if (me == 0)
                 usage(stdout);
             return 1;
-        default: usage(stderr); return 2;
+        case ':':   /* as getopt says it */
+            return bad_args(u, 1, "option '%s' requires an argument", argv[optind - 1]);
+        default:
+            if (optopt)
+                return bad_args(u, 1, "invalid option -- '%c'", optopt);
+            return bad_args(u, 1, "unrecognized option '%s'", argv[optind - 1]);
         }
     }
-    if (optind != argc - 1) {
-        usage(stderr);
-        return 2;
-    }
+    if (optind == argc)
+        return bad_args(u, 1, "no checkpoint named");
+    if (optind != argc - 1)
+        return bad_args(u, 1, "%d checkpoints named, one is loaded ('%s' is extra)", argc - optind,
+                        argv[optind + 1]);
     o->path = argv[optind];
     const char *fake = getenv("DCPLOAD_FAKE_DEVICE");
     o->gpu = o->cuda && !(fake && !strcmp(fake, "1"));
@@ -515,6 +534,33 @@ static void report(MPI_Comm comm, const dcp_error *err)
         fprintf(stderr, "dcpload: %s\n", err->msg);
 }
 
+/* A usage error (u; NULL on a rank without one) said once, by rank 0, when
+ * every rank has the same one (one command line for all: N ranks printed N
+ * copies); else each rank with one says its own (mpiexec's MPMD form, A :
+ * B, gives ranks different arguments). Collective. */
+static void say_usage_error(MPI_Comm comm, const struct usage_error *u)
+{
+    int me, same, all;
+    char first[sizeof u->msg + 1];   /* "" on a rank without an error, "!MSG" with one */
+    char mine[sizeof first];
+    MPI_Comm_rank(comm, &me);
+    memset(mine, 0, sizeof mine);
+    if (u) {
+        mine[0] = '!';
+        memcpy(mine + 1, u->msg, sizeof u->msg);
+    }
+    memcpy(first, mine, sizeof first);
+    MPI_Bcast(first, (int)sizeof first, MPI_CHAR, 0, comm);
+    same = u && strcmp(first, mine) == 0;
+    MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, comm);
+    if (!u || (all && me != 0))
+        return;
+    if (u->msg[0])
+        fprintf(stderr, "dcpload: %s\n", u->msg);
+    if (u->usage)
+        usage(stderr);
+}
+
 static const char *delivery_name(int d)
 {
     return d == DCP_LOAD_DELIVERY_IPC ? "ipc" : d == DCP_LOAD_DELIVERY_FALLBACK ? "fallback" : "host";
@@ -657,7 +703,9 @@ int main(int argc, char **argv)
     MPI_Comm_size(comm, &nranks);
 
     struct opts o;
-    int prc = parse(argc, argv, &o, me);
+    struct usage_error bad;
+    int prc = parse(argc, argv, &o, me, &bad);
+    say_usage_error(comm, prc == 2 ? &bad : NULL);
     /* Ranks may be given different arguments (mpiexec's MPMD form, A : B,
      * as for node-local copies of a checkpoint): a usage error on one rank,
      * or --device on some ranks only (the CUDA device query is collective
