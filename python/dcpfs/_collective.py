@@ -480,7 +480,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     Errors are agreed: if any rank fails (an unknown key, a box outside its
     tensor, a damaged checkpoint, a failed read, memory or a thread it
     cannot get while reading, a stored value that does not unpickle there,
-    a bad option or a destination that cannot be filled), every rank raises the same :class:`dcpfs.DcpError` naming the
+    a bad option, a destination that cannot be filled, a ``Stateful``
+    value's ``state_dict()`` or ``load_state_dict()`` raising), every rank raises the same :class:`dcpfs.DcpError` naming the
     rank, file, key and reason; a rank passing another checkpoint (a copy
     with a shard of another size) is told which file differs.
     Destinations are checked before anything is read, as ``dcp.load``
@@ -504,7 +505,9 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
             there, a top-level value that is ``Stateful`` (a module, an
             optimizer, any object with ``state_dict()`` and
             ``load_state_dict()``) is loaded into its ``state_dict()``, then
-            handed back with ``load_state_dict``.
+            handed back with ``load_state_dict``, both in sorted key order
+            (``dcp.load``'s); a rank stops at its first ``load_state_dict``
+            that raises, and every rank raises the agreed error.
         path: the checkpoint folder (or a single torch.save/safetensors file).
         process_group: the group to load over (None: the default group).
         staging_bytes: the largest single read (a unit of the plan).
@@ -575,6 +578,8 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     own_dests: List[Tuple[_Dest, str, tuple, tuple]] = []
     item: Dict[str, Any] = {"node": _node_key(), "token": uuid.uuid4().hex}
     dests: List[_Dest] = []
+    shown_path = os.fspath(path) if isinstance(path, (str, os.PathLike)) else str(path)
+    stateful: set = set()
     try:
         staging_bytes = _int_option("staging_bytes", staging_bytes, 1, 1 << 30)
         nstaging = _int_option("nstaging", nstaging, 1)
@@ -589,6 +594,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"dcpfs.torch.load: state_dict must be a dict, not {type(state_dict).__name__}")
         loading, stateful = _stateful_state_dicts(state_dict)
+        item["stateful"] = bool(stateful)
         flat, mappings = _flatten(loading)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
         flat, mappings = _flatten_as_saved(loading, flat, mappings, ck)
@@ -599,7 +605,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
         dests, reqs, stored, sizes = _drop_empty(dests, reqs, stored, sizes)
         own, own_dests, dests, reqs, stored, sizes = _per_rank(ck, me, megatron_fold, dests, reqs, stored, sizes)
         item["identity"] = _identity(ck)
-        item["path"] = ck.path
+        item["path"] = shown_path = ck.path
         item["reqs"] = _encode(reqs)
     except DcpError as e:
         item["error"] = (e.errno or 5, e.strerror or str(e))
@@ -626,12 +632,27 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
             ck = None
         if own is not None:
             own.close()
-    # as dcp.load: Stateful values take their loaded state dicts, other top-level values are replaced
+    # as dcp.load: Stateful values take their loaded state dicts, other top-level values are replaced,
+    # in sorted key order, a rank stopping at its first failure; failures agreed when any rank has a Stateful
+    # value (the same decision on every rank), so that no rank goes on while a peer raises alone
+    failure: Optional[Exception] = None
+    local_err = None
     for key, value in loading.items():
         if key in stateful:
-            state_dict[key].load_state_dict(value)
+            try:
+                state_dict[key].load_state_dict(value)
+            except Exception as e:     # (any type: agreed)
+                failure = e
+                local_err = (12 if isinstance(e, MemoryError) else getattr(e, "errno", None) or 22,
+                             f"{shown_path}: {_shown(str(key))}: load_state_dict(): {type(e).__name__}: {e}")
+                break
         else:
             state_dict[key] = value
+    if any(g.get("stateful") for g in gathered):
+        try:
+            _agree_error(dist, group, me, world, local_err)
+        except DcpError as agreed:
+            raise agreed from failure
     return stats
 
 

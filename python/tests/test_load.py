@@ -558,6 +558,63 @@ def test_stateful_fsdp2(tmp_path):
     distrun.run(2, _fsdp_stateful, str(tmp_path / "app"))
 
 
+class _Logged:
+    """A Stateful that records each call in ``log``; ``fail`` names the call that raises."""
+
+    def __init__(self, name: str, log: list, fail: str = "") -> None:
+        self.name, self.log, self.fail = name, log, fail
+        self.t = torch.zeros(3)
+
+    def state_dict(self):
+        self.log.append(f"{self.name}.state_dict")
+        if self.fail == "state_dict":
+            raise RuntimeError("no state here")
+        return {"t": self.t}
+
+    def load_state_dict(self, sd) -> None:
+        self.log.append(f"{self.name}.load_state_dict")
+        if self.fail == "load_state_dict":
+            raise RuntimeError("refused")
+        self.t = sd["t"].clone()
+
+
+def _stateful_failing(rank: int, world: int, path: str, fail: str):
+    """Each loader's calls and outcome on this rank; rank 1's "b" fails at ``fail``."""
+    out = {}
+    for name in ("torch", "dcpfs"):
+        log: list = []
+        sd = {"b": _Logged("b", log, fail if rank == 1 and name == "dcpfs" else ""), "a": _Logged("a", log),
+              "n": 0}
+        err = None
+        try:
+            if name == "torch":      # (its load fails on rank 1 alone, so rank 1 does not fail here)
+                dcp.load(sd, storage_reader=FileSystemReader(path))
+            else:
+                dcpfs.torch.load(sd, path)
+        except dcpfs.DcpError as e:
+            err = (e.errno, str(e), repr(e.__cause__))
+        out[name] = (log, err, sd["a"].t.tolist(), sd["b"].t.tolist(), sd["n"])
+    return out
+
+
+def test_stateful_failure_agreed(tmp_path):
+    """Stateful values on 2 ranks: state_dict() then load_state_dict() on each,
+    in sorted key order, as dcp.load calls them; a load_state_dict() raising on
+    rank 1 makes both ranks raise the same DcpError naming the rank, checkpoint,
+    key and reason (rank 1 raised its RuntimeError alone, rank 0 went on), rank 1
+    stopping at it, as dcp.load stops, and chaining its own exception."""
+    path = str(tmp_path / "st")
+    _save_one_process({"a": {"t": torch.arange(3.0)}, "b": {"t": torch.arange(3.0) + 10}, "n": 7}, path)
+    calls = ["a.state_dict", "b.state_dict", "a.load_state_dict", "b.load_state_dict"]
+    r0, r1 = distrun.run(2, _stateful_failing, path, "load_state_dict", timeout=90)
+    assert r0["torch"] == r1["torch"] == (calls, None, [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], 7), (r0, r1)
+    msg = f"[Errno 22] rank 1: {path}: b: load_state_dict(): RuntimeError: refused"
+    # rank 0 applied everything before the agreement; rank 1 stopped at b (its tensor filled in place
+    # by the load, n not replaced), as dcp.load's loop stops
+    assert r0["dcpfs"] == (calls, (22, msg, "None"), [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], 7), r0
+    assert r1["dcpfs"] == (calls, (22, msg, "RuntimeError('refused')"), [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], 0), r1
+
+
 def test_key_with_a_lone_surrogate(tmp_path):
     """A key Python pickles with "surrogatepass" is found by the str torch's
     state dict holds, and loads as dcp.load loads it."""
