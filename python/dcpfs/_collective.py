@@ -593,7 +593,7 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
                         bool(allow_partial_load))
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"dcpfs.torch.load: state_dict must be a dict, not {type(state_dict).__name__}")
-        loading, stateful = _stateful_state_dicts(state_dict)
+        loading, stateful = _stateful_state_dicts(state_dict, shown_path)
         item["stateful"] = bool(stateful)
         flat, mappings = _flatten(loading)
         ck = _open(os.fspath(path), catalog=catalog, megatron_fold=megatron_fold)
@@ -656,12 +656,13 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     return stats
 
 
-def _stateful_state_dicts(state_dict: Mapping) -> Tuple[Dict[str, Any], set]:
+def _stateful_state_dicts(state_dict: Mapping, path: str) -> Tuple[Dict[str, Any], set]:
     """What is loaded, as dcp.load makes it: a top-level value that is
     ``Stateful`` (a module, an optimizer, an object with ``state_dict`` and
     ``load_state_dict``) is loaded into its ``state_dict()`` (asked in sorted key
     order, the same on every rank), handed back with ``load_state_dict`` after
-    the load; and the keys that were."""
+    the load; and the keys that were. A ``state_dict()`` that raises is a
+    DcpError naming ``path`` (the checkpoint), the key and the exception."""
     from torch.distributed.checkpoint.stateful import Stateful
     loading: Dict[str, Any] = {}
     stateful = set()
@@ -672,7 +673,11 @@ def _stateful_state_dicts(state_dict: Mapping) -> Tuple[Dict[str, Any], set]:
     for key in keys:
         value = state_dict[key]
         if isinstance(value, Stateful):
-            loading[key] = value.state_dict()
+            try:
+                loading[key] = value.state_dict()
+            except Exception as e:      # (agreed by the caller, as every failure before the load)
+                raise DcpError(12 if isinstance(e, MemoryError) else getattr(e, "errno", None) or 22,
+                               f"{path}: {_shown(str(key))}: state_dict(): {type(e).__name__}: {e}") from e
             stateful.add(key)
         else:
             loading[key] = value

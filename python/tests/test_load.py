@@ -613,6 +613,12 @@ def test_stateful_failure_agreed(tmp_path):
     # by the load, n not replaced), as dcp.load's loop stops
     assert r0["dcpfs"] == (calls, (22, msg, "None"), [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], 7), r0
     assert r1["dcpfs"] == (calls, (22, msg, "RuntimeError('refused')"), [0.0, 1.0, 2.0], [10.0, 11.0, 12.0], 0), r1
+    # a state_dict() raising on rank 1: agreed before anything is read, naming the key (it named only the
+    # exception: 'rank 1: CKPT: RuntimeError: no state here'); dcp.load's rank 1 raises alone, its peer waits
+    r0, r1 = distrun.run(2, _stateful_failing, path, "state_dict", timeout=90)
+    msg = f"[Errno 22] rank 1: {path}: b: state_dict(): RuntimeError: no state here"
+    assert r0["dcpfs"] == (calls[:2], (22, msg, "None"), [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 0), r0
+    assert r1["dcpfs"] == (calls[:2], (22, msg, "None"), [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], 0), r1
 
 
 def test_key_with_a_lone_surrogate(tmp_path):
