@@ -472,9 +472,11 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     R being the rank in ``process_group``, 0 without a group; every other key
     (disjoint DTensor shards, a key one rank saved) goes through the read-once
     plan over the merged view, in any sharding. With more ranks than saved
-    files, a rank without ``__R.metadata`` that asks for such a key fails
-    (torch's load fails on that rank; here every rank raises the agreed
-    error); with fewer, ranks read their own files and the others are unused,
+    files, a rank without ``__R.metadata`` that asks for such a key fails,
+    and every rank raises the agreed error naming that rank and its missing
+    ``__R.metadata``, as torch's ``dcp.load`` fails on every rank (its
+    ranks plan in one collective step: each raises a ``CheckpointException``
+    naming that rank); with fewer, ranks read their own files and the others are unused,
     as with torch.
 
     Errors are agreed: if any rank fails (an unknown key, a box outside its
@@ -693,7 +695,7 @@ def _per_rank(ck, me: int, megatron_fold: bool, dests, reqs, stored, sizes):
     plan. Returns that view (None when this rank asks for no such key), the
     requests it serves (each with its stored dtype) and the other requests.
     A rank without ``__R.metadata``, or whose file lacks the key or the box,
-    fails (torch's load fails on such a rank too)."""
+    fails (torch's load fails too, on every rank: the caller agrees it)."""
     several = set(ck._replicated_keys())     # (empty unless a rank-local save was merged: one pass)
     mine = [i for i, (key, _, _) in enumerate(reqs) if key in several]
     if not mine:
