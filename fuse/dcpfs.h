@@ -36,7 +36,9 @@
  * folder's children, and never taken once the count reached 0: whoever drops
  * the last one takes the nodes out of the map under fs->lock (write) and
  * frees them. A node pointer obtained with a reference stays valid until that
- * reference is dropped, so reads need no lock at all.
+ * reference is dropped, so reads need no lock at all. The kernel is told to
+ * drop its entries of a retired checkpoint (notify.c), so that their FORGETs
+ * come without memory pressure.
  */
 #ifndef DCPFS_H
 #define DCPFS_H
@@ -241,6 +243,7 @@ struct dfs {
     struct dcp_catalog *catalog;   /* -o verify: where recorded digests are */
     pthread_mutex_t dh_lock;   /* guards open_dirs */
     struct dfs_dh *open_dirs;  /* opendir handles (freed at unmount if never released) */
+    struct dfs_notifier *notifier; /* notify.c: entries the kernel is told to drop (NULL: none) */
 };
 
 /* tree.c: nodes, the inode map and key trees */
@@ -358,9 +361,27 @@ void dfs_close_dirs(struct dfs *fs);
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 
 /* loop.c: receive requests until unmount, answering names and attributes on
- * this thread and the rest (reads) on up to max_threads workers. 0, or
- * -errno when receiving failed. */
+ * this thread and the rest (reads) on up to max_threads workers, with the
+ * notifier (below) running meanwhile. 0, or -errno when receiving failed. */
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
+
+/* notify.c: the kernel told to drop its entries of retired checkpoints, by
+ * a thread of its own (the kernel may wait there for a request). dfs_loop
+ * starts it, and stops it when no request is received any more, before the
+ * session is unmounted: it answers requests until a notification in flight
+ * is written. Without it (not started: libfuse's loops, -s or clone_fd,
+ * may drop a request read as the session ends) the others do nothing. */
+struct dfs_notifier;
+int dfs_notify_start(struct dfs *fs, struct fuse_session *se);
+void dfs_notify_stop(struct dfs *fs);
+/* This thread answers a lookup of parent/name (0, NULL: done): a checkpoint
+ * retired meanwhile keeps that entry (the reply replaces it). */
+void dfs_notify_lookup(fuse_ino_t parent, const char *name);
+/* ck was retired (with a reference still held): its name's entry. */
+void dfs_notify_retired(struct dfs *fs, struct dfs_ckpt *ck);
+/* An open file or directory of node n was released (its reference still
+ * held): if its checkpoint is retired, the entries from n up to its root. */
+void dfs_notify_released(struct dfs *fs, const struct dfs_node *n);
 
 /* main.c: logging (stderr in the foreground, syslog otherwise) */
 /* log.c: a line to stderr, or to syslog after dfs_log_to_syslog (the daemon

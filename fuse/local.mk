@@ -4,7 +4,7 @@ bin_PROGRAMS += dcpfs
 dcpfs_SOURCES = \
 	fuse/dcpfs.h fuse/main.c fuse/log.c fuse/names.c fuse/names.h fuse/tree.c \
 	fuse/scan.c fuse/ops.c fuse/loop.c fuse/read.c fuse/npy.c fuse/verify.c fuse/stview.c \
-	fuse/hfview.c
+	fuse/hfview.c fuse/notify.c
 dcpfs_CFLAGS = $(AM_CFLAGS) $(FUSE_CFLAGS) $(XXHASH_CFLAGS) -pthread
 dcpfs_LDADD = libdcp.la $(FUSE_LIBS) $(XXHASH_LIBS) -lpthread
 dist_man_MANS += man/dcpfs.1

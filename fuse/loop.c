@@ -16,7 +16,10 @@
  * first open parses .metadata: seconds), so those never hold up the others.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,19 +216,58 @@ static int answer_here(struct dfs *fs, const struct fuse_buf *buf)
     return here;
 }
 
+/* The signals that end the session (libfuse's handlers end it). */
+static void ending_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGHUP);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+}
+
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)
 {
     struct pool p = {.se = se, .max = max_threads ? max_threads : 1};
     p.tids = calloc(p.max, sizeof *p.tids);
     if (!p.tids)
         return -ENOMEM;
+    /* The signals that end the session are taken only while this thread
+     * waits for a request (ppoll), never while it reads one: libfuse drops
+     * a request read after the session exited, and nothing would answer it
+     * (a notification waiting for it would never be written). Threads made
+     * from here on (workers, the notifier, libdcp's) inherit them blocked. */
+    sigset_t ending, waiting;
+    ending_signals(&ending);
+    pthread_sigmask(SIG_BLOCK, &ending, &waiting);
+    sigset_t restore = waiting;
+    sigdelset(&waiting, SIGHUP);
+    sigdelset(&waiting, SIGINT);
+    sigdelset(&waiting, SIGTERM);
+    /* Non-blocking: a request poll saw may be withdrawn (its caller killed)
+     * before it is read, and a blocked read would not see the signals. */
+    int fd = fuse_session_fd(se);
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    if (dfs_notify_start(fs, se) < 0)
+        dfs_log(LOG_WARNING, "no thread to tell the kernel of checkpoints saved again: their entries are kept "
+                             "until memory runs short");
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cond, NULL);
     struct fuse_buf buf = {.mem = NULL};
     int res = 0;
     while (!fuse_session_exited(se)) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (ppoll(&pfd, 1, NULL, &waiting) < 0) {
+            if (errno == EINTR)
+                continue;   /* a signal: the loop condition says whether it ended the session */
+            res = -errno;
+            break;
+        }
+        if (fuse_session_exited(se))
+            break;   /* the request stays for dfs_notify_stop or the kernel's abort */
         res = fuse_session_receive_buf(se, &buf);
-        if (res == -EINTR)
+        if (res == -EINTR || res == -EAGAIN)
             continue;
         /* The kernel tears the connection down at unmount; a read that was
          * being handed a request at that moment gets ECONNABORTED, not ENODEV.
@@ -254,6 +296,10 @@ int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)
     free(p.tids);
     pthread_cond_destroy(&p.cond);
     pthread_mutex_destroy(&p.lock);
+    dfs_notify_stop(fs);   /* answers requests until a notification in flight is taken */
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl);
+    pthread_sigmask(SIG_SETMASK, &restore, NULL);
     fuse_session_reset(se);
     return res < 0 && res != -EINTR ? res : 0;
 }

@@ -62,13 +62,16 @@ static void put_node(struct dfs *fs, struct dfs_node *n)
 }
 
 /* Drop count references to the checkpoint of ino, which they keep alive
- * (forget, release). */
-static void unref_ino(struct dfs *fs, fuse_ino_t ino, uint64_t count)
+ * (forget, release: released, an open file's, after which the kernel is
+ * told to drop its entries of a retired checkpoint's node). */
+static void unref_ino(struct dfs *fs, fuse_ino_t ino, uint64_t count, int released)
 {
     pthread_rwlock_rdlock(&fs->lock);
     struct dfs_node *n = dfs_map_get(fs, ino);
     struct dfs_ckpt *ck = n ? n->ck : NULL;
     pthread_rwlock_unlock(&fs->lock);
+    if (n && released)
+        dfs_notify_released(fs, n);   /* the reference dropped below keeps n */
     dfs_ckpt_unref(fs, ck, (long)count);
 }
 
@@ -277,11 +280,13 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_err(req, ENAMETOOLONG);
         return;
     }
+    dfs_notify_lookup(parent, name);   /* a save retired here keeps this entry: the reply replaces it */
     struct dfs_node *dir = ready_dir(req, fs, parent, 0);
-    if (!dir)
-        return;
-    lookup_in(req, fs, dir, name);
-    put_node(fs, dir);
+    if (dir) {
+        lookup_in(req, fs, dir, name);
+        put_node(fs, dir);
+    }
+    dfs_notify_lookup(0, NULL);
 }
 
 /* The entry a lookup replies with holds a reference to its checkpoint, the
@@ -343,14 +348,14 @@ static void lookup_in(fuse_req_t req, struct dfs *fs, struct dfs_node *dir, cons
 
 static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
 {
-    unref_ino(FS(req), ino, nlookup);
+    unref_ino(FS(req), ino, nlookup, 0);
     fuse_reply_none(req);
 }
 
 static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
 {
     for (size_t i = 0; i < count; i++)
-        unref_ino(FS(req), forgets[i].ino, forgets[i].nlookup);
+        unref_ino(FS(req), forgets[i].ino, forgets[i].nlookup, 0);
     fuse_reply_none(req);
 }
 
@@ -470,7 +475,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
     if (fi->fh)
         close((int)fi->fh - 1);
-    unref_ino(FS(req), ino, 1);   /* the open file's: the old save's files stay readable until here */
+    unref_ino(FS(req), ino, 1, 1);   /* the open file's: the old save's files stay readable until here */
     fuse_reply_err(req, 0);
 }
 
@@ -488,6 +493,7 @@ static void close_dir(struct dfs *fs, struct dfs_dh *d)
         d->next->prev = d->prev;
     pthread_mutex_unlock(&fs->dh_lock);
     ref_kids(fs, d->node, d->kids, d->nkids, 0);
+    dfs_notify_released(fs, d->node);
     dfs_ckpt_unref(fs, d->node->ck, 1);
     free(d->kids);
     free(d);

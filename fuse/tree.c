@@ -986,6 +986,7 @@ void dfs_ckpt_unref(struct dfs *fs, struct dfs_ckpt *ck, long n)
 void dfs_ckpt_retire(struct dfs *fs, struct dfs_ckpt *ck)
 {
     atomic_store(&ck->retired, 1);
+    dfs_notify_retired(fs, ck);   /* while its name's reference keeps it */
     dfs_ckpt_unref(fs, ck, 1);
 }
 

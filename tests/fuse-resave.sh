@@ -5,8 +5,10 @@
 # new shard files; a file held open across a save in place fails (EIO); a
 # checkpoint saved while mounted appears and one removed goes; saved again 30
 # times, the daemon keeps the last save's model only, and a file held open
-# across 3 saves reads its own until it is closed, its model freed then; SOURCE
-# one checkpoint saved again is seen too. With and
+# across 3 saves reads its own until it is closed, its model freed then (dcpfs
+# tells the kernel to drop the old entries: no drop_caches, no memory pressure);
+# SOURCE one checkpoint saved again is seen too; the session ended (SIGTERM,
+# unmount, lazy unmount) while such a notification waits for a lookup. With and
 # without the catalog, splicing and reading through a buffer, listings cached
 # by the kernel and answered by dcpfs
 # (tests/fuse_resave.py does the saves and the checks).
@@ -41,4 +43,20 @@ $PY save "$ck" 1
 mount_dcpfs "$ck" "$mnt" -d -o no_catalog
 $PY single "$ck" "$mnt" "$mnt.log" || fail "(one checkpoint) see above; dcpfs's log: $(tail -20 "$mnt.log")"
 unmount_dcpfs "$mnt"
+# The session ended while dcpfs tells the kernel to drop an old save's names: SIGTERM and a
+# lazy unmount while the invalidation waits for a lookup that waits for the catalog, with
+# more lookups behind it; an unmount with the names just queued. The daemon exits (status 0)
+# and the mount is gone.
+for how in term lazy umount; do
+    dir="$SCRATCH/end-$how" ck="$SCRATCH/end-$how/ckpt" mnt="$SCRATCH/end-$how/mnt"
+    mkdir -p "$dir"
+    $PY save "$ck" 1
+    mount_dcpfs "$ck" "$mnt" -o catalog="$dir/catalog.sqlite"
+    $PY shutdown "$ck" "$mnt" "$mnt.log" "$dir/catalog.sqlite" "$DCPFS_PID" $how ||
+        fail "(session ended: $how) see above; dcpfs's log: $(tail -20 "$mnt.log")"
+    rc=0
+    wait "$DCPFS_PID" || rc=$?
+    [ $rc -eq 0 ] || fail "(session ended: $how) dcpfs exited with status $rc: $(tail -20 "$mnt.log")"
+    ! mountpoint -q "$mnt" || fail "(session ended: $how) $mnt is still mounted"
+done
 echo PASS

@@ -4,6 +4,7 @@
 usage: fuse_resave.py SOURCE MOUNTPOINT
        fuse_resave.py churn SOURCE MOUNTPOINT LOG N
        fuse_resave.py single CHECKPOINT MOUNTPOINT LOG
+       fuse_resave.py shutdown CHECKPOINT MOUNTPOINT LOG CATALOG PID term|lazy|umount
 
 SOURCE is the folder dcpfs mounts at MOUNTPOINT (folder mode), holding SOURCE/latest saved
 with version 1 by `fuse_resave.py save DIR 1` before the mount. Each step saves a new
@@ -80,29 +81,15 @@ def models(log, name):
             - sum("saved there before is closed" in ln for ln in lines))
 
 
-def settle(log, name, most, drop=False):
-    """Wait (the kernel's FORGETs come as it drops its entries) until at most `most` models
-    of name are open; how many are. drop: the entries are dropped again while waiting (a file
-    just closed may still be busy, its release in flight, when they are first dropped, and
-    the kernel then keeps its entry until the next drop)."""
+def settle(log, name, most):
+    """Wait until at most `most` models of name are open (dcpfs tells the kernel to drop its
+    entries of a checkpoint saved again, and of a file of one once it is closed: their FORGETs
+    free the model); how many are. The wait is bounded, never timed: 20 s for what takes
+    milliseconds."""
     end = time.monotonic() + 20
     while models(log, name) > most and time.monotonic() < end:
-        time.sleep(0.25)
-        if drop:
-            forget_unused()
+        time.sleep(0.1)
     return models(log, name)
-
-
-def forget_unused():
-    """Have the kernel drop the entries and inodes nothing uses (their FORGETs follow); it
-    keeps those of files closed below a folder saved again until memory runs short. False
-    when this may not (not root): the checks that need it are left out."""
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2")
-        return True
-    except OSError:
-        return False
 
 
 def churn(src, mnt, log, n):
@@ -120,8 +107,8 @@ def churn(src, mnt, log, n):
         expect(mlatest, v, "saved again %d times" % (i + 1))
         if i == 2:
             base = os.statvfs(mnt).f_files
-    left = settle(log, "latest", 2)
-    if left > 2:
+    left = settle(log, "latest", 1)   # the names of the saves before were invalidated
+    if left > 1:
         fail("after %d saves into the same folder the daemon has %d models of it open" % (n, left))
     nodes = os.statvfs(mnt).f_files
     if nodes > base + 12:   # a model (5 nodes) per save kept: 5 * (n - 3) more
@@ -146,11 +133,12 @@ def churn(src, mnt, log, n):
         if len(data) != 4 * length(v) or values(data) != [float(v)]:
             fail("a file held open across 3 saves reads %d bytes of values %s, its own save's are %d of %.1f"
                  % (len(data), values(data)[:6], 4 * length(v), v))
-        if forget_unused() and settle(log, "latest", 2, drop=True) != 2:
+        if settle(log, "latest", 2) != 2:
             fail("%d models of latest are open while a file of an old save is (2 expected)" % models(log, "latest"))
     finally:
         os.close(fd)
-    if forget_unused() and settle(log, "latest", 1, drop=True) != 1:
+    # No drop_caches: the kernel lets go of the closed file's entries when dcpfs tells it to
+    if settle(log, "latest", 1) != 1:
         fail("%d models of latest are open after the file held open was closed (1 expected)" % models(log, "latest"))
     expect(mlatest, v + 3, "the file held open closed")
     for aside in old:
@@ -185,8 +173,71 @@ def single(src, mnt, log):
         save(src, v)
         time.sleep(SCAN_TIMEOUT)
         expect(mnt, v, "one checkpoint saved again (%d)" % v)
-    if forget_unused() and settle(log, name, 1, drop=True) != 1:
+    if settle(log, name, 1) != 1:
         fail("%d models of the one checkpoint are open after 8 saves (1 expected)" % models(log, name))
+
+
+def ended(pid):
+    """Has process pid exited (gone, or a zombie its parent has not waited for yet)?"""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def shutdown(src, mnt, log, catalog, pid, how):
+    """SOURCE one checkpoint (version 1 when mounted, with -o catalog), the session ended
+    (how: term, SIGTERM; lazy, fusermount3 -uz; umount, fusermount3 -u) while dcpfs tells the
+    kernel to drop the old save's names: the daemon must exit, never hang.
+
+    term and lazy: a lookup in the mount's root finds the new save (the old one's names are
+    queued to be invalidated) and opens it, which waits for the catalog this process holds;
+    the invalidation waits for that lookup (the kernel holds the root's lock while dcpfs
+    answers), and more lookups queue behind the invalidation. Then the session is ended, and
+    the catalog let go: the lookups that come after the request loop stopped must still be
+    answered for the invalidation to be written and the daemon to exit. umount: nothing in
+    use, the names just queued when the mount goes."""
+    import signal, sqlite3, subprocess
+    expect(mnt, 1, "before the session ends")
+    save(src, 2)
+    hammers, db = [], None
+    if how != "umount":
+        db = sqlite3.connect(catalog, timeout=60, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        mark = os.path.getsize(log)
+        first = subprocess.Popen(["stat", os.path.join(mnt, "looked_up")], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            with open(log, errors="replace") as f:
+                f.seek(mark)
+                if ".metadata changed: the checkpoint is read anew" in f.read():
+                    break
+            time.sleep(0.05)
+        else:
+            fail("(%s) dcpfs did not see the new save" % how)
+        time.sleep(0.3)   # the invalidation is under way, waiting for that lookup
+        hammers = [subprocess.Popen(["sh", "-c", 'i=0; while :; do i=$((i+1)); stat "$0/x$i.%d" '
+                                     '>/dev/null 2>&1; done' % k, mnt]) for k in range(2)]
+        time.sleep(0.3)
+    else:
+        os.listdir(mnt)   # a request on the root: the old save retired, its names queued
+    if how == "term":
+        os.kill(pid, signal.SIGTERM)
+    else:
+        subprocess.run(["fusermount3", "-uz" if how == "lazy" else "-u", mnt], check=True)
+    time.sleep(0.5)
+    if db:
+        db.rollback()   # the new save's open goes on
+        db.close()
+    end = time.monotonic() + 60
+    while not ended(pid) and time.monotonic() < end:
+        time.sleep(0.1)
+    for h in hammers:
+        h.kill()
+    if not ended(pid):
+        fail("(%s) dcpfs is still running 60 s after the session was ended" % how)
 
 
 def main():
@@ -195,6 +246,9 @@ def main():
         return
     if sys.argv[1] == "churn":
         churn(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
+    if sys.argv[1] == "shutdown":
+        shutdown(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7])
         return
     if sys.argv[1] == "single":
         single(sys.argv[2], sys.argv[3], sys.argv[4])
