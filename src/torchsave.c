@@ -320,12 +320,58 @@ static int safetensors_record(loc *l, dcp_record *rec)
 
 /* ------------------------------------------------------- torch.save archives */
 
-/* The _rebuild_tensor_v2/v3 call behind the wrappers torch.save may use:
- * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...) and
- * _rebuild_from_type_v2(func, type, args, state) for plain Tensor/Parameter.
- * Sets *fn to the rebuild function and *args to its argument tuple. */
-static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args)
+/* Tensor subclasses whose values are one plain tensor they wrap, in its
+ * dtype and shape: training weights that cast to float8/MXFP8 only when used
+ * (torchao, and float8_experimental before it; torchtitan's float8 and MoE
+ * trainings save them, FSDP2's DTensor shards included). torch.save writes
+ * them as _rebuild_from_type_v2(_rebuild_wrapper_subclass, class, (class,
+ * dtype, size, ...), state) with the wrapped tensor in state[field]. Named
+ * one by one: another subclass may hold a tensor of the same shape that is
+ * not its value (quantized, swizzled). */
+static const struct {
+    const char *module, *name, *field;
+} value_wrappers[] = {
+    {"torchao.float8.fsdp_utils", "WeightWithDynamicFloat8CastTensor", "_tensor"},
+    {"torchao.float8.fsdp_utils", "WeightWithDelayedFloat8CastTensor", "_tensor"},
+    {"torchao.float8.fsdp_utils", "WeightWithStaticFloat8CastTensor", "_tensor"},
+    {"float8_experimental.fsdp_utils", "WeightWithDynamicFloat8CastTensor", "_tensor"},
+    {"float8_experimental.fsdp_utils", "WeightWithDelayedFloat8CastTensor", "_tensor"},
+    {"float8_experimental.fsdp_utils", "WeightWithStaticFloat8CastTensor", "_tensor"},
+    {"torchao.prototype.moe_training.tensor", "ScaledGroupedMMTensor", "_data"},
+    {"torchao.prototype.moe_training.tensor", "Float8TrainingWeightWrapperTensor", "_data"},
+    {"torchao.prototype.moe_training.tensor", "MXFP8TrainingWeightWrapperTensor", "_data"},
+};
+
+/* The field of a value wrapper's state holding its tensor, or NULL. */
+static const char *value_wrapper_field(const pk_node *ty)
 {
+    for (size_t i = 0; i < sizeof value_wrappers / sizeof value_wrappers[0]; i++)
+        if (pk_is_global(ty, value_wrappers[i].module, value_wrappers[i].name))
+            return value_wrappers[i].field;
+    return NULL;
+}
+
+/* An object's attribute in the state torch.save pickles: its __dict__, or
+ * (__dict__ or None, slots) for a class with __slots__. */
+static const pk_node *state_get(const pk_node *state, const char *field)
+{
+    if (state && state->type == PK_TUPLE && pk_len(state) == 2) {
+        const pk_node *v = pk_dict_get(pk_as_dict(pk_item(state, 0)), field);
+        return v ? v : pk_dict_get(pk_as_dict(pk_item(state, 1)), field);
+    }
+    return pk_dict_get(pk_as_dict(state), field);
+}
+
+/* The _rebuild_tensor_v2/v3 call behind the wrappers torch.save may use:
+ * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...),
+ * _rebuild_from_type_v2(func, type, args, state) for plain Tensor/Parameter
+ * and for a value wrapper (its tensor in state). Sets *fn to the rebuild
+ * function and *args to its argument tuple; *wrapper (when not NULL) to the
+ * outermost value wrapper's _rebuild_wrapper_subclass arguments, or NULL. */
+static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args, const pk_node **wrapper)
+{
+    if (wrapper)
+        *wrapper = NULL;
     for (int depth = 0; depth < 4 && n; depth++) {   /* hostile input may nest or cycle */
         const pk_node *g = pk_call_global(n);
         if (!g)
@@ -342,6 +388,14 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
             n = pk_item(a, 0);
         } else if (!strcmp(m, "torch._tensor") && !strcmp(name, "_rebuild_from_type_v2")) {
             const pk_node *f = pk_item(a, 0), *ty = pk_item(a, 1), *fa = pk_item(a, 2);
+            const char *field = value_wrapper_field(ty);
+            if (field && pk_is_global(f, "torch._utils", "_rebuild_wrapper_subclass") && fa &&
+                fa->type == PK_TUPLE) {
+                if (wrapper && !*wrapper)
+                    *wrapper = fa;
+                n = state_get(pk_item(a, 3), field);
+                continue;
+            }
             if (!pk_is_global(f, "torch._utils", "_rebuild_tensor_v2") &&
                 !pk_is_global(f, "torch._utils", "_rebuild_tensor_v3"))
                 return -1;
@@ -359,10 +413,18 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
     return -1;
 }
 
-static const char *callable_name(const pk_node *n)
+/* What n rebuilds, for a message: the subclass of a _rebuild_from_type_v2
+ * ("module.Class"), else the callable's name. */
+static void rebuilt_name(const pk_node *n, char *out, size_t cap)
 {
     const pk_node *g = pk_call_global(n);
-    return g ? g->u.global.name : "not a call";
+    const pk_node *ty = g && !strcmp(g->u.global.module, "torch._tensor") &&
+                        !strcmp(g->u.global.name, "_rebuild_from_type_v2") ? pk_item(n->u.call.args, 1) : NULL;
+    if (ty && ty->type == PK_GLOBAL)
+        snprintf(out, cap, "a %s.%s, a tensor subclass whose stored tensors libdcp does not know to be its values",
+                 ty->u.global.module, ty->u.global.name);
+    else
+        snprintf(out, cap, "%s", g ? g->u.global.name : "not a call");
 }
 
 static int vec(const pk_node *t, int64_t *out, int *nd)
@@ -392,7 +454,7 @@ static int small_record(loc *l, const dcpi_zip_entry *ze, uint64_t blen, char *b
 int dcpi_torch_is_tensor(const pk_node *n)
 {
     const pk_node *fn, *args;
-    return find_rebuild(n, &fn, &args) == 0;
+    return find_rebuild(n, &fn, &args, NULL) == 0;
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -407,10 +469,13 @@ static int why_fail(char *why, size_t whylen, const char *fmt, ...)
 
 int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_t whylen)
 {
-    const pk_node *fn, *args;
+    const pk_node *fn, *args, *wrapper;
     memset(r, 0, sizeof *r);
-    if (find_rebuild(n, &fn, &args) < 0)
-        return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", callable_name(n));
+    if (find_rebuild(n, &fn, &args, &wrapper) < 0) {
+        char what[300];
+        rebuilt_name(n, what, sizeof what);
+        return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", what);
+    }
     int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
     const pk_node *sto = pk_item(args, 0);
     const pk_node *pid = sto && sto->type == PK_PERSID ? sto->u.persid.pid : NULL;
@@ -455,6 +520,16 @@ int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_
             r->flags |= DCP_RECORD_CONJ;
         if (pk_int(pk_dict_get(meta, "neg"), &v) && v)
             r->flags |= DCP_RECORD_NEG;
+    }
+    if (wrapper) {  /* the wrapper shows its tensor's dtype and shape */
+        const pk_node *ty = pk_item(wrapper, 0), *d = pk_item(wrapper, 1);
+        int64_t wsize[DCPI_MAX_NDIM];
+        int wnd;
+        if (!d || d->type != PK_GLOBAL || strcmp(d->u.global.module, "torch") ||
+            dcp_dtype_from_name(d->u.global.name) != r->dtype || vec(pk_item(wrapper, 2), wsize, &wnd) < 0 ||
+            wnd != r->ndim || memcmp(wsize, r->size, (size_t)wnd * sizeof *wsize))
+            return why_fail(why, whylen, "data.pkl: the %s wrapper's dtype or shape is not that of the tensor it holds",
+                            ty && ty->type == PK_GLOBAL ? ty->u.global.name : "tensor subclass");
     }
     return 0;
 }

@@ -8,6 +8,10 @@ dist_check_SCRIPTS += $(CORE_TESTS)
 TESTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
 dist_check_SCRIPTS += tests/cli-rankfiles.sh tests/interop-rankfiles.sh
 EXTRA_DIST += tests/interop/save_rankfiles.py tests/data/rankfiles
+# Tensor subclasses torch.save pickled with their values (torchao's float8 training weights).
+TESTS += tests/interop-subclasses.sh
+dist_check_SCRIPTS += tests/interop-subclasses.sh
+EXTRA_DIST += tests/interop/save_subclasses.py tests/data/subclasses
 # Megatron-Core releases' own saves (tests/interop/megatron-releases.txt).
 TESTS += tests/interop-megatron-releases.sh
 dist_check_SCRIPTS += tests/interop-megatron-releases.sh
