@@ -287,17 +287,18 @@ def _check_target(torch, where: str, t) -> None:
     """Refuse (EINVAL), before the ranks agree to go on, a destination this rank could
     not fill -- so that every rank raises the same error instead of one
     failing alone after the load: a sparse or other non-strided tensor, a
-    meta tensor (no memory), a wrapper subclass without storage of its own
-    (data_ptr() 0: the load writes through it), an expanded tensor (elements
+    meta tensor (no memory), a FakeTensor or other subclass without storage
+    of its own that is no wrapper of real tensors, an expanded tensor (elements
     sharing memory: torch's copy_ refuses it), an inference tensor outside
-    inference mode. Conj/neg views, other dtypes and strided views are
-    filled through a temporary, as torch's reader does."""
+    inference mode. Conj/neg views, other dtypes, strided views and wrapper
+    subclasses (_filled_by_copy) are filled through a temporary, as torch's
+    reader does."""
     if t.layout != torch.strided:
         raise DcpError(22, f"{where}: the tensor has layout {t.layout}: only dense (strided) tensors can be filled")
     if t.device.type == "meta":
         raise DcpError(22, f"{where}: the tensor is on the meta device, with no memory to fill: allocate it "
                            "first (for example module.to_empty(device=...))")
-    if t.numel() and t.device.type in ("cpu", "cuda") and _no_storage(t):
+    if t.numel() and t.device.type in ("cpu", "cuda") and _no_storage(t) and not _is_wrapper(t):
         raise DcpError(22, f"{where}: the tensor is a {type(t).__name__} without storage of its own "
                            "(data_ptr() is 0): pass tensors that hold their elements")
     if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):
@@ -306,6 +307,28 @@ def _check_target(torch, where: str, t) -> None:
     if t.is_inference() and not torch.is_inference_mode_enabled():
         raise DcpError(22, f"{where}: the tensor is an inference tensor: torch allows in-place writes to it only "
                            "in inference mode")
+
+
+def _is_wrapper(t) -> bool:
+    """t is a traceable wrapper subclass: a tensor whose ops its class runs on
+    the real tensors it wraps (``__tensor_flatten__``: torchao's float8
+    training weights and NF4 tensors, FSDP2's and torch.compile's kind).
+    It has no storage of its own; ``copy_`` into it is its class's, which
+    ``dcp.load`` calls (and which may quantize)."""
+    try:
+        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    except ImportError:     # (torch < 2.1: none are filled)
+        return False
+    return bool(is_traceable_wrapper_subclass(t))
+
+
+def _filled_by_copy(t, stored: str) -> bool:
+    """t is filled through a temporary of the stored dtype and its own
+    ``copy_``, not in place: not contiguous, of another dtype, a conj/neg
+    view (its memory holds other values than it shows) or a wrapper without
+    storage of its own."""
+    return not (t.is_contiguous() and _torch_name(t.dtype) == stored and not t.is_conj() and not t.is_neg()
+                and not (t.numel() and _no_storage(t)))
 
 
 def _drop_empty(dests: List[_Dest], reqs: list, stored: List[str], sizes: List[int]):
@@ -489,9 +512,12 @@ def load(state_dict: Dict[str, Any], path: Union[str, "os.PathLike[str]"],
     Destinations are checked before anything is read, as ``dcp.load``
     checks them: each key must be stored (unless ``allow_partial_load``),
     each tensor (a DTensor's global shape) of the stored shape; sparse, meta, expanded (stride 0) tensors,
-    tensor subclasses without storage of their own and DTensors with a
-    ``Partial`` placement are refused. Conj and neg views, other dtypes
-    and non-contiguous tensors are filled through a temporary. Tensors
+    FakeTensors and DTensors with a ``Partial`` placement are refused. Conj
+    and neg views, other dtypes, non-contiguous tensors and wrapper
+    subclasses without storage of their own (torchao's float8 training
+    weights and NF4 tensors, also as a DTensor's local shard) are filled
+    through a temporary of the stored dtype and their own ``copy_``, as
+    ``dcp.load`` fills them (an NF4 tensor quantizes what it is given). Tensors
     filled in place have their autograd version counter bumped. A DTensor
     whose mesh does not hold this rank (a submesh: another pipeline stage's)
     is only checked, not filled, as ``dcp.load`` skips it. A checkpoint
@@ -731,7 +757,7 @@ def _read_own(torch, own, own_dests, stats: LoadStats) -> List[Tuple[str, Any]]:
             continue
         t = d.target
         box = tuple(zip(offsets, lengths))
-        if t.is_contiguous() and _torch_name(t.dtype) == st and not t.is_conj() and not t.is_neg():
+        if not _filled_by_copy(t, st):
             own.read(d.key, box=box, out=t.detach())
             _bump_version(torch, t)
         else:
@@ -780,10 +806,10 @@ def _identity_diff(r: int, mine: Dict[str, Any], first: Dict[str, Any]) -> str:
 
 
 def _prepare_dests(torch, dests, stored, sizes) -> None:
-    """Where each request's bytes land: straight into the tensor when it is
-    contiguous, of the stored dtype and not a conj/neg view (host: placed in
-    C; CUDA: copied up fragment by fragment), else into a host temporary of the stored dtype
-    that is copied (and cast) into it at the end, as torch's reader does."""
+    """Where each request's bytes land: straight into the tensor (host: placed
+    in C; CUDA: copied up fragment by fragment), else, where _filled_by_copy,
+    into a host temporary of the stored dtype that the tensor's copy_ takes
+    (and casts) at the end, as torch's reader does."""
     for d, st, nb in zip(dests, stored, sizes):
         d.nbytes = nb
         if d.kind == "bytes":
@@ -792,10 +818,9 @@ def _prepare_dests(torch, dests, stored, sizes) -> None:
             d.ptr = d.buf.ctypes.data if nb else 0
             continue
         t = d.target
-        if t.is_contiguous() and _torch_name(t.dtype) == st and t.device.type in ("cpu", "cuda") \
-                and not t.is_conj() and not t.is_neg():
+        if not _filled_by_copy(t, st) and t.device.type in ("cpu", "cuda"):
             d.buf = t.detach()      # (the same memory; torch copies into CUDA ones must not be recorded)
-        else:   # (a conj/neg view's memory holds other values than it shows: copy_ writes them)
+        else:
             d.buf = torch.empty(tuple(t.shape), dtype=getattr(torch, st))
             d.finish = _copy_into(t, d.buf)
         # $DCPFS_TEST_FAKE_CUDA: CPU tensors placed as CUDA ones are (torch

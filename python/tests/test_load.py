@@ -955,3 +955,100 @@ def test_sharded_tensors(tmp_path):
     """A rank without a shard still has the key's global shape checked: a wrong one fails on every rank alike."""
     msgs = distrun.run(2, _sharded_tensors, str(tmp_path / "ck"), timeout=90)
     _same_message(msgs, ": cols: the state dict's tensor has shape [4, 6], the checkpoint stores [4, 5]")
+
+
+# -- wrapper subclasses (torchao's float8 training weights) --------------------
+
+class _CastOnUse(torch.Tensor):
+    """A wrapper subclass of the kind torchao's float8 training weights are
+    (WeightWithDynamicFloat8CastTensor): no storage of its own, its ops run on
+    the plain tensor it holds (``_tensor``); ``refuse_copy`` makes its copy_
+    raise, as a subclass that cannot take a value would."""
+
+    @staticmethod
+    def __new__(cls, t: torch.Tensor, refuse_copy: bool = False):
+        return torch.Tensor._make_wrapper_subclass(cls, t.shape, strides=t.stride(), dtype=t.dtype,
+                                                   device=t.device)
+
+    def __init__(self, t: torch.Tensor, refuse_copy: bool = False):
+        self._tensor = t
+        self._refuse_copy = refuse_copy
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map_only
+        refuse = any(getattr(a, "_refuse_copy", False) for a in args)
+        if func is torch.ops.aten.copy_.default and refuse:
+            raise RuntimeError("_CastOnUse: this one takes no value")
+        out = func(*tree_map_only(cls, lambda w: w._tensor, args),
+                   **tree_map_only(cls, lambda w: w._tensor, kwargs or {}))
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.view.default, torch.ops.aten.alias.default):
+            return cls(out, refuse)
+        return out if func is not torch.ops.aten.copy_.default else args[0]
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], self._refuse_copy
+
+    @staticmethod
+    def __tensor_unflatten__(inner, refuse_copy, outer_size, outer_stride):
+        return _CastOnUse(inner["_tensor"], refuse_copy)
+
+
+def _wrapped_dtensors(rank: int, world: int, path: str, refuse_on: int) -> "str | None":
+    """DTensors whose local shards are wrappers (FSDP2 with float8 all-gather)
+    and a plain wrapper, of another dtype than stored: filled through their
+    own copy_ with the values dcp.load gives them; a copy_ raising on one
+    rank raises the agreed error on every rank, naming the key."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    w, b = torch.arange(40.0).reshape(10, 4), torch.arange(6.0).to(torch.bfloat16)
+    dcp.save({"w": distribute_tensor(w, mesh, [Shard(0)]), "b": b}, checkpoint_id=path)
+
+    def state(refuse: bool = False):
+        local = torch.zeros(w.chunk(world)[rank].shape)
+        return {"w": DTensor.from_local(_CastOnUse(local, refuse), mesh, [Shard(0)], shape=w.shape,
+                                        stride=w.stride()),
+                "b": _CastOnUse(torch.zeros(6))}
+    ours, theirs = state(), state()
+    dcpfs.torch.load(ours, path)
+    dcp.load(theirs, storage_reader=FileSystemReader(path))
+    for sd in (ours, theirs):
+        assert type(sd["w"].to_local()) is _CastOnUse and type(sd["b"]) is _CastOnUse
+        tr._same(sd["w"].to_local()._tensor, w.chunk(world)[rank], f"rank {rank}: w's local shard")
+        tr._same(sd["b"]._tensor, b.float(), f"rank {rank}: b")
+    return _error_of(state(rank == refuse_on), path)
+
+
+def test_wrapper_subclass_destinations(tmp_path):
+    """Wrapper subclasses without storage of their own (torchao's float8
+    training weights, FSDP2's shards of them) are filled as dcp.load fills
+    them (they were refused: 'without storage of its own')."""
+    msgs = distrun.run(2, _wrapped_dtensors, str(tmp_path / "ck"), 1, timeout=90)
+    _same_message(msgs, "rank 1: ", ": w: RuntimeError: _CastOnUse: this one takes no value")
+
+
+def test_float8_training_checkpoint():
+    """A checkpoint torchao's float8 training weights were saved into
+    (tests/data/subclasses: each record pickles the wrapper with the tensor
+    it holds) loads into plain tensors and into wrappers, with the values
+    saved, without torchao: by dcpfs.open, dcpfs.torch.load and dcp.load
+    with dcpfs.torch.Reader."""
+    import hashlib
+    import json
+    data = ROOT / "tests" / "data" / "subclasses"
+    truth = json.loads((data / "dcp.truth.json").read_text())
+    ck = str(data / "dcp")
+    with dcpfs.open(ck, catalog=False) as c:
+        want = {k: c.read(k) for k in truth}
+    for k, t in truth.items():      # (bfloat16 read as uint16: numpy has none)
+        assert list(want[k].shape) == t["shape"], k
+        assert hashlib.sha256(want[k].tobytes()).hexdigest() == t["sha256"], k
+    sd = {k: _CastOnUse(torch.zeros(v["shape"], dtype=getattr(torch, v["dtype"]))) for k, v in truth.items()}
+    plain = {k: torch.zeros(v["shape"], dtype=getattr(torch, v["dtype"])) for k, v in truth.items()}
+    by_reader = {k: torch.zeros_like(v) for k, v in plain.items()}
+    dcpfs.torch.load(sd, ck)
+    dcpfs.torch.load(plain, ck)
+    dcp.load(by_reader, storage_reader=dcpfs.torch.Reader(ck), no_dist=True)
+    for k in truth:
+        assert torch.equal(sd[k]._tensor, plain[k]) and torch.equal(by_reader[k], plain[k]), k
+        assert plain[k].view(-1).view(torch.uint8).numpy().tobytes() == want[k].tobytes(), k
