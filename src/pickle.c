@@ -1208,6 +1208,24 @@ const pk_node *pk_as_dict(const pk_node *n)
     return it && it->type == PK_DICT ? it : NULL;
 }
 
+/* The state an object was given by BUILD: a dict, or the dict of a
+ * (dict, slots) pair as torch's _rebuild_from_type_v2 and __getstate__ of
+ * __slots__ classes hand it. */
+const pk_node *pk_obj_state(const pk_node *st)
+{
+    if (!st)
+        return NULL;
+    if (st->type == PK_DICT)
+        return st;
+    if (st->type == PK_TUPLE)
+        for (size_t i = 0; i < pk_len(st); i++) {
+            const pk_node *d = pk_item(st, i);
+            if (d && d->type == PK_DICT && d->u.dict.n)
+                return d;
+        }
+    return NULL;
+}
+
 const pk_node *pk_dict_get(const pk_node *dict, const char *key)
 {
     if (!dict || dict->type != PK_DICT)

@@ -109,6 +109,10 @@ bool pk_is_global(const pk_node *n, const char *module, const char *name);
 const pk_node *pk_call_global(const pk_node *n);
 /* dict lookup by string key */
 const pk_node *pk_dict_get(const pk_node *dict, const char *key);
+/* The state an object was given by BUILD: a dict, or the first non-empty
+ * dict of a (dict, slots) pair as torch's _rebuild_from_type_v2 and the
+ * __getstate__ of __slots__ classes hand it; else NULL. */
+const pk_node *pk_obj_state(const pk_node *st);
 bool pk_int(const pk_node *n, int64_t *out);           /* PK_INT or PK_BOOL */
 bool pk_str(const pk_node *n, const char **p, size_t *len);
 /* A dict key as Python's str() names it in a state-dict path: a str as it is,

@@ -182,27 +182,9 @@ static void box_text(char *buf, size_t cap, const int64_t *v, int nd)
         used += (size_t)snprintf(buf + used, cap - used, "%s%" PRId64, d ? ", " : "", v[d]);
 }
 
-/* The state an object was given by BUILD: a dict, or the dict of a
- * (dict, slots) pair as torch's _rebuild_from_type_v2 and __getstate__ of
- * __slots__ classes hand it. */
-static const pk_node *obj_state(const pk_node *st)
-{
-    if (!st)
-        return NULL;
-    if (st->type == PK_DICT)
-        return st;
-    if (st->type == PK_TUPLE)
-        for (size_t i = 0; i < pk_len(st); i++) {
-            const pk_node *d = pk_item(st, i);
-            if (d && d->type == PK_DICT && d->u.dict.n)
-                return d;
-        }
-    return NULL;
-}
-
 static const pk_node *call_state(const pk_node *n)
 {
-    return n && n->type == PK_CALL ? obj_state(n->u.call.state) : NULL;
+    return n && n->type == PK_CALL ? pk_obj_state(n->u.call.state) : NULL;
 }
 
 static int global_is(const pk_node *g, const char *module_prefix, const char *name)
@@ -529,7 +511,7 @@ static int strided_piece(const rf_runs *r, int64_t sf, int64_t n, int64_t c, rf_
 static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
 {
     const pk_node *args = call->u.call.args;
-    const pk_node *st = obj_state(pk_item(args, 3));
+    const pk_node *st = pk_obj_state(pk_item(args, 3));
     const pk_node *lt = pk_dict_get(st, "_local_tensor"), *spec = pk_dict_get(st, "_spec");
     const pk_node *ss = call_state(spec);
     if (!lt || !ss)

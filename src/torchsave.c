@@ -351,21 +351,11 @@ static const char *value_wrapper_field(const pk_node *ty)
     return NULL;
 }
 
-/* An object's attribute in the state torch.save pickles: its __dict__, or
- * (__dict__ or None, slots) for a class with __slots__. */
-static const pk_node *state_get(const pk_node *state, const char *field)
-{
-    if (state && state->type == PK_TUPLE && pk_len(state) == 2) {
-        const pk_node *v = pk_dict_get(pk_as_dict(pk_item(state, 0)), field);
-        return v ? v : pk_dict_get(pk_as_dict(pk_item(state, 1)), field);
-    }
-    return pk_dict_get(pk_as_dict(state), field);
-}
-
 /* The _rebuild_tensor_v2/v3 call behind the wrappers torch.save may use:
  * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...),
- * _rebuild_from_type_v2(func, type, args, state) for plain Tensor/Parameter
- * and for a value wrapper (its tensor in state). Sets *fn to the rebuild
+ * _rebuild_from_type_v2(func, type, args, state) for a subclass of Tensor
+ * rebuilt from a storage (func: that call) and for a value wrapper (its
+ * tensor in state). Sets *fn to the rebuild
  * function and *args to its argument tuple; *wrapper (when not NULL) to the
  * outermost value wrapper's _rebuild_wrapper_subclass arguments, or NULL. */
 static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args, const pk_node **wrapper)
@@ -393,15 +383,15 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
                 fa->type == PK_TUPLE) {
                 if (wrapper && !*wrapper)
                     *wrapper = fa;
-                n = state_get(pk_item(a, 3), field);
+                n = pk_dict_get(pk_obj_state(pk_item(a, 3)), field);
                 continue;
             }
             if (!pk_is_global(f, "torch._utils", "_rebuild_tensor_v2") &&
                 !pk_is_global(f, "torch._utils", "_rebuild_tensor_v3"))
                 return -1;
-            if (!pk_is_global(ty, "torch", "Tensor") && !pk_is_global(ty, "torch.nn.parameter", "Parameter"))
-                return -1;
-            if (!fa || fa->type != PK_TUPLE)
+            /* Any class: a tensor rebuilt from a storage holds its elements
+             * there (a Parameter, a framework's subclass of Tensor). */
+            if (!ty || ty->type != PK_GLOBAL || !fa || fa->type != PK_TUPLE)
                 return -1;
             *fn = f;
             *args = fa;

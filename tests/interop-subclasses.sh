@@ -2,7 +2,8 @@
 # Checkpoints holding tensor subclasses (tests/data/subclasses, made once by
 # tests/interop/save_subclasses.py with torch 2.13.0 and torchao 0.18.0): torchao's float8
 # training weights and MoE float8/MXFP8 expert weights, which torch.save pickles as the wrapper
-# with the plain tensor it holds, read byte-exact by `dcp cat` in a one-process DCP save, in
+# with the plain tensor it holds, and a subclass of Tensor holding its own storage (pickled with
+# its class), read byte-exact by `dcp cat` in a one-process DCP save, in
 # FSDP2-style DTensor shards of two ranks and in a torch.save file; an NF4 weight (4-bit codes
 # and scales, not its values) refused naming its class; a record whose wrapper class or dtype
 # was changed refused, not read as the tensor it holds. No torchao needed here.
@@ -16,7 +17,7 @@ for c in dcp fsdp2 single.pt; do
         fail "$c: not the saved values"
 done
 nf4=torchao.quantization.quantize_.workflows.nf4.nf4_tensor.NF4Tensor
-expect_fail "$data/dcp/__0_0.distcp: layers.2.qlora.weight: chunk 0 at offset 16333: data.pkl does not rebuild a plain tensor (a $nf4, a tensor subclass whose stored tensors libdcp does not know to be its values)" \
+expect_fail "$data/dcp/__0_0.distcp: layers.2.qlora.weight: chunk 0 at offset 18038: data.pkl does not rebuild a plain tensor (a $nf4, a tensor subclass whose stored tensors libdcp does not know to be its values)" \
     "$DCP" cat "$data/dcp" layers.2.qlora.weight
 # The same record with its class renamed (same length: the zip is intact), or the wrapper's
 # dtype changed: refused.

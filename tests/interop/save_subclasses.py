@@ -8,7 +8,8 @@ cast only when used: torch.save (and so each DCP record) pickles the wrapper wit
 tensor it holds, which is the value. An NF4 tensor (torchao's QLoRA weight) stores 4-bit
 codes and scales instead: libdcp refuses it by name.
   OUT_DIR/dcp      one process: float8 training weights (float32, bfloat16), MoE float8 and
-                   MXFP8 expert weights (3-D), a plain tensor, an NF4 weight
+                   MXFP8 expert weights (3-D), a plain tensor, a subclass of Tensor holding
+                   its own storage, an NF4 weight
   OUT_DIR/fsdp2    two gloo ranks: DTensors sharded by rows whose local shards are float8
                    training weights, as FSDP2 holds them with float8 all-gather
   OUT_DIR/single.pt  torch.save of the one-process state dict without the NF4 weight
@@ -23,6 +24,18 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 warnings.filterwarnings("ignore")
+
+
+class Tagged(torch.Tensor):
+    """A subclass of Tensor holding its own storage (as_subclass, as frameworks tag
+    tensors) with an attribute: pickled as _rebuild_from_type_v2(_rebuild_tensor_v2,
+    Tagged, ..., state)."""
+
+
+def tagged(t):
+    out = t.as_subclass(Tagged)
+    out.role = "frozen"
+    return out
 
 
 def _classes():
@@ -51,6 +64,7 @@ def values():
         "layers.1.moe.experts.w1": torch.randn(4, 8, 16, generator=g).to(torch.bfloat16),
         "layers.1.moe.experts.w2": torch.randn(4, 16, 8, generator=g).to(torch.bfloat16),
         "norm.weight": torch.randn(16, generator=g),
+        "layers.3.tagged": torch.randn(5, 3, generator=g).to(torch.float64),
         "layers.2.qlora.weight": torch.randn(256, 64, generator=g).to(torch.bfloat16),
     }
 
@@ -64,6 +78,7 @@ def wrapped(v):
         "layers.1.moe.experts.w1": moe8(v["layers.1.moe.experts.w1"]),
         "layers.1.moe.experts.w2": mx8(v["layers.1.moe.experts.w2"]),
         "norm.weight": v["norm.weight"],
+        "layers.3.tagged": tagged(v["layers.3.tagged"]),
         "layers.2.qlora.weight": to_nf4(v["layers.2.qlora.weight"]),
     }
 

@@ -455,14 +455,47 @@ START_TEST(hostile_data_pkl)
         pb_op(&b, "tR");
     pb_byte(&b, '.');
     pkl_fails(b.p, b.n, "does not rebuild a plain tensor");
-    b.n = 0;   /* _rebuild_from_type_v2 of a subclass */
+    b.n = 0;   /* _rebuild_from_type_v2 of a subclass rebuilt from its storage: read, its arguments checked */
     pb_op(&b, "\x80\x02");
     pb_global(&b, "torch._tensor", "_rebuild_from_type_v2");
     pb_byte(&b, '(');
     pb_global(&b, "torch._utils", "_rebuild_tensor_v2");
     pb_global(&b, "mylib", "FancyTensor");
     pb_op(&b, ")}tR.");
-    pkl_fails(b.p, b.n, "does not rebuild a plain tensor");
+    pkl_fails(b.p, b.n, "malformed _rebuild_tensor arguments");
+    /* A wrapper subclass (no storage of its own) libdcp does not know, and a
+     * known value wrapper whose state lacks its tensor or nests wrappers
+     * deeper than any real file: refused, naming the class. */
+    static const char *const wrappers[][2] = {{"mylib", "FancyTensor"},
+                                              {"torchao.float8.fsdp_utils", "WeightWithDynamicFloat8CastTensor"}};
+    for (int w = 0; w < 2; w++) {
+        char want[300];
+        snprintf(want, sizeof want, "does not rebuild a plain tensor (a %s.%s, a tensor subclass whose stored "
+                 "tensors libdcp does not know to be its values)", wrappers[w][0], wrappers[w][1]);
+        b.n = 0;
+        pb_op(&b, "\x80\x02");
+        pb_global(&b, "torch._tensor", "_rebuild_from_type_v2");
+        pb_byte(&b, '(');
+        pb_global(&b, "torch._utils", "_rebuild_wrapper_subclass");
+        pb_global(&b, wrappers[w][0], wrappers[w][1]);
+        pb_op(&b, ")}tR.");
+        pkl_fails(b.p, b.n, want);
+    }
+    b.n = 0;
+    pb_op(&b, "\x80\x02");
+    for (int i = 0; i < 6; i++) {   /* state {"_tensor": <the next wrapper>} */
+        pb_global(&b, "torch._tensor", "_rebuild_from_type_v2");
+        pb_byte(&b, '(');
+        pb_global(&b, "torch._utils", "_rebuild_wrapper_subclass");
+        pb_global(&b, "torchao.float8.fsdp_utils", "WeightWithDynamicFloat8CastTensor");
+        pb_op(&b, ")}");
+        zb_put(&b, "X\x07\x00\x00\x00_tensor", 12);
+    }
+    pb_op(&b, "K\x01");
+    for (int i = 0; i < 6; i++)
+        pb_op(&b, "stR");
+    pb_byte(&b, '.');
+    pkl_fails(b.p, b.n, "does not rebuild a plain tensor (a torchao.float8.fsdp_utils.WeightWithDynamicFloat8CastTensor");
     /* Wrong tag in the persistent id. */
     pb_tensor t = float_2x3();
     zb_buf p = pb_tensor_pkl(&t);
