@@ -404,17 +404,19 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
 }
 
 /* What n rebuilds, for a message: the subclass of a _rebuild_from_type_v2
- * ("module.Class"), else the callable's name. */
-static void rebuilt_name(const pk_node *n, char *out, size_t cap)
+ * ("module.Class"; 1), else the callable's name (0). */
+static int rebuilt_name(const pk_node *n, char *out, size_t cap)
 {
     const pk_node *g = pk_call_global(n);
     const pk_node *ty = g && !strcmp(g->u.global.module, "torch._tensor") &&
                         !strcmp(g->u.global.name, "_rebuild_from_type_v2") ? pk_item(n->u.call.args, 1) : NULL;
-    if (ty && ty->type == PK_GLOBAL)
+    if (ty && ty->type == PK_GLOBAL) {
         snprintf(out, cap, "a %s.%s, a tensor subclass whose stored tensors libdcp does not know to be its values",
                  ty->u.global.module, ty->u.global.name);
-    else
-        snprintf(out, cap, "%s", g ? g->u.global.name : "not a call");
+        return 1;
+    }
+    snprintf(out, cap, "%s", g ? g->u.global.name : "not a call");
+    return 0;
 }
 
 static int vec(const pk_node *t, int64_t *out, int *nd)
@@ -463,8 +465,9 @@ int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_
     memset(r, 0, sizeof *r);
     if (find_rebuild(n, &fn, &args, &wrapper) < 0) {
         char what[300];
-        rebuilt_name(n, what, sizeof what);
-        return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", what);
+        int subclass = rebuilt_name(n, what, sizeof what);
+        why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", what);
+        return subclass ? -2 : -1;
     }
     int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
     const pk_node *sto = pk_item(args, 0);
@@ -588,8 +591,9 @@ static int zip_record(loc *l, dcp_record *rec)
         goto out;
     dcpi_rebuild rb;
     char why[512];
-    if (dcpi_torch_rebuild_parse(root, &rb, why, sizeof why) < 0) {
-        loc_fail(l, EIO, "%s", why);
+    int parsed = dcpi_torch_rebuild_parse(root, &rb, why, sizeof why);
+    if (parsed < 0) {   /* ENOTSUP: an intact record libdcp does not read (dcp_verify_structure) */
+        loc_fail(l, parsed == -2 ? ENOTSUP : EIO, "%s", why);
         goto out;
     }
     dcp_dtype dt = rb.dtype;

@@ -19,6 +19,9 @@ done
 nf4=torchao.quantization.quantize_.workflows.nf4.nf4_tensor.NF4Tensor
 expect_fail "$data/dcp/__0_0.distcp: layers.2.qlora.weight: chunk 0 at offset 18038: data.pkl does not rebuild a plain tensor (a $nf4, a tensor subclass whose stored tensors libdcp does not know to be its values)" \
     "$DCP" cat "$data/dcp" layers.2.qlora.weight
+# An intact record libdcp does not read is no damage: dcp verify passes.
+out=$("$DCP" verify "$data/dcp") || fail "dcp verify of an intact checkpoint with an NF4 weight: $out"
+case "$out" in *"structure: 0 problems"*) ;; *) fail "dcp verify: $out" ;; esac
 # The same record with its class renamed (same length: the zip is intact), or the wrapper's
 # dtype changed: refused.
 mkdir "$SCRATCH/renamed" "$SCRATCH/dtype"
@@ -34,6 +37,12 @@ for case, old, new in (("renamed", b"WeightWithDynamicFloat8CastTensor", b"Weigh
 PY
 expect_fail "data.pkl does not rebuild a plain tensor (a torchao.float8.fsdp_utils.WeightWithDynamicFloat8CastTensoX, a tensor subclass whose stored tensors libdcp does not know to be its values)" \
     "$DCP" cat "$SCRATCH/renamed" layers.0.attention.wq.weight
+# (its structure intact, the renamed class is found by the records' CRC-32)
+out=$("$DCP" verify --crc "$SCRATCH/renamed" 2>&1) && fail "dcp verify --crc passed a changed data.pkl: $out"
+case "$out" in
+    *"PROBLEM: $SCRATCH/renamed/__0_0.distcp: layers.0.attention.wq.weight: record archive/data.pkl of the torch.save archive at offset 0: CRC-32"*) ;;
+    *) fail "dcp verify --crc: $out" ;;
+esac
 expect_fail "$SCRATCH/dtype/__0_0.distcp: layers.0.attention.wq.weight: chunk 0 at offset 0: data.pkl: the WeightWithDynamicFloat8CastTensor wrapper's dtype or shape is not that of the tensor it holds" \
     "$DCP" cat "$SCRATCH/dtype" layers.0.attention.wq.weight
 echo "torchao's float8 training weights read as the tensors they hold; NF4 and changed wrappers refused"
