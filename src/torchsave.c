@@ -355,13 +355,18 @@ static const char *value_wrapper_field(const pk_node *ty)
  * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...),
  * _rebuild_from_type_v2(func, type, args, state) for a subclass of Tensor
  * rebuilt from a storage (func: that call) and for a value wrapper (its
- * tensor in state). Sets *fn to the rebuild
- * function and *args to its argument tuple; *wrapper (when not NULL) to the
- * outermost value wrapper's _rebuild_wrapper_subclass arguments, or NULL. */
-static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args, const pk_node **wrapper)
+ * tensor in state). Sets *fn to the rebuild function and *args to its
+ * argument tuple; *wrapper (when not NULL) to the outermost value wrapper's
+ * _rebuild_wrapper_subclass arguments, or NULL; on failure *unread (when not
+ * NULL) to the class of a wrapper subclass that is no value wrapper, if that
+ * is where it stopped. */
+static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args, const pk_node **wrapper,
+                        const pk_node **unread)
 {
     if (wrapper)
         *wrapper = NULL;
+    if (unread)
+        *unread = NULL;
     for (int depth = 0; depth < 4 && n; depth++) {   /* hostile input may nest or cycle */
         const pk_node *g = pk_call_global(n);
         if (!g)
@@ -379,6 +384,12 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
         } else if (!strcmp(m, "torch._tensor") && !strcmp(name, "_rebuild_from_type_v2")) {
             const pk_node *f = pk_item(a, 0), *ty = pk_item(a, 1), *fa = pk_item(a, 2);
             const char *field = value_wrapper_field(ty);
+            if (pk_is_global(f, "torch._utils", "_rebuild_wrapper_subclass") && ty && ty->type == PK_GLOBAL &&
+                !field) {
+                if (unread)
+                    *unread = ty;
+                return -1;
+            }
             if (field && pk_is_global(f, "torch._utils", "_rebuild_wrapper_subclass") && fa &&
                 fa->type == PK_TUPLE) {
                 if (wrapper && !*wrapper)
@@ -403,20 +414,10 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
     return -1;
 }
 
-/* What n rebuilds, for a message: the subclass of a _rebuild_from_type_v2
- * ("module.Class"; 1), else the callable's name (0). */
-static int rebuilt_name(const pk_node *n, char *out, size_t cap)
+static const char *callable_name(const pk_node *n)
 {
     const pk_node *g = pk_call_global(n);
-    const pk_node *ty = g && !strcmp(g->u.global.module, "torch._tensor") &&
-                        !strcmp(g->u.global.name, "_rebuild_from_type_v2") ? pk_item(n->u.call.args, 1) : NULL;
-    if (ty && ty->type == PK_GLOBAL) {
-        snprintf(out, cap, "a %s.%s, a tensor subclass whose stored tensors libdcp does not know to be its values",
-                 ty->u.global.module, ty->u.global.name);
-        return 1;
-    }
-    snprintf(out, cap, "%s", g ? g->u.global.name : "not a call");
-    return 0;
+    return g ? g->u.global.name : "not a call";
 }
 
 static int vec(const pk_node *t, int64_t *out, int *nd)
@@ -446,7 +447,7 @@ static int small_record(loc *l, const dcpi_zip_entry *ze, uint64_t blen, char *b
 int dcpi_torch_is_tensor(const pk_node *n)
 {
     const pk_node *fn, *args;
-    return find_rebuild(n, &fn, &args, NULL) == 0;
+    return find_rebuild(n, &fn, &args, NULL, NULL) == 0;
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -461,13 +462,15 @@ static int why_fail(char *why, size_t whylen, const char *fmt, ...)
 
 int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_t whylen)
 {
-    const pk_node *fn, *args, *wrapper;
+    const pk_node *fn, *args, *wrapper, *unread;
     memset(r, 0, sizeof *r);
-    if (find_rebuild(n, &fn, &args, &wrapper) < 0) {
-        char what[300];
-        int subclass = rebuilt_name(n, what, sizeof what);
-        why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", what);
-        return subclass ? -2 : -1;
+    if (find_rebuild(n, &fn, &args, &wrapper, &unread) < 0) {
+        if (!unread)
+            return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", callable_name(n));
+        why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (a %s.%s, a tensor subclass whose "
+                 "stored tensors libdcp does not know to be its values)", unread->u.global.module,
+                 unread->u.global.name);
+        return -2;
     }
     int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");
     const pk_node *sto = pk_item(args, 0);
