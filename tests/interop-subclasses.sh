@@ -4,7 +4,8 @@
 # training weights and MoE float8/MXFP8 expert weights, which torch.save pickles as the wrapper
 # with the plain tensor it holds, and a subclass of Tensor holding its own storage (pickled with
 # its class), read byte-exact by `dcp cat` in a one-process DCP save, in
-# FSDP2-style DTensor shards of two ranks and in a torch.save file; an NF4 weight (4-bit codes
+# FSDP2-style DTensor shards of two ranks (saved by dcp.save and by torch.save per rank, as
+# torch-checkpointing does) and in a torch.save file; an NF4 weight (4-bit codes
 # and scales, not its values) refused naming its class; a record whose wrapper class or dtype
 # was changed refused, not read as the tensor it holds. No torchao needed here.
 . "$top_srcdir/tests/lib.sh"
@@ -12,7 +13,7 @@ need python3
 data="$top_srcdir/tests/data/subclasses"
 [ -d "$data" ] || fail "$data is missing"
 scratch
-for c in dcp fsdp2 single.pt; do
+for c in dcp fsdp2 fsdp2-rankfiles single.pt; do
     python3 "$top_srcdir/tests/interop/check_truth.py" "$DCP" "$data/$c" "$data/${c%.pt}.truth.json" ||
         fail "$c: not the saved values"
 done

@@ -12,8 +12,10 @@ codes and scales instead: libdcp refuses it by name.
                    its own storage, an NF4 weight
   OUT_DIR/fsdp2    two gloo ranks: DTensors sharded by rows whose local shards are float8
                    training weights, as FSDP2 holds them with float8 all-gather
+  OUT_DIR/fsdp2-rankfiles  the same DTensors torch.save'd by each rank (model_R.pt, as
+                   torch-checkpointing and verl save)
   OUT_DIR/single.pt  torch.save of the one-process state dict without the NF4 weight
-  OUT_DIR/NAME.truth.json  for dcp, fsdp2 and single.pt, each tensor key libdcp reads: dtype,
+  OUT_DIR/NAME.truth.json  for dcp, fsdp2, fsdp2-rankfiles and single.pt, each tensor key libdcp reads: dtype,
                    shape, sha256 of its C-order bytes (tests/interop/check_truth.py)
 """
 import hashlib, json, os, socket, sys, warnings
@@ -104,6 +106,8 @@ def fsdp2_rank(rank, world, port, out):
         sd[k] = DTensor.from_local(f8(local), mesh, [Shard(0)], shape=v[k].shape, stride=v[k].stride())
         assert type(sd[k].to_local()).__name__ == "WeightWithDynamicFloat8CastTensor"
     dcp.save(sd, checkpoint_id=out)
+    os.makedirs(out + "-rankfiles", exist_ok=True)    # torch-checkpointing's layout: torch.save per rank
+    torch.save(sd, os.path.join(out + "-rankfiles", f"model_{rank}.pt"))
     dist.destroy_process_group()
 
 
@@ -119,8 +123,8 @@ def main():
     mp.spawn(fsdp2_rank, args=(2, port, os.path.join(out, "fsdp2")), nprocs=2)
     t = truth(v)
     del t["layers.2.qlora.weight"]      # (refused: no truth to compare)
-    cases = {"dcp": t, "single": t,
-             "fsdp2": {k: t[k] for k in ("layers.0.attention.wq.weight", "layers.0.feed_forward.w1.weight")}}
+    fsdp2 = {k: t[k] for k in ("layers.0.attention.wq.weight", "layers.0.feed_forward.w1.weight")}
+    cases = {"dcp": t, "single": t, "fsdp2": fsdp2, "fsdp2-rankfiles": {"model." + k: v for k, v in fsdp2.items()}}
     for name, keys in cases.items():
         with open(os.path.join(out, name + ".truth.json"), "w") as f:
             json.dump(keys, f, indent=1, sort_keys=True)
