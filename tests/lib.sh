@@ -12,6 +12,15 @@ need() { command -v "$1" >/dev/null 2>&1 || skip "$1 is not installed"; }
 need_python_module() { python3 -c "import $1" 2>/dev/null || skip "python3 module $1 is not installed"; }
 need_torch() { python3 -c 'import torch' 2>/dev/null || skip "PyTorch is not installed (pip install torch==2.13.0)"; }
 
+# need_rss: skip where a peak RSS cannot be measured (no /usr/bin/time) or means nothing
+# (libdcp built with AddressSanitizer), for the tests that bound it (tests/*-rss.sh).
+need_rss() {
+    [ -x /usr/bin/time ] || skip "/usr/bin/time is not installed"
+    if ldd "$top_builddir/.libs/libdcp.so" 2>/dev/null | grep -q libasan; then
+        skip "sanitizer build: AddressSanitizer's shadow memory makes RSS meaningless"
+    fi
+}
+
 # A scratch folder removed on exit.
 scratch() {
     SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dcpfs-test.XXXXXX")

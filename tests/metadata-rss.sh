@@ -3,10 +3,7 @@
 # and the model is the same as a parse of the whole tree (DCP_WHOLE_PARSE=1).
 # The 1M and 10M-chunk figures are measured by bench/bench-catalog.sh.
 . "$top_srcdir/tests/lib.sh"
-[ -x /usr/bin/time ] || skip "/usr/bin/time is not installed"
-if ldd "$top_builddir/.libs/libdcp.so" 2>/dev/null | grep -q libasan; then
-    skip "sanitizer build: AddressSanitizer's shadow memory makes RSS meaningless"
-fi
+need_rss
 scratch
 LIMIT_KB=65536
 $DCP synth "$SCRATCH/ck" --keys 10000 --shape 10,8 --ranks 10 --shard rows --seed 5 >/dev/null ||

@@ -1,10 +1,7 @@
 # Converting a 256 MiB checkpoint keeps the peak RSS under 64 MiB in every direction
 # (the 2 GiB / 256 MiB figure is measured by bench/bench-convert.sh).
 . "$top_srcdir/tests/lib.sh"
-[ -x /usr/bin/time ] || skip "/usr/bin/time is not installed"
-if ldd "$top_builddir/.libs/libdcp.so" 2>/dev/null | grep -q libasan; then
-    skip "sanitizer build: AddressSanitizer's shadow memory makes RSS meaningless"
-fi
+need_rss
 scratch
 LIMIT_KB=65536
 # 16 keys of 4096x1024 float32, column-sharded over 4 ranks: strided reads on the way out.
