@@ -33,20 +33,8 @@ grep -q "__0_0.distcp: enc.weight: bytes at offset 0 do not match the recorded d
     || fail "no log line naming file and key: $(cat "$SCRATCH/m2.log")"
 cmp "$SCRATCH/m2/dec/weight" <("$DCP" cat "$ck" dec.weight) || fail "an intact tensor failed under -o verify"
 # all.safetensors is checked the same way: EIO over enc.weight, dec.weight intact.
-python3 - "$SCRATCH/m2/all.safetensors" "$SCRATCH/m2/dec/weight" <<'PY' || fail "all.safetensors under -o verify"
-import errno, json, os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
-n = int.from_bytes(os.pread(fd, 8, 0), "little")
-hdr = json.loads(os.pread(fd, n, 8))
-b, e = hdr["dec.weight"]["data_offsets"]
-assert os.pread(fd, e - b, 8 + n + b) == open(sys.argv[2], "rb").read(), "dec.weight differs"
-b, e = hdr["enc.weight"]["data_offsets"]
-try:
-    os.pread(fd, e - b, 8 + n + b)
-    sys.exit("reading enc.weight succeeded")
-except OSError as ex:
-    assert ex.errno == errno.EIO, ex
-PY
+python3 "$FUSE_CHECK" eio "$SCRATCH/m2/all.safetensors" dec.weight "$SCRATCH/m2/dec/weight" enc.weight ||
+    fail "all.safetensors under -o verify"
 unmount_dcpfs "$SCRATCH/m2"
 
 # Without -o verify the same bytes are served (verification is opt-in).

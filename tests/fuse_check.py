@@ -12,12 +12,15 @@ usage:
                                              MNT/all.safetensors: its header, safe_open (torch and
                                              numpy) against the manifest's sha256, random-offset
                                              reads against `dcp cat`
+  fuse_check.py eio    VIEW KEY BYTES DAMAGED  an all.safetensors VIEW over a damaged checkpoint,
+                                             read with O_DIRECT: KEY holds the file BYTES'
+                                             bytes, a read of DAMAGED fails with EIO
 
 MANIFEST is expected/manifest.json ({"entries": [{key, kind, dtype, shape, nbytes, sha256, chunks}]})
 or a truth.json ({key: {kind, dtype, shape, sha256}}).
 The key -> path mapping is the one documented in dcpfs(1) and fuse/names.h.
 """
-import hashlib, json, os, random, subprocess, sys
+import errno, hashlib, json, os, random, subprocess, sys
 
 VIEW = "all.safetensors"   # the virtual file of dcpfs(1) in every checkpoint root
 # torch dtype -> safetensors dtype (those the view holds; the others are left out)
@@ -307,12 +310,35 @@ def check_safetensors(mnt, entries, dcp, ckpt):
           f"{reads} random reads match dcp cat")
 
 
+def check_eio(view, key, want, damaged):
+    fd = os.open(view, os.O_RDONLY | os.O_DIRECT)
+    try:
+        n = int.from_bytes(os.pread(fd, 8, 0), "little")
+        hdr = json.loads(os.pread(fd, n, 8))
+        b, e = hdr[key]["data_offsets"]
+        if os.pread(fd, e - b, 8 + n + b) != open(want, "rb").read():
+            fail(f"{view}: {key} differs")
+        b, e = hdr[damaged]["data_offsets"]
+        try:
+            os.pread(fd, e - b, 8 + n + b)
+        except OSError as ex:
+            if ex.errno != errno.EIO:
+                fail(f"{view}: reading {damaged}: {ex}, not EIO")
+            return
+        fail(f"{view}: reading {damaged} succeeded")
+    finally:
+        os.close(fd)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "path":
         out, _ = paths({k: {"kind": "tensor"} for k in sys.argv[2:]})
         for k in sys.argv[2:]:
             print(out[k])
+        return
+    if cmd == "eio":
+        check_eio(*sys.argv[2:6])
         return
     mnt, entries = sys.argv[2], load_entries(sys.argv[3])
     if cmd == "tree":
