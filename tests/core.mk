@@ -15,7 +15,8 @@ EXTRA_DIST += tests/interop/save_subclasses.py tests/data/subclasses
 # Megatron-Core releases' own saves (tests/interop/megatron-releases.txt).
 TESTS += tests/interop-megatron-releases.sh
 dist_check_SCRIPTS += tests/interop-megatron-releases.sh
-EXTRA_DIST += tests/interop/megatron_releases.py tests/interop/megatron-releases.txt tests/interop/install-megatron-releases.sh
+EXTRA_DIST += tests/interop/megatron_releases.py tests/interop/megatron-releases.txt tests/interop/install-megatron-releases.sh \
+	tests/megatron_lib.sh
 # Megatron-Core's reformulated optimizer states folded back (DCP_OPEN_MEGATRON_FOLD), without megatron-core.
 TESTS += tests/interop-megatron-fold.sh
 dist_check_SCRIPTS += tests/interop-megatron-fold.sh

@@ -15,17 +15,11 @@
 # weights: --dtype bfloat16) gives, tensor by tensor, the bytes of the export of the same model
 # saved by dist_checkpointing (torch_dist), with --config and without (config.json from the
 # checkpoint's args item), and the MoE one renamed as TEGroupedMLP names its experts too.
-. "$top_srcdir/tests/python_lib.sh"
-. "$top_srcdir/tests/fuse_lib.sh"
-. "$top_srcdir/tests/load_lib.sh"
-need python3
-need getfattr
-need_fuse
+. "$top_srcdir/tests/megatron_lib.sh"
 need_megatron 0.19.2
 python3 -c 'import transformers' 2>/dev/null || skip "transformers is not installed (pip install transformers==5.24.0)"
 need_python_module xxhash
 need_python_module safetensors
-export DCP_RECIPE_PATH="$top_srcdir/recipes"
 export PYTHONWARNINGS=ignore   # Megatron-Core warns of every missing GPU library
 D="$DCP --no-catalog"
 PY="$top_srcdir/tests/interop/save_fsdp_dtensor.py"

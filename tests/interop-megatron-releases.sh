@@ -12,18 +12,12 @@
 # optimizer states folded back to their original shapes (dcp --megatron-fold, -o
 # megatron_fold, dcpload --megatron-fold, megatron_fold=True): Megatron-Core's own view, the
 # tensors as they were before the save (megatron_releases.py originals()).
-. "$top_srcdir/tests/python_lib.sh"
-. "$top_srcdir/tests/fuse_lib.sh"
-. "$top_srcdir/tests/load_lib.sh"
-need python3
-need getfattr
-need_fuse
+. "$top_srcdir/tests/megatron_lib.sh"
 releases=$(grep -v '^#' "$top_srcdir/tests/interop/megatron-releases.txt" | cut -d' ' -f1)
 # shellcheck disable=SC2086
 need_megatron $releases
 need_python_module xxhash
 need_python_module psutil
-export DCP_RECIPE_PATH="$top_srcdir/recipes"   # dcp convert --to hf's recipes
 if [ -n "${DCP_SANITIZED:-}" ]; then   # the sanitizers watch dcp; the saves are Python's: oldest and newest
     releases="$(echo "$releases" | head -1) $(echo "$releases" | tail -1)"
     echo "sanitizer build: megatron-core $releases only"
