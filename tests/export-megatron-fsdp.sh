@@ -60,14 +60,8 @@ for kind in llama llama-tp2 mixtral; do
     mpy files "$SCRATCH" $kind "$SCRATCH/$kind.safetensors" "$SCRATCH/$kind.pt" >"$SCRATCH/files.log" 2>&1 ||
         { tail -5 "$SCRATCH/files.log"; fail "$kind: dcp convert's files differ from torch's"; }
     grep "^$kind: " "$SCRATCH/files.log"
-    unique=$($D ls --json "$ck" | python3 -c '
-import json, sys
-print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))')
-    mkdir "$ck.runs"
-    for run in rows-1 rows-3 blocks-3; do
-        mpirun "${run#*-}" "$DCPLOAD" "$ck" --layout "${run%-*}" --json --staging 8192 >"$ck.runs/$run.json" 2>"$ck.err" ||
-            fail "$kind: dcpload -n ${run#*-} --layout ${run%-*}: $(cat "$ck.err")"
-    done
+    unique=$(tensor_bytes "$ck" --no-catalog)
+    dcpload_runs "$kind" "$ck" "$ck.runs" "rows-1 rows-3 blocks-3"
     python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" "$truth.json" "$ck.runs" "$unique" >"$ck.load" 2>&1 ||
         { cat "$ck.load"; fail "$kind: dcpload's regions"; }
     echo "$kind: $(wc -l <"$truth") keys: dcp's view, the mount, convert's files and dcpload's regions are dcp.load's"

@@ -99,15 +99,8 @@ for seed in 1 2; do
     unmount_dcpfs "$out/mnt"
 
     # dcpload: each rank's region of the originals, each stored byte read once
-    unique=$("$DCP" --no-catalog ls --json "$ck" | python3 -c '
-import json, sys
-print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))')
-    mkdir "$out/runs"
-    for run in rows-1 rows-3 blocks-3 cols-2; do
-        mpirun "${run#*-}" "$DCPLOAD" "$ck" --megatron-fold --layout "${run%-*}" --json --staging 8192 \
-            >"$out/runs/$run.json" 2>"$out/err" ||
-            fail "seed $seed: dcpload -n ${run#*-} --layout ${run%-*} --megatron-fold failed: $(cat "$out/err")"
-    done
+    unique=$(tensor_bytes "$ck" --no-catalog)
+    dcpload_runs "seed $seed" "$ck" "$out/runs" "rows-1 rows-3 blocks-3 cols-2" --megatron-fold
     LOAD_CHECK_DCP_OPTS=--megatron-fold python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" \
         "$out/folded.truth.json" "$out/runs" "$unique" >"$out/load" 2>&1 ||
         { cat "$out/load"; fail "seed $seed: dcpload --megatron-fold's regions"; }

@@ -103,10 +103,7 @@ for v in $releases; do
         done
         # Megatron's tensors are saved unshared (each chunk its own storage): every byte of
         # every tensor is stored once, so the ranks must read exactly their sum (folded too)
-        unique=$("$DCP" --no-catalog ls --json "$ck" | python3 -c '
-import json, sys
-print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))') ||
-            fail "megatron-core $v $case: dcp ls --json failed"
+        unique=$(tensor_bytes "$ck" --no-catalog) || fail "megatron-core $v $case: dcp ls --json failed"
         for view in stored folded; do
             set --
             truth=$ck.truth.json
@@ -115,13 +112,7 @@ print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tenso
                 set -- --megatron-fold
                 truth=$ck.folded.truth.json
             fi
-            rm -rf "$ck.runs"
-            mkdir "$ck.runs"
-            for run in rows-1 rows-3 blocks-3; do
-                mpirun "${run#*-}" "$DCPLOAD" "$ck" "$@" --layout "${run%-*}" --json --staging 8192 \
-                    >"$ck.runs/$run.json" 2>"$ck.err" ||
-                    fail "megatron-core $v $case: dcpload -n ${run#*-} --layout ${run%-*} $* failed: $(cat "$ck.err")"
-            done
+            dcpload_runs "megatron-core $v $case" "$ck" "$ck.runs" "rows-1 rows-3 blocks-3" "$@"
             LOAD_CHECK_DCP_OPTS="$*" python3 "$top_srcdir/tests/load_check.py" "$DCP" "$ck" "$truth" "$ck.runs" "$unique" \
                 >"$ck.load" 2>&1 || { cat "$ck.load"; fail "megatron-core $v $case: dcpload's regions ($view)"; }
         done

@@ -26,12 +26,7 @@ for v in $releases; do
         name=$(basename "$case")
         [ "$name" != files ] || continue   # single's items, a file each: the 1.13 fixtures' layout
         runs="$SCRATCH/runs/$v/$name"
-        mkdir -p "$runs"
-        for run in rows-1 rows-3 blocks-3; do
-            mpirun "${run#*-}" "$DCPLOAD" "$case/ckpt" --layout "${run%-*}" --json --staging 8192 \
-                >"$runs/$run.json" 2>"$runs/err" ||
-                fail "torch $v $name: dcpload -n ${run#*-} --layout ${run%-*} failed: $(cat "$runs/err")"
-        done
+        dcpload_runs "torch $v $name" "$case/ckpt" "$runs" "rows-1 rows-3 blocks-3"
         python3 "$top_srcdir/tests/load_check.py" "$DCP" "$case/ckpt" "$case/truth.json" "$runs" >/dev/null ||
             fail "torch $v $name: dcpload's regions"
     done

@@ -24,13 +24,6 @@ check_file() {
     python3 "$top_srcdir/tests/load_check.py" "$DCP" "$file" "$truth" "$runs" "$unique" || fail "$name"
 }
 
-# the sum of the tensors' bytes: a converted file stores each tensor once, whole
-tensor_bytes() {
-    "$DCP" ls --json "$1" | python3 -c '
-import json, sys
-print(sum(r["nbytes"] for r in map(json.loads, sys.stdin) if r["kind"] == "tensor"))'
-}
-
 if python3 -c 'import torch' 2>/dev/null; then
     mkdir -p "$SCRATCH/torch"
     python3 "$top_srcdir/tests/load_torch_save.py" "$SCRATCH/torch" || fail "writing the torch.save file"
@@ -60,6 +53,7 @@ for name in 04_block_4ranks 05_mixed_2ranks; do
         file="$SCRATCH/$name.$ext"
         "$DCP" convert "$FIXTURES/$name/ckpt" "$file" >/dev/null 2>"$SCRATCH/err" ||
             fail "dcp convert $name to .$ext: $(cat "$SCRATCH/err")"
+        # a converted file stores each tensor once, whole: its ranks read the tensors' bytes
         check_file "$name-$ext" "$file" "$FIXTURES/$name/expected/manifest.json" "$(tensor_bytes "$file")" \
             rows cols replicate
     done
