@@ -21,6 +21,20 @@ need_rss() {
     fi
 }
 
+# have_zstd: whether python3 decodes zstd (zstandard or pyzstd), as PyTorch's zstd saves need.
+have_zstd() { python3 -c 'import zstandard' 2>/dev/null || python3 -c 'import pyzstd' 2>/dev/null; }
+
+# save_dtensor VARIANT...: every VARIANT of tests/interop/save_dtensor.py saved by one set of
+# 4 forked ranks (torch imported once) into $SCRATCH/VARIANT, zstd left out without
+# have_zstd; its output in $SCRATCH/save.log, shown when it fails.
+save_dtensor() {
+    local variants="$*"
+    have_zstd || variants=${variants/ zstd/}
+    # shellcheck disable=SC2086
+    timeout 600 python3 "$top_srcdir/tests/interop/save_dtensor.py" "$SCRATCH" $variants >"$SCRATCH/save.log" 2>&1 ||
+        { cat "$SCRATCH/save.log"; fail "PyTorch save ($variants) failed"; }
+}
+
 # A scratch folder removed on exit.
 scratch() {
     SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/dcpfs-test.XXXXXX")

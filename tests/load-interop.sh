@@ -8,13 +8,9 @@ need python3
 need_python_module numpy
 need_torch
 scratch
-# Every variant saved by one set of 4 forked ranks (torch imported once).
-variants="torch_save safetensors zstd"
-python3 -c 'import zstandard' 2>/dev/null || python3 -c 'import pyzstd' 2>/dev/null || variants=${variants/ zstd/}
-timeout 600 python3 "$top_srcdir/tests/interop/save_dtensor.py" "$SCRATCH" $variants >"$SCRATCH/save.log" 2>&1 ||
-    { cat "$SCRATCH/save.log"; fail "PyTorch save ($variants) failed"; }
+save_dtensor torch_save safetensors zstd
 for variant in torch_save safetensors zstd; do
-    if [ "$variant" = zstd ] && ! python3 -c 'import zstandard' 2>/dev/null && ! python3 -c 'import pyzstd' 2>/dev/null; then
+    if [ "$variant" = zstd ] && ! have_zstd; then
         echo "zstd variant skipped: no zstandard/pyzstd module"; continue
     fi
     runs="$SCRATCH/$variant-runs"
