@@ -10,6 +10,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +34,100 @@ static int has_file(int dirfd, const char *name)
 {
     struct stat st;
     return fstatat(dirfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+/* What a folder that is no checkpoint holds (a fixture's root holding ckpt/,
+ * a run folder of step folders): "; it holds the checkpoint folder ckpt/:
+ * open PATH/ckpt", or several named (sorted, the first HINT_NAMED and how
+ * many more), into buf; "" when none. One level down, by names alone
+ * (dcpi_probe_at opens no file), writing nothing: at most HINT_PROBES
+ * subfolders probed and HINT_ENTRIES entries listed, so that a folder of
+ * 100,000 steps stays quick to refuse. Names are shown as dcp_key_text
+ * writes them (no newline or escape sequence reaches the message). */
+#define HINT_PROBES 64
+#define HINT_ENTRIES 10000
+#define HINT_NAMED 3
+
+static int by_strcmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* printf at *at into buf (cap bytes), *at kept within it. */
+__attribute__((format(printf, 4, 5)))
+static void put(char *buf, size_t cap, size_t *at, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *at, cap - *at, fmt, ap);
+    va_end(ap);
+    *at = n < 0 || (size_t)n >= cap - *at ? cap - 1 : *at + (size_t)n;
+}
+
+static void checkpoints_inside(int folder_fd, const char *path, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    int fd = openat(folder_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = fd < 0 ? NULL : fdopendir(fd);
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    char *names[HINT_PROBES];
+    size_t n = 0, probes = 0, entries = 0;
+    int more = 0;   /* entries left unlooked at */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.')   /* ".", ".." and hidden folders: never a save to suggest */
+            continue;
+        if (entries++ == HINT_ENTRIES) {
+            more = 1;
+            break;
+        }
+        int folder = de->d_type == DT_DIR;   /* a link counts by what it names */
+        if (de->d_type == DT_LNK || de->d_type == DT_UNKNOWN)
+            folder = fstatat(fd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
+        if (!folder)
+            continue;
+        if (probes++ == HINT_PROBES) {
+            more = 1;
+            break;
+        }
+        dcp_folder_probe probe;
+        int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+        if (sub < 0)
+            continue;
+        int rc = dcpi_probe_at(sub, path, &probe, NULL);
+        close(sub);
+        if (rc == 0 && probe.kind == DCP_FOLDER_CHECKPOINT && (names[n] = strdup(de->d_name)))
+            n++;
+    }
+    closedir(d);
+    if (!n)
+        return;
+    qsort(names, n, sizeof *names, by_strcmp);
+    size_t len = strlen(path), at = 0;
+    const char *sep = len && path[len - 1] == '/' ? "" : "/";
+    char shown[4 * NAME_MAX + 1];   /* a byte at most "\\xHH" */
+    put(buf, cap, &at, "; it holds the checkpoint folder%s ", n == 1 ? "" : "s");
+    for (size_t i = 0; i < n && i < HINT_NAMED; i++) {
+        dcp_key_text(names[i], shown, sizeof shown);
+        put(buf, cap, &at, "%s%s/", i == 0 ? "" : i + 1 == n && !more ? " and " : ", ", shown);
+    }
+    if (n > HINT_NAMED)
+        put(buf, cap, &at, " and %zu more", n - HINT_NAMED);
+    if (more)
+        put(buf, cap, &at, " (only %zu of its entries were looked at)", entries - 1);
+    if (n == 1) {
+        dcp_key_text(names[0], shown, sizeof shown);
+        put(buf, cap, &at, ": open %s%s%s", path, sep, shown);
+    } else {
+        put(buf, cap, &at, ": open one of them");
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
 }
 
 /* Which layout the folder holds, from what is in it. */
@@ -82,8 +178,10 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         return dcpi_err(err, ENOENT, "%s: a partial checkpoint: %s", ck->path, probe.reason);
     if (rank_files)
         return dcpi_load_rank_files(ck, err);
-    return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files",
-                   ck->path);
+    char inside[DCP_ERRMSG_MAX];
+    checkpoints_inside(ck->dirfd, ck->path, inside, sizeof inside);
+    return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files%s",
+                   ck->path, inside);
 }
 
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)

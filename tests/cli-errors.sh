@@ -10,6 +10,38 @@ mkdir "$SCRATCH/empty"
 expect_fail "not a checkpoint" "$DCP" ls "$SCRATCH/empty"
 expect_fail "$SCRATCH/nope" "$DCP" ls "$SCRATCH/nope"
 
+# A folder that holds checkpoint folders names them and what to open, every command alike
+# (libdcp's message): one; several (sorted, 3 named, names escaped); none (an empty folder
+# and a checkpoint two levels down); 100 subfolders probed at most 64 (quick, and said so).
+nc="no .metadata, __R.metadata or .safetensors files"
+mkdir "$SCRATCH/one"; cp -r "$src" "$SCRATCH/one/ckpt"
+for cmd in ls info digest; do
+    expect_fail "dcp: $SCRATCH/one: not a checkpoint: $nc; it holds the checkpoint folder ckpt/: open $SCRATCH/one/ckpt" \
+        "$DCP" $cmd "$SCRATCH/one"
+done
+rc=0; "$DCP" ls "$SCRATCH/one/" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH/one/: not a checkpoint: $nc; it holds the checkpoint folder ckpt/: open $SCRATCH/one/ckpt" |
+    diff - "$SCRATCH/err" || fail "one checkpoint folder inside: exit $rc"
+mkdir "$SCRATCH/several"
+for d in step-3 step-1 step-2 step-4 "$(printf 'x\nb\377')"; do cp -r "$src" "$SCRATCH/several/$d"; done
+mkdir "$SCRATCH/several/notes"; : >"$SCRATCH/several/README"
+rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-2/, step-3/ and 2 more: open one of them" |
+    diff - "$SCRATCH/err" || fail "several checkpoint folders inside: exit $rc"
+rm -r "$SCRATCH/several/step-"[234]
+rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/ and x\\nb\\xff/: open one of them" |
+    diff - "$SCRATCH/err" || fail "two checkpoint folders inside, one with a hostile name: exit $rc"
+rc=0; "$DCP" ls "$SCRATCH" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "checkpoints two levels down: exit $rc"
+rc=0; "$DCP" ls "$SCRATCH/empty" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH/empty: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "an empty folder: exit $rc"
+mkdir "$SCRATCH/many"; (cd "$SCRATCH/many" && mkdir $(seq -f 'd%03g' 1 100))
+for d in $(ls -f "$SCRATCH/many" | grep '^d' | head -3); do cp -r "$src"/. "$SCRATCH/many/$d/"; done
+rc=0; "$DCP" ls "$SCRATCH/many" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && grep -qxE "dcp: $SCRATCH/many: not a checkpoint: $nc; it holds the checkpoint folders d[0-9]{3}/, d[0-9]{3}/, d[0-9]{3}/ \(only 64 of its entries were looked at\): open one of them" \
+    "$SCRATCH/err" || fail "100 subfolders: exit $rc: $(cat "$SCRATCH/err")"
+
 # A file of the checkpoint instead of its folder names the folder to open; another file says
 # what a checkpoint is (both were "not a single-file format").
 expect_fail "$src/.metadata: a file of a checkpoint folder, not a checkpoint of its own: open the folder $src" \

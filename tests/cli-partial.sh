@@ -83,8 +83,8 @@ mkdir "$S/empty"; echo hi >"$S/empty/notes.txt"
 rc=0; "$DCP" info "$S/empty" 2>"$S/err" || rc=$?
 [ $rc = 1 ] && grep -q "not a checkpoint" "$S/err" && ! grep -q partial "$S/err" || fail "empty: exit $rc: $(cat "$S/err")"
 grep -q "holds" "$S/err" && fail "empty: names checkpoints below it: $(cat "$S/err")"
-# ... but a run folder's "not a checkpoint" names the checkpoints one level below it (human
-# order: 9 before 10), how many did not finish, and Megatron-LM's latest_checkpointed_iteration.txt
+# ... but a run folder's "not a checkpoint" names the checkpoint folders one level below it
+# (libdcp's message), how many did not finish, and Megatron-LM's latest_checkpointed_iteration.txt
 mkdir "$S/run"
 for d in iter_0000010 iter_0000009 iter_0000100; do cp -r "$M" "$S/run/$d"; done
 cp -r "$S/step_200" "$S/run/iter_0000200"   # .metadata.tmp: partial
@@ -96,17 +96,22 @@ ln -s "$S/nowhere" "$S/run/broken.safetensors"
 mkfifo "$S/run/__0.metadata"
 rc=0; "$DCP" info "$S/run" 2>"$S/err" || rc=$?
 [ $rc = 1 ] || fail "a run folder: exit $rc: $(cat "$S/err")"
-grep -qxF "dcp: $S/run: not a checkpoint: no .metadata, __R.metadata or .safetensors files" "$S/err" &&
-    grep -qxF "dcp: $S/run holds 3 checkpoints: $S/run/iter_0000009, $S/run/iter_0000010, $S/run/iter_0000100 (and 1 partial)" "$S/err" &&
-    grep -qxF "dcp: $S/run's latest_checkpointed_iteration.txt names $S/run/iter_0000100" "$S/err" ||
-    fail "a run folder: $(cat "$S/err")"
-# many: the first two and the last three; step-N in numeric order; a tracker naming none is not repeated
+printf '%s\n' "dcp: $S/run: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders iter_0000009/, iter_0000010/ and iter_0000100/: open one of them" \
+    "dcp: $S/run's latest_checkpointed_iteration.txt names $S/run/iter_0000100" \
+    "dcp: $S/run holds 1 partial checkpoint (a save that did not finish)" | diff - "$S/err" || fail "a run folder"
+# many: the first three and how many more; a tracker naming none is not repeated
 mkdir "$S/run2"
 for i in 5 40 300 2000 10000 100000 7; do cp -r "$S/full" "$S/run2/step-$i"; done
 echo 99 >"$S/run2/latest_checkpointed_iteration.txt"
 rc=0; "$DCP" ls "$S/run2/" 2>"$S/err" || rc=$?
-[ $rc = 1 ] && grep -qxF "dcp: $S/run2/ holds 7 checkpoints: $S/run2/step-5, $S/run2/step-7, ..., $S/run2/step-2000, $S/run2/step-10000, $S/run2/step-100000" "$S/err" &&
-    ! grep -q latest_checkpointed "$S/err" || fail "a run folder of 7: exit $rc: $(cat "$S/err")"
+[ $rc = 1 ] && echo "dcp: $S/run2/: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders step-10000/, step-100000/, step-2000/ and 4 more: open one of them" |
+    diff - "$S/err" || fail "a run folder of 7: exit $rc"
+# only partial ones below
+mkdir "$S/run3"; cp -r "$S/step_200" "$S/run3/a"; cp -r "$S/step_200" "$S/run3/b"
+rc=0; "$DCP" ls "$S/run3" 2>"$S/err" || rc=$?
+[ $rc = 1 ] && printf '%s\n' "dcp: $S/run3: not a checkpoint: no .metadata, __R.metadata or .safetensors files" \
+    "dcp: $S/run3 holds 2 partial checkpoints (saves that did not finish) and no complete one" |
+    diff - "$S/err" || fail "a run folder of partial saves: exit $rc"
 rc=0; "$DCP" ls "$S/no-such" 2>"$S/err" || rc=$?
 [ $rc = 1 ] || fail "a missing folder: exit $rc: $(cat "$S/err")"
 

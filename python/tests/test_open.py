@@ -586,6 +586,38 @@ def test_open_errors(tmp_path):
         dcpfs.Checkpoint(None, "x")
 
 
+def test_open_names_checkpoints_inside(tmp_path):
+    """A folder that is no checkpoint but holds checkpoint folders names them
+    (libdcp's message): one, and what to open; several, sorted, the first three
+    and how many more, names escaped; none, the plain message."""
+    nc = "not a checkpoint: no .metadata, __R.metadata or .safetensors files"
+    one = tmp_path / "one"
+    shutil.copytree(CK05, one / "ckpt")
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(one)
+    assert ei.value.errno == errno.ENOENT
+    assert ei.value.strerror == f"{one}: {nc}; it holds the checkpoint folder ckpt/: open {one}/ckpt"
+    several = tmp_path / "several"
+    for d in ["step-3", "step-1", "step-2", "step-4", "x\nb\udcff"]:
+        shutil.copytree(CK05, several / d)   # "\udcff": the byte 0xff (surrogateescape)
+    (several / "notes").mkdir()
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(several, catalog=False)
+    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/, step-2/, step-3/ "
+                                 "and 2 more: open one of them")
+    for d in ["step-2", "step-3", "step-4"]:
+        shutil.rmtree(several / d)
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(several)
+    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/ and x\\nb\\xff/: "
+                                 "open one of them")
+    (tmp_path / "empty").mkdir()
+    for none in [tmp_path / "empty", tmp_path]:   # nothing inside; checkpoints two levels down
+        with pytest.raises(dcpfs.DcpError) as ei:
+            dcpfs.open(none)
+        assert ei.value.strerror == f"{none}: {nc}"
+
+
 # ---------------------------------------------------------------- PyTorch-written checkpoints
 
 def torch_bytes(t):

@@ -38,8 +38,10 @@ extern int cli_open_partial;
  * key", naming (a few of) the keys under it when it is a dotted prefix of
  * some ("model.layers.0" for model.layers.0.attn.weight). */
 int cli_find_key(dcp_checkpoint *ck, const char *path, const char *key, const dcp_entry **out);
-/* After "not a checkpoint" for a folder: name on stderr the checkpoints one
- * level below it (a run folder), if any (below.c). */
+/* After "not a checkpoint" for a folder (libdcp's message names the
+ * checkpoint folders one level below it): on stderr, the one Megatron-LM's
+ * latest_checkpointed_iteration.txt names and how many saves below it did not
+ * finish, if any (below.c). */
 void cli_hint_checkpoints_below(const char *folder);
 /* The exit status after cli_open failed: 3 for a partial checkpoint, else 1. */
 int cli_open_status(void);
