@@ -319,11 +319,16 @@ for r in 0 1; do
             fail "--rank $r convert to $out did not write rank $r's view"
     done
 done
-expect_fail "rank 5 saved no rank-local metadata here" "$DCP" --rank 5 convert "$rl" "$SCRATCH/rl5.pt"
-expect_fail "rank 5 saved no rank-local metadata here" "$DCP" --rank 5 convert --to hf --recipe llama-torchtitan "$rl" "$SCRATCH/rl5hf"
-expect_fail "rl0.pt: rank 1's view (DCP_WRITE_RANK) is of a rank-local checkpoint folder, its __1.metadata; this is a single file" \
+# libdcp's flag names (DCP_OPEN_RANK, DCP_WRITE_RANK, DCP_EXPORT_RANK) are dcp's --rank here
+no5="dcp: $rl/__5.metadata: no such file: rank 5 saved no rank-local metadata here (--rank reads only __R.metadata of a use_collectives=False save)"
+for cmd in "ls" "digest" "convert" "convert --to hf --recipe llama-torchtitan"; do
+    out=$SCRATCH/rl5.pt; case $cmd in *hf*) out=$SCRATCH/rl5hf ;; ls|digest) out= ;; esac
+    rc=0; "$DCP" --rank 5 $cmd "$rl" $out 2>"$SCRATCH/err" >/dev/null || rc=$?
+    [ $rc = 1 ] && echo "$no5" | diff - "$SCRATCH/err" || fail "--rank 5 $cmd: exit $rc"
+done
+expect_fail "rl0.pt: rank 1's view (--rank) is of a rank-local checkpoint folder, its __1.metadata; this is a single file" \
     "$DCP" --rank 1 convert "$SCRATCH/rl0.pt" "$SCRATCH/rl1.safetensors"
-expect_fail "rank 1's view (DCP_EXPORT_RANK) is of a rank-local checkpoint folder" \
+expect_fail "rank 1's view (--rank) is of a rank-local checkpoint folder" \
     "$DCP" --rank 1 convert --to hf --recipe llama-torchtitan "$SCRATCH/rl0.pt" "$SCRATCH/rl1hf"
 [ ! -e "$SCRATCH/rl5.pt" ] && [ ! -e "$SCRATCH/rl5hf" ] && [ ! -e "$SCRATCH/rl1.safetensors" ] && [ ! -e "$SCRATCH/rl1hf" ] ||
     fail "a refused convert --rank wrote something"

@@ -137,9 +137,21 @@ def _key_forms(key: str) -> Iterator[bytes]:
         yield e
 
 
+# libdcp's names of its options that its messages give, as a Python user
+# knows them (dcp says --rank; a C caller keeps libdcp's name).
+_C_TERMS = (("DCP_OPEN_RANK", "dcpfs.open's rank="),)
+
+
+def _message(err: Any) -> str:
+    """A dcp_error's message in Python's terms (_C_TERMS)."""
+    msg: str = _ffi.string(err.msg).decode("utf-8", "replace")
+    for c_name, py_name in _C_TERMS:
+        msg = msg.replace(c_name, py_name)
+    return msg
+
+
 def _raise(err: Any, cls: type = DcpError) -> None:
-    msg = _ffi.string(err.msg).decode("utf-8", "replace") or "libdcp failed without a message"
-    raise cls(err.code or _errno.EIO, msg)
+    raise cls(err.code or _errno.EIO, _message(err) or "libdcp failed without a message")
 
 
 # ---------------------------------------------------------------- results

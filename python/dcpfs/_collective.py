@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 import numpy as np
 
-from . import DcpError, _bump_version, _key_bytes, _no_storage, open as _open
+from . import DcpError, _bump_version, _key_bytes, _message, _no_storage, open as _open
 from ._native import ffi, lib
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def _node_key() -> str:
 
 
 def _err(ck_err) -> DcpError:
-    return DcpError(ck_err.code, ffi.string(ck_err.msg).decode("utf-8", "replace"))
+    return DcpError(ck_err.code, _message(ck_err))
 
 
 def _regions(flat: Dict[str, Any], ck) -> Tuple[List[_Dest], List[Tuple[str, tuple, tuple]]]:
@@ -1439,7 +1439,7 @@ def _execute(torch, dist, group, me, world, ck, reqs, gp, dest_of, shms, page_ca
         else:
             ok = lib.dcp_gunit_read(ck._ptr, gp, u, nx, ffi.cast("void *", addr), e) == 0
         if not ok and not failure:
-            failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
+            failure.append((e.code or 5, _message(e)))
         return ok
 
     def host_only(u, rank: int) -> bool:
@@ -1647,7 +1647,7 @@ def _page_cache_take(ck, gp, reqs, units, k, f, nf, me, placer, failure, note) -
         note(k, exc)
         return False
     if not ok and not failure:
-        failure.append((e.code or 5, ffi.string(e.msg).decode("utf-8", "replace")))
+        failure.append((e.code or 5, _message(e)))
     return ok
 
 

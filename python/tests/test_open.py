@@ -618,6 +618,26 @@ def test_open_names_checkpoints_inside(tmp_path):
         assert ei.value.strerror == f"{none}: {nc}"
 
 
+def test_open_rank_errors_in_python_terms(tmp_path):
+    """rank=R on a rank-local folder without __R.metadata, and with a shard its
+    __R.metadata names missing: the messages name the file and say rank=, not
+    libdcp's flag (DCP_OPEN_RANK; dcp says --rank)."""
+    rl = SRC / "tests" / "data" / "metadata" / "pt_ranklocal"
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(rl, rank=5)
+    assert ei.value.errno == errno.ENOENT
+    assert ei.value.strerror == (f"{rl}/__5.metadata: no such file: rank 5 saved no rank-local metadata here "
+                                 "(dcpfs.open's rank= reads only __R.metadata of a use_collectives=False save)")
+    ck = tmp_path / "rl"
+    shutil.copytree(rl, ck)
+    (ck / "__1_0.distcp").unlink()
+    with dcpfs.open(ck, rank=1) as c:
+        with pytest.raises(dcpfs.DcpError) as ei:
+            c.read("sharded")
+    assert ei.value.errno == errno.ENOENT
+    assert ei.value.strerror == f"{ck}/__1_0.distcp: sharded: the data file is missing"
+
+
 # ---------------------------------------------------------------- PyTorch-written checkpoints
 
 def torch_bytes(t):
