@@ -96,10 +96,12 @@ static void checkpoints_inside(int folder_fd, const char *path, char *buf, size_
             break;
         }
         dcp_folder_probe probe;
+        char sub_path[PATH_MAX];   /* its name judges it too (a staging "tmp-checkpoint-N") */
         int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
         if (sub < 0)
             continue;
-        int rc = dcpi_probe_at(sub, path, &probe, NULL);
+        snprintf(sub_path, sizeof sub_path, "%s/%s", path, de->d_name);
+        int rc = dcpi_probe_at(sub, sub_path, &probe, NULL);
         close(sub);
         if (rc == 0 && probe.kind == DCP_FOLDER_CHECKPOINT && (names[n] = strdup(de->d_name)))
             n++;

@@ -25,13 +25,14 @@ rc=0; "$DCP" ls "$SCRATCH/one/" 2>"$SCRATCH/err" || rc=$?
 mkdir "$SCRATCH/several"
 for d in step-3 step-1 step-2 step-4 "$(printf 'x\nb\377')"; do cp -r "$src" "$SCRATCH/several/$d"; done
 mkdir "$SCRATCH/several/notes"; : >"$SCRATCH/several/README"
+cp -r "$src" "$SCRATCH/several/tmp-checkpoint-9"   # a save staged, not renamed yet: partial, not named
 rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
-[ $rc = 1 ] && echo "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-2/, step-3/ and 2 more: open one of them" |
-    diff - "$SCRATCH/err" || fail "several checkpoint folders inside: exit $rc"
+[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-2/, step-3/ and 2 more: open one of them" \
+    "dcp: $SCRATCH/several holds 1 partial checkpoint (a save that did not finish)" | diff - "$SCRATCH/err" || fail "several checkpoint folders inside: exit $rc"
 rm -r "$SCRATCH/several/step-"[234]
 rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
-[ $rc = 1 ] && echo "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/ and x\\nb\\xff/: open one of them" |
-    diff - "$SCRATCH/err" || fail "two checkpoint folders inside, one with a hostile name: exit $rc"
+[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/ and x\\nb\\xff/: open one of them" \
+    "dcp: $SCRATCH/several holds 1 partial checkpoint (a save that did not finish)" | diff - "$SCRATCH/err" || fail "two checkpoint folders inside, one with a hostile name: exit $rc"
 rc=0; "$DCP" ls "$SCRATCH" 2>"$SCRATCH/err" || rc=$?
 [ $rc = 1 ] && echo "dcp: $SCRATCH: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "checkpoints two levels down: exit $rc"
 rc=0; "$DCP" ls "$SCRATCH/empty" 2>"$SCRATCH/err" || rc=$?

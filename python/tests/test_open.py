@@ -601,6 +601,7 @@ def test_open_names_checkpoints_inside(tmp_path):
     for d in ["step-3", "step-1", "step-2", "step-4", "x\nb\udcff"]:
         shutil.copytree(CK05, several / d)   # "\udcff": the byte 0xff (surrogateescape)
     (several / "notes").mkdir()
+    shutil.copytree(CK05, several / "tmp-checkpoint-9")   # staged, not renamed yet: partial, not named
     with pytest.raises(dcpfs.DcpError) as ei:
         dcpfs.open(several, catalog=False)
     assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/, step-2/, step-3/ "
