@@ -384,8 +384,9 @@ struct pk_node;
  * wrapped), 0 otherwise. */
 int dcpi_torch_is_tensor(const struct pk_node *n);
 /* Parse the rebuild call behind n (dtype, storage size and key, sizes,
- * strides, conj/neg). 0, or -1 with a reason in why; -2 when n rebuilds a
- * tensor subclass libdcp does not read (an NF4 weight: intact, not damage). */
+ * strides, conj/neg). 0, or -1 with a reason in why; -2 when n is a
+ * well-formed rebuild libdcp does not read (an NF4 weight, a quantized
+ * tensor: intact, not damage). */
 int dcpi_torch_rebuild_parse(const struct pk_node *n, dcpi_rebuild *r, char *why, size_t whylen);
 /* Check the view: sizes and strides non-negative, every element it
  * addresses inside the storage. 0, or -1 with a reason in why. */

@@ -351,6 +351,19 @@ static const char *value_wrapper_field(const pk_node *ty)
     return NULL;
 }
 
+/* A callable that rebuilds a tensor libdcp does not read, by its global:
+ * torch's other rebuilds (_rebuild_qtensor of torch.ao's quantized tensors,
+ * sparse, nested) and the reduce functions of tensor libraries' own types
+ * (TransformerEngine's Float8Tensor: _make_float8_tensor_in_reduce_ex;
+ * torchao's). Other callables (a dict, an int where a tensor belongs) are
+ * no tensor record at all. */
+static int unread_rebuild(const char *module, const char *name)
+{
+    return ((!strcmp(module, "torch._utils") || !strcmp(module, "torch._tensor")) &&
+            !strncmp(name, "_rebuild_", 9)) ||
+           !strncmp(module, "transformer_engine.", 19) || !strncmp(module, "torchao.", 8);
+}
+
 /* The _rebuild_tensor_v2/v3 call behind the wrappers torch.save may use:
  * _rebuild_parameter(data, ...), _rebuild_parameter_with_state(data, ...),
  * _rebuild_from_type_v2(func, type, args, state) for a subclass of Tensor
@@ -358,8 +371,9 @@ static const char *value_wrapper_field(const pk_node *ty)
  * tensor in state). Sets *fn to the rebuild function and *args to its
  * argument tuple; *wrapper (when not NULL) to the outermost value wrapper's
  * _rebuild_wrapper_subclass arguments, or NULL; on failure *unread (when not
- * NULL) to the class of a wrapper subclass that is no value wrapper, if that
- * is where it stopped. */
+ * NULL) to the call it stopped at when that is a well-formed rebuild libdcp
+ * does not read (a wrapper subclass that is no value wrapper, torch.ao's
+ * _rebuild_qtensor, a library's own reduce function), else NULL. */
 static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **args, const pk_node **wrapper,
                         const pk_node **unread)
 {
@@ -387,7 +401,7 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
             if (pk_is_global(f, "torch._utils", "_rebuild_wrapper_subclass") && ty && ty->type == PK_GLOBAL &&
                 !field) {
                 if (unread)
-                    *unread = ty;
+                    *unread = n;
                 return -1;
             }
             if (field && pk_is_global(f, "torch._utils", "_rebuild_wrapper_subclass") && fa &&
@@ -408,10 +422,27 @@ static int find_rebuild(const pk_node *n, const pk_node **fn, const pk_node **ar
             *args = fa;
             return 0;
         } else {
+            if (unread && unread_rebuild(m, name))
+                *unread = n;
             return -1;
         }
     }
     return -1;
+}
+
+/* What a rebuild find_rebuild does not read is, for a message: a wrapper
+ * subclass by its class, another callable by its module and name. */
+static void unread_name(const pk_node *n, char *out, size_t cap)
+{
+    const pk_node *g = pk_call_global(n);
+    const pk_node *ty = pk_is_global(g, "torch._tensor", "_rebuild_from_type_v2") ? pk_item(n->u.call.args, 1)
+                                                                                  : NULL;
+    if (ty && ty->type == PK_GLOBAL)
+        snprintf(out, cap, "a %s.%s, a tensor subclass whose stored tensors libdcp does not know to be its values",
+                 ty->u.global.module, ty->u.global.name);
+    else
+        snprintf(out, cap, "%s.%s, a rebuild libdcp does not read: its stored bytes alone are not the values",
+                 g->u.global.module, g->u.global.name);
 }
 
 static const char *callable_name(const pk_node *n)
@@ -467,9 +498,9 @@ int dcpi_torch_rebuild_parse(const pk_node *n, dcpi_rebuild *r, char *why, size_
     if (find_rebuild(n, &fn, &args, &wrapper, &unread) < 0) {
         if (!unread)
             return why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", callable_name(n));
-        why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (a %s.%s, a tensor subclass whose "
-                 "stored tensors libdcp does not know to be its values)", unread->u.global.module,
-                 unread->u.global.name);
+        char what[400];
+        unread_name(unread, what, sizeof what);
+        why_fail(why, whylen, "data.pkl does not rebuild a plain tensor (%s)", what);
         return -2;
     }
     int v3 = !strcmp(fn->u.global.name, "_rebuild_tensor_v3");

@@ -209,8 +209,8 @@ int dcp_verify_structure(dcp_checkpoint *ck, dcp_problem_fn fn, void *ctx, uint6
             const dcp_record *rp;
             int64_t stride[DCPI_MAX_NDIM];
             dcp_error re;
-            /* ENOTSUP: a tensor subclass libdcp does not read (an NF4
-             * weight); its archive and data.pkl are intact: no damage */
+            /* ENOTSUP: a tensor libdcp does not read (an NF4 weight, a
+             * quantized tensor); its archive and data.pkl are intact */
             if ((ck->lazy ? dcpi_locate_record(ck, e, ch, c, &rec, stride, &re) < 0
                           : dcp_chunk_record(ck, e, c, &rp, &re) < 0) && re.code != ENOTSUP)
                 problem(&r, "%s", re.msg);

@@ -435,11 +435,27 @@ static void pkl_fails(const void *pkl, size_t n, const char *want)
 START_TEST(hostile_data_pkl)
 {
     pkl_fails("\x80\x02K\x07.", 5, "does not rebuild a plain tensor (not a call)");
+    /* A call of one global with no arguments: torch.ao's quantized tensor,
+     * TransformerEngine's Float8Tensor are intact records libdcp does not
+     * read (ENOTSUP); another library's call is no tensor record (EIO). */
+    static const struct {
+        const char *module, *name, *want;
+        int code;
+    } calls[] = {
+        {"torch._utils", "_rebuild_qtensor", "does not rebuild a plain tensor (torch._utils._rebuild_qtensor, a "
+         "rebuild libdcp does not read: its stored bytes alone are not the values)", ENOTSUP},
+        {"transformer_engine.pytorch.tensor.float8_tensor", "_make_float8_tensor_in_reduce_ex",
+         "(transformer_engine.pytorch.tensor.float8_tensor._make_float8_tensor_in_reduce_ex, a rebuild", ENOTSUP},
+        {"mylib", "make_thing", "does not rebuild a plain tensor (make_thing)", EIO},
+    };
     zb_buf b = {0};
-    pb_op(&b, "\x80\x02");
-    pb_global(&b, "torch._utils", "_rebuild_qtensor");
-    pb_op(&b, ")R.");
-    pkl_fails(b.p, b.n, "does not rebuild a plain tensor (_rebuild_qtensor)");
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        b.n = 0;
+        pb_op(&b, "\x80\x02");
+        pb_global(&b, calls[i].module, calls[i].name);
+        pb_op(&b, ")R.");
+        pkl_fails_code(b.p, b.n, calls[i].code, calls[i].want);
+    }
     b.n = 0;   /* _rebuild_tensor_v2 with no arguments */
     pb_op(&b, "\x80\x02");
     pb_global(&b, "torch._utils", "_rebuild_tensor_v2");
