@@ -908,7 +908,7 @@ int dcpi_load_rank_view(dcp_checkpoint *ck, unsigned rank, dcp_error *err)
         int e = errno;
         if (e == ENOENT)
             return dcpi_err(err, ENOENT, "%s/%s: no such file: rank %u saved no rank-local metadata here "
-                            "(DCP_OPEN_RANK reads only __R.metadata of a use_collectives=False save)",
+                            "(only a use_collectives=False save writes an __R.metadata per rank)",
                             ck->path, name, rank);
         return dcpi_err(err, e, "%s/%s: cannot open: %s", ck->path, name, strerror(e));
     }

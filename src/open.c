@@ -38,19 +38,55 @@ static int has_file(int dirfd, const char *name)
 
 /* What a folder that is no checkpoint holds (a fixture's root holding ckpt/,
  * a run folder of step folders): "; it holds the checkpoint folder ckpt/:
- * open PATH/ckpt", or several named (sorted, the first HINT_NAMED and how
- * many more), into buf; "" when none. One level down, by names alone
- * (dcpi_probe_at opens no file), writing nothing: at most HINT_PROBES
- * subfolders probed and HINT_ENTRIES entries listed, so that a folder of
- * 100,000 steps stays quick to refuse. Names are shown as dcp_key_text
+ * open PATH/ckpt", "; it holds the checkpoint folders a/, b/ and c/: open one
+ * of them", or for more than HINT_NAMED the first two and the last two,
+ * "a/, b/, ..., y/ and z/ (N in all)" — in natural order (step-900 before
+ * step-1000), so that the newest steps of a run folder are the ones named
+ * last; "" when none. One level down, by names alone (dcpi_probe_at opens no
+ * file), writing nothing: at most HINT_ENTRIES entries listed and HINT_PROBES
+ * subfolders probed, half from each end of the sorted names, so that a folder
+ * of 100,000 steps stays quick to refuse. Names are shown as dcp_key_text
  * writes them (no newline or escape sequence reaches the message). */
 #define HINT_PROBES 64
 #define HINT_ENTRIES 10000
-#define HINT_NAMED 3
+#define HINT_NAMED 4
 
-static int by_strcmp(const void *a, const void *b)
+/* Names in human order: digit runs compare as numbers (checkpoint-500 before
+ * checkpoint-1000, leading zeros aside), the rest byte by byte. */
+static int natural_cmp(const char *a, const char *b)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    while (*a && *b) {
+        if (*a >= '0' && *a <= '9' && *b >= '0' && *b <= '9') {
+            while (*a == '0')
+                a++;
+            while (*b == '0')
+                b++;
+            size_t na = 0, nb = 0;
+            while (a[na] >= '0' && a[na] <= '9')
+                na++;
+            while (b[nb] >= '0' && b[nb] <= '9')
+                nb++;
+            if (na != nb)
+                return na < nb ? -1 : 1;
+            int c = memcmp(a, b, na);
+            if (c)
+                return c;
+            a += na;
+            b += nb;
+        } else {
+            if (*a != *b)
+                return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+            a++;
+            b++;
+        }
+    }
+    return *a ? 1 : *b ? -1 : 0;
+}
+
+static int by_natural(const void *a, const void *b)
+{
+    int c = natural_cmp(*(char *const *)a, *(char *const *)b);
+    return c ? c : strcmp(*(char *const *)a, *(char *const *)b);   /* "step-01" and "step-1": one order */
 }
 
 /* printf at *at into buf (cap bytes), *at kept within it. */
@@ -64,6 +100,59 @@ static void put(char *buf, size_t cap, size_t *at, const char *fmt, ...)
     *at = n < 0 || (size_t)n >= cap - *at ? cap - 1 : *at + (size_t)n;
 }
 
+/* The subfolders of the folder fd lists (hidden ones left out), at most
+ * HINT_ENTRIES entries looked at (*more set when there were more); NULL
+ * with *n 0 when none or out of memory. */
+static char **subfolders(int fd, DIR *d, size_t *n, int *more)
+{
+    char **names = NULL;
+    size_t cap = 0, entries = 0;
+    struct dirent *de;
+    *n = 0;
+    *more = 0;
+    while ((de = readdir(d))) {
+        struct stat st;
+        if (de->d_name[0] == '.')   /* ".", ".." and hidden folders: never a save to suggest */
+            continue;
+        if (entries++ == HINT_ENTRIES) {
+            *more = 1;
+            break;
+        }
+        int folder = de->d_type == DT_DIR;   /* a link counts by what it names */
+        if (de->d_type == DT_LNK || de->d_type == DT_UNKNOWN)
+            folder = fstatat(fd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
+        if (!folder)
+            continue;
+        if (*n == cap) {
+            size_t ncap = cap ? 2 * cap : 64;   /* (at most HINT_ENTRIES: no overflow) */
+            char **grown = realloc(names, ncap * sizeof *names);
+            if (!grown)
+                break;
+            names = grown;
+            cap = ncap;
+        }
+        if (!(names[*n] = strdup(de->d_name)))
+            break;
+        (*n)++;
+    }
+    return names;
+}
+
+/* Whether the subfolder name of the folder fd (at path) is a checkpoint;
+ * its own name judges it too (a staging "tmp-checkpoint-N" is partial). */
+static int is_checkpoint_folder(int fd, const char *path, const char *name)
+{
+    dcp_folder_probe probe;
+    char sub_path[PATH_MAX];
+    int sub = openat(fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+    if (sub < 0)
+        return 0;
+    snprintf(sub_path, sizeof sub_path, "%s/%s", path, name);
+    int rc = dcpi_probe_at(sub, sub_path, &probe, NULL);
+    close(sub);
+    return rc == 0 && probe.kind == DCP_FOLDER_CHECKPOINT;
+}
+
 static void checkpoints_inside(int folder_fd, const char *path, char *buf, size_t cap)
 {
     buf[0] = '\0';
@@ -74,62 +163,66 @@ static void checkpoints_inside(int folder_fd, const char *path, char *buf, size_
             close(fd);
         return;
     }
-    char *names[HINT_PROBES];
-    size_t n = 0, probes = 0, entries = 0;
-    int more = 0;   /* entries left unlooked at */
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        struct stat st;
-        if (de->d_name[0] == '.')   /* ".", ".." and hidden folders: never a save to suggest */
-            continue;
-        if (entries++ == HINT_ENTRIES) {
-            more = 1;
-            break;
-        }
-        int folder = de->d_type == DT_DIR;   /* a link counts by what it names */
-        if (de->d_type == DT_LNK || de->d_type == DT_UNKNOWN)
-            folder = fstatat(fd, de->d_name, &st, 0) == 0 && S_ISDIR(st.st_mode);
-        if (!folder)
-            continue;
-        if (probes++ == HINT_PROBES) {
-            more = 1;
-            break;
-        }
-        dcp_folder_probe probe;
-        char sub_path[PATH_MAX];   /* its name judges it too (a staging "tmp-checkpoint-N") */
-        int sub = openat(fd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
-        if (sub < 0)
-            continue;
-        snprintf(sub_path, sizeof sub_path, "%s/%s", path, de->d_name);
-        int rc = dcpi_probe_at(sub, sub_path, &probe, NULL);
-        close(sub);
-        if (rc == 0 && probe.kind == DCP_FOLDER_CHECKPOINT && (names[n] = strdup(de->d_name)))
-            n++;
+    size_t nf;
+    int more;
+    char **names = subfolders(fd, d, &nf, &more);
+    if (names)
+        qsort(names, nf, sizeof *names, by_natural);
+    /* the checkpoints among them: all of them when few subfolders (shown: up to HINT_NAMED,
+     * else the first two and the last two), else the first two and the last two found
+     * probing from each end (half the probes each) */
+    size_t hit[HINT_PROBES], nhit = 0, nfront = 0, probed = 0;
+    int all = nf <= HINT_PROBES;
+    if (all) {
+        for (size_t i = 0; i < nf; i++)
+            if (is_checkpoint_folder(fd, path, names[i]))
+                hit[nhit++] = i;
+        probed = nf;
+        nfront = nhit <= HINT_NAMED ? nhit : 2;
+    } else {
+        size_t i = 0, j = nf, back[2], nback = 0;
+        for (; i < HINT_PROBES / 2 && nfront < 2; i++)
+            if (is_checkpoint_folder(fd, path, names[i]))
+                hit[nfront++] = i;
+        for (; j > i && nf - j < HINT_PROBES / 2 && nback < 2; j--)
+            if (is_checkpoint_folder(fd, path, names[j - 1]))
+                back[nback++] = j - 1;
+        nhit = nfront;
+        while (nback)
+            hit[nhit++] = back[--nback];
+        probed = i + (nf - j);
     }
     closedir(d);
-    if (!n)
-        return;
-    qsort(names, n, sizeof *names, by_strcmp);
-    size_t len = strlen(path), at = 0;
+    /* shown: hit[0..nfront) then, after a gap where some lie between, the last ones */
+    size_t nshown = nhit <= HINT_NAMED ? nhit : 4, len = strlen(path), at = 0;
+    size_t first_back = nhit - (nshown - nfront);
+    int gap = all ? nhit > HINT_NAMED : nshown > nfront && nfront > 0;
     const char *sep = len && path[len - 1] == '/' ? "" : "/";
     char shown[4 * NAME_MAX + 1];   /* a byte at most "\\xHH" */
-    put(buf, cap, &at, "; it holds the checkpoint folder%s ", n == 1 ? "" : "s");
-    for (size_t i = 0; i < n && i < HINT_NAMED; i++) {
-        dcp_key_text(names[i], shown, sizeof shown);
-        put(buf, cap, &at, "%s%s/", i == 0 ? "" : i + 1 == n && !more ? " and " : ", ", shown);
+    if (nhit) {
+        put(buf, cap, &at, "; it holds the checkpoint folder%s ", nhit == 1 ? "" : "s");
+        for (size_t k = 0; k < nshown; k++) {
+            size_t h = hit[k < nfront ? k : first_back + (k - nfront)];
+            dcp_key_text(names[h], shown, sizeof shown);
+            put(buf, cap, &at, "%s%s/", k == 0 ? "" : k == nfront && gap ? ", ..., " : k + 1 == nshown ? " and " : ", ",
+                shown);
+        }
+        if (more)
+            put(buf, cap, &at, " (only %d of its entries were looked at)", HINT_ENTRIES);
+        else if (!all)
+            put(buf, cap, &at, " (%zu of its %zu subfolders were looked at)", probed, nf);
+        else if (gap)
+            put(buf, cap, &at, " (%zu in all)", nhit);
+        if (nhit == 1) {
+            dcp_key_text(names[hit[0]], shown, sizeof shown);
+            put(buf, cap, &at, ": open %s%s%s", path, sep, shown);
+        } else {
+            put(buf, cap, &at, ": open one of them");
+        }
     }
-    if (n > HINT_NAMED)
-        put(buf, cap, &at, " and %zu more", n - HINT_NAMED);
-    if (more)
-        put(buf, cap, &at, " (only %zu of its entries were looked at)", entries - 1);
-    if (n == 1) {
-        dcp_key_text(names[0], shown, sizeof shown);
-        put(buf, cap, &at, ": open %s%s%s", path, sep, shown);
-    } else {
-        put(buf, cap, &at, ": open one of them");
-    }
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
+    for (size_t k = 0; k < nf; k++)
+        free(names[k]);
+    free(names);
 }
 
 /* Which layout the folder holds, from what is in it. */
@@ -252,7 +345,7 @@ int dcp_open_ex(const char *path, const dcp_open_options *caller, dcp_checkpoint
                         "DCP_OPEN_OPTIONS_INIT", err) < 0)
         return -1;
     if ((opts->flags & DCP_OPEN_RANK) && opts->rank > 100000000u)   /* (as rank-local folders are read) */
-        return dcpi_err(err, EINVAL, "%s: rank %u: no job has this many ranks (DCP_OPEN_RANK)", path, opts->rank);
+        return dcpi_err(err, EINVAL, "%s: rank %u: no job has this many ranks", path, opts->rank);
     dcp_checkpoint *ck = dcpi_ck_new(path, err);
     if (!ck)
         return -1;

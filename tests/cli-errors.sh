@@ -11,8 +11,9 @@ expect_fail "not a checkpoint" "$DCP" ls "$SCRATCH/empty"
 expect_fail "$SCRATCH/nope" "$DCP" ls "$SCRATCH/nope"
 
 # A folder that holds checkpoint folders names them and what to open, every command alike
-# (libdcp's message): one; several (sorted, 3 named, names escaped); none (an empty folder
-# and a checkpoint two levels down); 100 subfolders probed at most 64 (quick, and said so).
+# (libdcp's message): one; several (natural order: step-10 after step-4; more than 4: the first
+# two and the last two; names escaped); none (an empty folder and a checkpoint two levels down);
+# 100 subfolders: probed from both ends, at most 64 (quick, and said so).
 nc="no .metadata, __R.metadata or .safetensors files"
 mkdir "$SCRATCH/one"; cp -r "$src" "$SCRATCH/one/ckpt"
 for cmd in ls info digest; do
@@ -23,25 +24,28 @@ rc=0; "$DCP" ls "$SCRATCH/one/" 2>"$SCRATCH/err" || rc=$?
 [ $rc = 1 ] && echo "dcp: $SCRATCH/one/: not a checkpoint: $nc; it holds the checkpoint folder ckpt/: open $SCRATCH/one/ckpt" |
     diff - "$SCRATCH/err" || fail "one checkpoint folder inside: exit $rc"
 mkdir "$SCRATCH/several"
-for d in step-3 step-1 step-2 step-4 "$(printf 'x\nb\377')"; do cp -r "$src" "$SCRATCH/several/$d"; done
+for d in step-3 step-10 step-1 step-2 step-4 "$(printf 'x\nb\377')"; do cp -r "$src" "$SCRATCH/several/$d"; done
 mkdir "$SCRATCH/several/notes"; : >"$SCRATCH/several/README"
 cp -r "$src" "$SCRATCH/several/tmp-checkpoint-9"   # a save staged, not renamed yet: partial, not named
 rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
-[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-2/, step-3/ and 2 more: open one of them" \
+[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-2/, ..., step-10/ and x\\nb\\xff/ (6 in all): open one of them" \
     "dcp: $SCRATCH/several holds 1 partial checkpoint (a save that did not finish)" | diff - "$SCRATCH/err" || fail "several checkpoint folders inside: exit $rc"
 rm -r "$SCRATCH/several/step-"[234]
 rc=0; "$DCP" ls "$SCRATCH/several" 2>"$SCRATCH/err" || rc=$?
-[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/ and x\\nb\\xff/: open one of them" \
-    "dcp: $SCRATCH/several holds 1 partial checkpoint (a save that did not finish)" | diff - "$SCRATCH/err" || fail "two checkpoint folders inside, one with a hostile name: exit $rc"
+[ $rc = 1 ] && printf '%s\n' "dcp: $SCRATCH/several: not a checkpoint: $nc; it holds the checkpoint folders step-1/, step-10/ and x\\nb\\xff/: open one of them" \
+    "dcp: $SCRATCH/several holds 1 partial checkpoint (a save that did not finish)" | diff - "$SCRATCH/err" || fail "three checkpoint folders inside, one with a hostile name: exit $rc"
 rc=0; "$DCP" ls "$SCRATCH" 2>"$SCRATCH/err" || rc=$?
 [ $rc = 1 ] && echo "dcp: $SCRATCH: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "checkpoints two levels down: exit $rc"
 rc=0; "$DCP" ls "$SCRATCH/empty" 2>"$SCRATCH/err" || rc=$?
 [ $rc = 1 ] && echo "dcp: $SCRATCH/empty: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "an empty folder: exit $rc"
 mkdir "$SCRATCH/many"; (cd "$SCRATCH/many" && mkdir $(seq -f 'd%03g' 1 100))
-for d in $(ls -f "$SCRATCH/many" | grep '^d' | head -3); do cp -r "$src"/. "$SCRATCH/many/$d/"; done
+for d in d003 d004 d050 d097 d098; do cp -r "$src"/. "$SCRATCH/many/$d/"; done
 rc=0; "$DCP" ls "$SCRATCH/many" 2>"$SCRATCH/err" || rc=$?
-[ $rc = 1 ] && grep -qxE "dcp: $SCRATCH/many: not a checkpoint: $nc; it holds the checkpoint folders d[0-9]{3}/, d[0-9]{3}/, d[0-9]{3}/ \(only 64 of its entries were looked at\): open one of them" \
-    "$SCRATCH/err" || fail "100 subfolders: exit $rc: $(cat "$SCRATCH/err")"
+[ $rc = 1 ] && echo "dcp: $SCRATCH/many: not a checkpoint: $nc; it holds the checkpoint folders d003/, d004/, ..., d097/ and d098/ (8 of its 100 subfolders were looked at): open one of them" |
+    diff - "$SCRATCH/err" || fail "100 subfolders: exit $rc"
+rm -r "$SCRATCH/many/d003" "$SCRATCH/many/d004" "$SCRATCH/many/d097" "$SCRATCH/many/d098"
+rc=0; "$DCP" ls "$SCRATCH/many" 2>"$SCRATCH/err" || rc=$?   # d050: among the 32 not probed
+[ $rc = 1 ] && echo "dcp: $SCRATCH/many: not a checkpoint: $nc" | diff - "$SCRATCH/err" || fail "96 subfolders, d050 a checkpoint: exit $rc"
 
 # A file of the checkpoint instead of its folder names the folder to open; another file says
 # what a checkpoint is (both were "not a single-file format").
@@ -323,21 +327,26 @@ for r in 0 1; do
             fail "--rank $r convert to $out did not write rank $r's view"
     done
 done
-# libdcp's flag names (DCP_OPEN_RANK, DCP_WRITE_RANK, DCP_EXPORT_RANK) are dcp's --rank here
-no5="dcp: $rl/__5.metadata: no such file: rank 5 saved no rank-local metadata here (--rank reads only __R.metadata of a use_collectives=False save)"
+# libdcp's messages name no C flag (DCP_OPEN_RANK...): dcp shows them as they are, and a path
+# that holds such a name is shown as it is
+no5="dcp: $rl/__5.metadata: no such file: rank 5 saved no rank-local metadata here (only a use_collectives=False save writes an __R.metadata per rank)"
 for cmd in "ls" "digest" "convert" "convert --to hf --recipe llama-torchtitan"; do
     out=$SCRATCH/rl5.pt; case $cmd in *hf*) out=$SCRATCH/rl5hf ;; ls|digest) out= ;; esac
     rc=0; "$DCP" --rank 5 $cmd "$rl" $out 2>"$SCRATCH/err" >/dev/null || rc=$?
     [ $rc = 1 ] && echo "$no5" | diff - "$SCRATCH/err" || fail "--rank 5 $cmd: exit $rc"
 done
-expect_fail "rl0.pt: rank 1's view (--rank) is of a rank-local checkpoint folder, its __1.metadata; this is a single file" \
+expect_fail "rl0.pt: rank 1's view is of a rank-local checkpoint folder, its __1.metadata; this is a single file" \
     "$DCP" --rank 1 convert "$SCRATCH/rl0.pt" "$SCRATCH/rl1.safetensors"
-expect_fail "rank 1's view (--rank) is of a rank-local checkpoint folder" \
+expect_fail "rank 1's view is of a rank-local checkpoint folder" \
     "$DCP" --rank 1 convert --to hf --recipe llama-torchtitan "$SCRATCH/rl0.pt" "$SCRATCH/rl1hf"
 [ ! -e "$SCRATCH/rl5.pt" ] && [ ! -e "$SCRATCH/rl5hf" ] && [ ! -e "$SCRATCH/rl1.safetensors" ] && [ ! -e "$SCRATCH/rl1hf" ] ||
     fail "a refused convert --rank wrote something"
 "$DCP" --no-catalog convert "$rl" "$SCRATCH/rl.pt" >/dev/null 2>&1 || fail "convert of a rank-local save"
 expect_fail "this is a single file" "$DCP" --rank 0 ls "$SCRATCH/rl.pt"
+mkdir "$SCRATCH/DCP_OPEN_RANK-DCP_WRITE_RANK"
+rc=0; "$DCP" --rank 0 ls "$SCRATCH/DCP_OPEN_RANK-DCP_WRITE_RANK" 2>"$SCRATCH/err" >/dev/null || rc=$?
+[ $rc = 1 ] && echo "dcp: $SCRATCH/DCP_OPEN_RANK-DCP_WRITE_RANK/__0.metadata: no such file: rank 0 saved no rank-local metadata here (only a use_collectives=False save writes an __R.metadata per rank)" | diff - "$SCRATCH/err" ||
+    fail "a path holding a libdcp flag's name is not shown as it is (exit $rc)"
 rc=0; "$DCP" --rank 5 ls "$rl" >/dev/null 2>&1 || rc=$?
 [ $rc = 1 ] || fail "--rank of a rank that saved nothing exits 1, not $rc"
 rc=0; "$DCP" --rank x ls "$rl" >/dev/null 2>&1 || rc=$?

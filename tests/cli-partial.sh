@@ -99,12 +99,12 @@ rc=0; "$DCP" info "$S/run" 2>"$S/err" || rc=$?
 printf '%s\n' "dcp: $S/run: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders iter_0000009/, iter_0000010/ and iter_0000100/: open one of them" \
     "dcp: $S/run's latest_checkpointed_iteration.txt names $S/run/iter_0000100" \
     "dcp: $S/run holds 1 partial checkpoint (a save that did not finish)" | diff - "$S/err" || fail "a run folder"
-# many: the first three and how many more; a tracker naming none is not repeated
+# many: the first two and the last two, in natural order, and how many; a tracker naming none is not repeated
 mkdir "$S/run2"
 for i in 5 40 300 2000 10000 100000 7; do cp -r "$S/full" "$S/run2/step-$i"; done
 echo 99 >"$S/run2/latest_checkpointed_iteration.txt"
 rc=0; "$DCP" ls "$S/run2/" 2>"$S/err" || rc=$?
-[ $rc = 1 ] && echo "dcp: $S/run2/: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders step-10000/, step-100000/, step-2000/ and 4 more: open one of them" |
+[ $rc = 1 ] && echo "dcp: $S/run2/: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders step-5/, step-7/, ..., step-10000/ and step-100000/ (7 in all): open one of them" |
     diff - "$S/err" || fail "a run folder of 7: exit $rc"
 # only partial ones below
 mkdir "$S/run3"; cp -r "$S/step_200" "$S/run3/a"; cp -r "$S/step_200" "$S/run3/b"

@@ -139,15 +139,9 @@ def _key_forms(key: str) -> Iterator[bytes]:
 
 # libdcp's names of its options that its messages give, as a Python user
 # knows them (dcp says --rank; a C caller keeps libdcp's name).
-_C_TERMS = (("DCP_OPEN_RANK", "dcpfs.open's rank="),)
-
-
 def _message(err: Any) -> str:
-    """A dcp_error's message in Python's terms (_C_TERMS)."""
-    msg: str = _ffi.string(err.msg).decode("utf-8", "replace")
-    for c_name, py_name in _C_TERMS:
-        msg = msg.replace(c_name, py_name)
-    return msg
+    """A dcp_error's message (libdcp's messages name no C flag: shown as they are)."""
+    return str(_ffi.string(err.msg).decode("utf-8", "replace"))
 
 
 def _raise(err: Any, cls: type = DcpError) -> None:

@@ -588,8 +588,9 @@ def test_open_errors(tmp_path):
 
 def test_open_names_checkpoints_inside(tmp_path):
     """A folder that is no checkpoint but holds checkpoint folders names them
-    (libdcp's message): one, and what to open; several, sorted, the first three
-    and how many more, names escaped; none, the plain message."""
+    (libdcp's message): one, and what to open; several in natural order
+    (step-10 after step-4), the first two and the last two and how many,
+    names escaped; none, the plain message."""
     nc = "not a checkpoint: no .metadata, __R.metadata or .safetensors files"
     one = tmp_path / "one"
     shutil.copytree(CK05, one / "ckpt")
@@ -598,19 +599,19 @@ def test_open_names_checkpoints_inside(tmp_path):
     assert ei.value.errno == errno.ENOENT
     assert ei.value.strerror == f"{one}: {nc}; it holds the checkpoint folder ckpt/: open {one}/ckpt"
     several = tmp_path / "several"
-    for d in ["step-3", "step-1", "step-2", "step-4", "x\nb\udcff"]:
+    for d in ["step-3", "step-10", "step-1", "step-2", "step-4", "x\nb\udcff"]:
         shutil.copytree(CK05, several / d)   # "\udcff": the byte 0xff (surrogateescape)
     (several / "notes").mkdir()
     shutil.copytree(CK05, several / "tmp-checkpoint-9")   # staged, not renamed yet: partial, not named
     with pytest.raises(dcpfs.DcpError) as ei:
         dcpfs.open(several, catalog=False)
-    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/, step-2/, step-3/ "
-                                 "and 2 more: open one of them")
+    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/, step-2/, ..., step-10/ "
+                                 "and x\\nb\\xff/ (6 in all): open one of them")
     for d in ["step-2", "step-3", "step-4"]:
         shutil.rmtree(several / d)
     with pytest.raises(dcpfs.DcpError) as ei:
         dcpfs.open(several)
-    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/ and x\\nb\\xff/: "
+    assert ei.value.strerror == (f"{several}: {nc}; it holds the checkpoint folders step-1/, step-10/ and x\\nb\\xff/: "
                                  "open one of them")
     (tmp_path / "empty").mkdir()
     for none in [tmp_path / "empty", tmp_path]:   # nothing inside; checkpoints two levels down
@@ -621,14 +622,20 @@ def test_open_names_checkpoints_inside(tmp_path):
 
 def test_open_rank_errors_in_python_terms(tmp_path):
     """rank=R on a rank-local folder without __R.metadata, and with a shard its
-    __R.metadata names missing: the messages name the file and say rank=, not
-    libdcp's flag (DCP_OPEN_RANK; dcp says --rank)."""
+    __R.metadata names missing: the messages name the file and no C flag of
+    libdcp's (DCP_OPEN_RANK); a path holding such a name is shown as it is."""
     rl = SRC / "tests" / "data" / "metadata" / "pt_ranklocal"
     with pytest.raises(dcpfs.DcpError) as ei:
         dcpfs.open(rl, rank=5)
     assert ei.value.errno == errno.ENOENT
     assert ei.value.strerror == (f"{rl}/__5.metadata: no such file: rank 5 saved no rank-local metadata here "
-                                 "(dcpfs.open's rank= reads only __R.metadata of a use_collectives=False save)")
+                                 "(only a use_collectives=False save writes an __R.metadata per rank)")
+    odd = tmp_path / "DCP_OPEN_RANK"
+    odd.mkdir()
+    with pytest.raises(dcpfs.DcpError) as ei:
+        dcpfs.open(odd, rank=0)
+    assert ei.value.strerror == (f"{odd}/__0.metadata: no such file: rank 0 saved no rank-local metadata here "
+                                 "(only a use_collectives=False save writes an __R.metadata per rank)")
     ck = tmp_path / "rl"
     shutil.copytree(rl, ck)
     (ck / "__1_0.distcp").unlink()

@@ -14,29 +14,6 @@
 #include "cli.h"
 #include "dcp_file.h"   /* dcp_open_file */
 
-/* s on stderr with libdcp's names of the flags its messages give as dcp's
- * option (--rank; Python's package says rank=). */
-static void put_in_cli_terms(const char *s)
-{
-    static const char *const flags[] = {"DCP_OPEN_RANK", "DCP_WRITE_RANK", "DCP_EXPORT_RANK"};
-    for (;;) {
-        const char *at = NULL;
-        size_t len = 0;
-        for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
-            const char *t = strstr(s, flags[i]);
-            if (t && (!at || t < at)) {
-                at = t;
-                len = strlen(flags[i]);
-            }
-        }
-        if (!at)
-            break;
-        fprintf(stderr, "%.*s--rank", (int)(at - s), s);
-        s = at + len;
-    }
-    fputs(s, stderr);
-}
-
 void cli_error(const char *fmt, ...)
 {
     char small[512], *msg = small;
@@ -51,7 +28,7 @@ void cli_error(const char *fmt, ...)
     }
     /* keys and paths in it are the checkpoint's bytes: shown as cli_text shows them */
     fputs("dcp: ", stderr);
-    put_in_cli_terms(cli_text(msg ? msg : small));
+    fputs(cli_text(msg ? msg : small), stderr);
     fputc('\n', stderr);
     if (msg != small)
         free(msg);

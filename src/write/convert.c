@@ -442,7 +442,7 @@ static int convert(const char *srcp, const char *dst, const dcp_convert_options 
     size_t nskipped = 0;
     int rc;
     if ((opt->flags & DCP_WRITE_RANK) && !src_is_dir)
-        return dcpi_err(err, EINVAL, "%s: rank %u's view (DCP_WRITE_RANK) is of a rank-local checkpoint folder, its __%u.metadata; "
+        return dcpi_err(err, EINVAL, "%s: rank %u's view is of a rank-local checkpoint folder, its __%u.metadata; "
                         "this is a single file", srcp, opt->rank, opt->rank);
     if (src_is_dir) {
         dcp_checkpoint *ck;

@@ -107,7 +107,7 @@ static int open_source(const char *srcp, const dcp_export_options *opt, dcp_chec
         return dcp_open_ex(srcp, &oo, ck, err);
     }
     if (opt->flags & DCP_EXPORT_RANK)
-        return dcpi_err(err, EINVAL, "%s: rank %u's view (DCP_EXPORT_RANK) is of a rank-local checkpoint folder, its __%u.metadata; "
+        return dcpi_err(err, EINVAL, "%s: rank %u's view is of a rank-local checkpoint folder, its __%u.metadata; "
                         "this is a single file", srcp, opt->rank, opt->rank);
     return dcp_open_file(srcp, DCP_FORMAT_AUTO, ck, NULL, err);
 }
