@@ -57,6 +57,12 @@
 #include "dcp_export.h" /* the Hugging Face view (-o view=hf:NAME) */
 #include "dcp_file.h"   /* dcp_st_view_*: the virtual model.safetensors */
 
+/* The errno a failed libdcp call on a value is answered with: ENOMEM, and
+ * ENOTSUP (an intact record libdcp does not read: an NF4 or quantized weight;
+ * `cat` says "Operation not supported"), as they are; anything else EIO.
+ * The log line says why. */
+#define DFS_REPLY_ERRNO(code) ((code) == ENOMEM || (code) == ENOTSUP ? (code) : EIO)
+
 #define DFS_TIMEOUT_FOREVER (365.0 * 24 * 3600)   /* "life of the mount": checkpoints are immutable */
 #define DFS_TIMEOUT_SCAN 1.0                      /* scan folders change as training writes */
 

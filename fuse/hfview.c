@@ -41,7 +41,7 @@ static int hf_read(struct dfs_node *n, uint64_t off, void *buf, size_t len, size
     dcp_error err;
     if (dcp_hf_view_read(n->ck->hf, file_index(n), off, buf, len, got, plan, stage, stage_len, &err) < 0) {
         dfs_log(LOG_ERR, "%s (reading %s/%s)", err.msg, n->ck->path, n->name);
-        return err.code == ENOMEM ? -ENOMEM : -EIO;
+        return -DFS_REPLY_ERRNO(err.code);
     }
     return 0;
 }

@@ -777,7 +777,7 @@ static void node_getxattr(fuse_req_t req, struct dfs_node *n, const char *name, 
         dcp_error err;
         if (dcp_value_digest(n->ck->ck, n->entry, d, &err) < 0) {
             dfs_log(LOG_ERR, "%s", err.msg);
-            fuse_reply_err(req, err.code == ENOMEM ? ENOMEM : EIO);
+            fuse_reply_err(req, DFS_REPLY_ERRNO(err.code));
             return;
         }
         for (int k = 0; k < 16; k++)

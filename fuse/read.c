@@ -15,7 +15,7 @@
  * column-sharded tensors to set that threshold.
  *
  * Every failure is logged (the message names the file and the key) and
- * answered with EIO (ENOMEM stays ENOMEM).
+ * answered with EIO (ENOMEM and ENOTSUP stay as they are: DFS_REPLY_ERRNO).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -306,7 +306,7 @@ static int splice_plan(struct reply *r, struct dfs_ckpt *ck, const char *key, ui
         uint64_t fsz = 0;
         if (dcp_file_fd(ck->ck, op->file, &fd, &err) < 0) {
             reply_log(&err, key);
-            return err.code == ENOMEM ? -ENOMEM : -EIO;
+            return -DFS_REPLY_ERRNO(err.code);
         }
         if (shard_size(ck, op->file, fd, &fsz) < 0 || op->src_offset + op->length > fsz) {
             dfs_log(LOG_ERR, "%s/%s: %s: the file ends before the chunk's bytes (needs %llu bytes, has %llu)",
@@ -356,7 +356,7 @@ static int add_segment(struct reply *r, struct dfs *fs, struct dfs_ckpt *ck, con
     dcp_error err;
     if (dcp_plan_bytes(ck->ck, e, a0, a1 - a0, &c->plan, &err) < 0) {
         reply_log(&err, e->key);
-        return err.code == ENOMEM ? -ENOMEM : -EIO;
+        return -DFS_REPLY_ERRNO(err.code);
     }
     if (c->plan.nbytes < b - a0) {
         dfs_log(LOG_ERR, "%s: %s: the planner gave %llu bytes at %llu, %llu expected", ck->path, e->key,
@@ -375,7 +375,7 @@ static int add_segment(struct reply *r, struct dfs *fs, struct dfs_ckpt *ck, con
         memcpy(keep, dst, lead);
     if (dcp_plan_execute(ck->ck, &c->plan, dst, &err) < 0) {
         reply_log(&err, e->key);
-        return err.code == ENOMEM ? -ENOMEM : -EIO;
+        return -DFS_REPLY_ERRNO(err.code);
     }
     if (lead)
         memcpy(dst, keep, lead);

@@ -61,7 +61,7 @@ static int build(struct dfs_node *n, struct stview *v)
     malloc_trim(0);
     if (rc < 0) {
         dfs_log(LOG_ERR, "%s (laying out %s)", err.msg, DFS_STVIEW_NAME);
-        return err.code == ENOMEM ? -ENOMEM : -EIO;
+        return -DFS_REPLY_ERRNO(err.code);
     }
     for (size_t i = 0; i < v->view->nskipped; i++) {   /* tensors left out: say why */
         const dcp_entry *e = v->view->skipped[i];
