@@ -33,6 +33,12 @@ DCPLOAD_TEST_BAD_KEY_RANK=0 every_rank_fails 1 "dcpload.test.no_such_key: no suc
 DCPLOAD_TEST_BAD_KEY_RANK=1 every_rank_fails 3 "no such key" "$CK" --strategy independent
 
 every_rank_fails 3 "$SCRATCH/none" "$SCRATCH/none" --json
+# a run folder named instead of one of its checkpoints: libdcp's hint, once, naming them in
+# natural order (step-900 before step-1000) and what to open
+mkdir "$SCRATCH/run"; cp -r "$CK" "$SCRATCH/run/step-1000"; cp -r "$CK" "$SCRATCH/run/step-900"
+every_rank_fails 2 "^dcpload: rank 0: $SCRATCH/run: not a checkpoint: no .metadata, __R.metadata or .safetensors files; it holds the checkpoint folders step-900/ and step-1000/: open one of them\$" \
+    "$SCRATCH/run" --json
+rm -r "$SCRATCH/run"
 
 # a read failing mid-transfer (a copy with one shard cut short: it opens,
 # the read of its tail fails) while peers wait for its bytes: every rank
