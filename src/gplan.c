@@ -736,8 +736,7 @@ int dcp_greq_check(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim, 
                         dcp_dtype_name(e->dtype) ? dcp_dtype_name(e->dtype) : "?");
     if (ndim > 0 && (!off || !len))
         return dcpi_err(err, EINVAL, "%s: %s: the region has no offsets or lengths", path, key);
-    uint64_t n = dcp_dtype_size(e->dtype);
-    for (int d = 0; d < ndim; d++) {
+    for (int d = 0; d < ndim; d++)
         if (off[d] < 0 || len[d] < 0 || off[d] > e->shape[d] || len[d] > e->shape[d] - off[d]) {
             char box[512], shp[256];
             box_str(box, sizeof box, ndim, off, len);
@@ -745,9 +744,11 @@ int dcp_greq_check(dcp_checkpoint *ck, const char *key, dcp_dtype dt, int ndim, 
             return dcpi_err(err, EINVAL, "%s: %s: region %s (start:count) lies outside the tensor of shape %s",
                             path, key, box, shp);
         }
-        if (__builtin_mul_overflow(n, (uint64_t)len[d], &n))
-            return dcpi_err(err, EOVERFLOW, "%s: %s: region too large", path, key);
-    }
+    /* A region with a count of 0 is 0 bytes, whatever its other counts (a
+     * share of torch.empty(2**62, 0)): not a product that overflows first. */
+    uint64_t n;
+    if (!dcpi_shape_numel(ndim, len, &n) || !dcpi_mul_u64(n, dcp_dtype_size(e->dtype), &n))
+        return dcpi_err(err, EOVERFLOW, "%s: %s: region too large", path, key);
     *nbytes = n;
     return 0;
 }

@@ -243,6 +243,36 @@ void dcpi_identity_finish(dcpi_identity *id, dcp_checkpoint *ck);
 void dcpi_identity_free(dcpi_identity *id);
 void dcpi_identity_stamp(dcp_checkpoint *ck, const struct stat *sb);
 
+/* The element count of a shape whose sizes are >= 0: 0 when any size is 0,
+ * whatever the others (torch saves and loads torch.empty(2**62, 0): nothing
+ * multiplies them), else the product, which must fit (*numel unchanged and
+ * false when it does not). */
+static inline bool dcpi_shape_numel(int ndim, const int64_t *shape, uint64_t *numel)
+{
+    uint64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] == 0) {
+            *numel = 0;
+            return true;
+        }
+    for (int d = 0; d < ndim; d++)
+        if (!dcpi_mul_u64(n, (uint64_t)shape[d], &n))
+            return false;
+    *numel = n;
+    return true;
+}
+/* A tensor shape the model holds: every size >= 0 and an element count at
+ * most UINT64_MAX >> 5 (its bytes fit for every dtype); a 0 anywhere makes
+ * it 0 elements. The format loaders and the catalog follow this rule. */
+static inline bool dcpi_shape_ok(int ndim, const int64_t *shape)
+{
+    uint64_t n;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] < 0)
+            return false;
+    return dcpi_shape_numel(ndim, shape, &n) && n <= (UINT64_MAX >> 5);
+}
+
 /* Model building, used by the format loaders while opening. */
 int dcpi_model_file(dcp_checkpoint *ck, const char *rel, size_t len, uint32_t *idx, dcp_error *err);
 /* Returns the entry index of key, creating it with `kind` if absent. A key

@@ -115,14 +115,15 @@ int dcpi_model_set_tensor(dcp_checkpoint *ck, size_t idx, dcp_dtype dt, int ndim
                        DCPI_MAX_NDIM);
     if (!dcp_dtype_size(dt))
         return dcpi_err(err, EINVAL, "%s: %s: unknown dtype", ck->path, e->key);
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
+    for (int d = 0; d < ndim; d++)
         if (shape[d] < 0)
             return dcpi_err(err, EINVAL, "%s: %s: negative dimension %lld", ck->path, e->key,
                            (long long)shape[d]);
-        if (!dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > (UINT64_MAX >> 5))
-            return dcpi_err(err, EOVERFLOW, "%s: %s: shape too large", ck->path, e->key);
-    }
+    /* A 0 anywhere makes it 0 elements, whatever the other dimensions (torch
+     * saves and loads torch.empty(2**62, 0)): not a product that overflows
+     * before the 0 is reached. */
+    if (!dcpi_shape_ok(ndim, shape))
+        return dcpi_err(err, EOVERFLOW, "%s: %s: shape too large", ck->path, e->key);
     if (e->shape && e->nchunks && (e->ndim != ndim || memcmp(e->shape, shape, ndim * sizeof *shape)))
         return dcpi_err(err, EINVAL, "%s: %s: conflicting global shapes", ck->path, e->key);
     int64_t *s = dcpi_arena_memdup(&ck->arena, shape, (size_t)ndim * sizeof *shape);
@@ -443,9 +444,8 @@ uint64_t dcp_entry_numel(const dcp_entry *e)
 {
     if (e->kind != DCP_KIND_TENSOR)
         return 0;
-    uint64_t n = 1;
-    for (int d = 0; d < e->ndim; d++)
-        n *= (uint64_t)e->shape[d];   /* bounded when the entry was built */
+    uint64_t n = 0;
+    dcpi_shape_numel(e->ndim, e->shape, &n);   /* fits: checked when the entry was built */
     return n;
 }
 

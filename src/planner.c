@@ -268,9 +268,8 @@ static int chunks_overlap(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chun
     if (!idx)
         return 1;   /* zero-filling is never wrong */
     for (size_t c = 0; c < e->nchunks; c++) {
-        uint64_t v = 1;
-        for (int d = 0; d < e->ndim; d++)
-            v *= (uint64_t)chunks[c].sizes[d];   /* <= numel: chunks lie inside the tensor */
+        uint64_t v = 0;
+        dcpi_shape_numel(e->ndim, chunks[c].sizes, &v);   /* <= numel: chunks lie inside the tensor */
         if (v)
             idx[m++] = c;
         vol = dcpi_add_u64(vol, v, &vol) ? vol : UINT64_MAX;
@@ -295,13 +294,14 @@ static int plan_box(dcp_checkpoint *ck, const dcp_entry *e, const dcp_chunk *chu
     int nd = e->ndim;
     uint64_t dstr[DCPI_MAX_NDIM];
     uint64_t vol = 1;
+    *covered = 0;
+    for (int d = 0; d < nd; d++)
+        if (len[d] == 0)
+            return 0;   /* no element, whatever the other counts (up to INT64_MAX) */
     for (int d = nd - 1; d >= 0; d--) {
         dstr[d] = vol;
         vol *= (uint64_t)len[d];   /* bounded by the entry's numel */
     }
-    *covered = 0;
-    if (vol == 0)
-        return 0;
     int64_t lo[DCPI_MAX_NDIM], hi[DCPI_MAX_NDIM];
     for (size_t ci = 0; ci < e->nchunks; ci++) {
         const dcp_chunk *c = &chunks[ci];
@@ -352,8 +352,8 @@ int dcp_plan_region(dcp_checkpoint *ck, const dcp_entry *e, const int64_t *offse
                            "%s: %s: region offset %" PRId64 " length %" PRId64
                            " lies outside dimension %d of size %" PRId64,
                            ck->path, e->key, offsets[d], lengths[d], d, e->shape[d]);
-        vol *= (uint64_t)lengths[d];   /* <= numel, bounded when the entry was built */
     }
+    dcpi_shape_numel(e->ndim, lengths, &vol);   /* <= numel, bounded when the entry was built */
     uint64_t esz = dcp_dtype_size(e->dtype), covered;
     if (!dcpi_mul_u64(vol, esz, &plan->nbytes)) {
         dcp_plan_reset(plan);

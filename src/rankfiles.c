@@ -402,11 +402,8 @@ static int add_box(rf *R, size_t idx, const dcpi_rebuild *rb, uint64_t dstart, u
     int nd = ck->entries[idx].ndim;
     /* An empty box (torch.chunk's last pieces) holds nothing: no chunk, but
      * for an empty tensor, which keeps its first. */
-    uint64_t vol = 1, numel = 1;
-    for (int d = 0; d < nd; d++) {
-        vol *= (uint64_t)size[d];   /* <= the entry's element count, checked by the model */
-        numel *= (uint64_t)ck->entries[idx].shape[d];
-    }
+    uint64_t vol = 0, numel = dcp_entry_numel(&ck->entries[idx]);
+    dcpi_shape_numel(nd, size, &vol);   /* <= the entry's element count, checked by the model */
     if (vol == 0 && (numel || ck->entries[idx].nchunks))
         return 0;
     /* Replicate: the same box from several ranks is kept once. */
@@ -1003,9 +1000,7 @@ int dcpi_load_rank_files(dcp_checkpoint *ck, dcp_error *err)
         const dcp_entry *e = &ck->entries[i];
         if (e->kind != DCP_KIND_TENSOR || R.ents[i].dtensor != 1)
             continue;
-        uint64_t numel = 1;
-        for (int d = 0; d < e->ndim; d++)
-            numel *= (uint64_t)e->shape[d];
+        uint64_t numel = dcp_entry_numel(e);
         if (R.ents[i].covered != numel) {
             dcpi_err(err, EIO,
                      "%s: %s: the ranks' shards hold %" PRIu64 " of its %" PRIu64

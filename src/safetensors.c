@@ -331,8 +331,9 @@ int dcpi_st_entry(const json_t *t, uint64_t data_len, dcp_dtype *dt, int *nd, in
     for (int d = 0; ok && d < *nd; d++) {
         json_t *s = json_array_get(shape, (size_t)d);
         size[d] = json_integer_value(s);
-        ok = json_is_integer(s) && size[d] >= 0 && dcpi_mul_u64(numel, (uint64_t)size[d], &numel);
+        ok = json_is_integer(s) && size[d] >= 0;
     }
+    ok = ok && dcpi_shape_numel(*nd, size, &numel);   /* a 0 anywhere: 0 elements, [2^62,0] too */
     if (!ok || !dcpi_mul_u64(numel, dcp_dtype_size(*dt), nbytes) || (uint64_t)(b1 - b0) != *nbytes) {
         *why = "bad dtype, shape, offsets or data range";
         return -1;

@@ -51,10 +51,13 @@ static int64_t *stride_copy(loc *l, const int64_t *s, int nd)
 /* Bytes of the chunk's elements, or 0 with an error on overflow. */
 static int chunk_bytes(loc *l, dcp_dtype dt, uint64_t *out)
 {
-    uint64_t n = dcp_dtype_size(dt);
+    uint64_t n;
     for (int d = 0; d < l->e->ndim; d++)
-        if (l->c->sizes[d] < 0 || !dcpi_mul_u64(n, (uint64_t)l->c->sizes[d], &n))
+        if (l->c->sizes[d] < 0)
             return loc_fail(l, EIO, "the chunk's size overflows");
+    /* a 0 anywhere: 0 bytes, whatever the other sizes (torch.empty(2**62, 0)) */
+    if (!dcpi_shape_numel(l->e->ndim, l->c->sizes, &n) || !dcpi_mul_u64(n, dcp_dtype_size(dt), &n))
+        return loc_fail(l, EIO, "the chunk's size overflows");
     *out = n;
     return 0;
 }
@@ -71,10 +74,14 @@ static int raw_record(loc *l, uint64_t data_offset, uint64_t data_length, dcp_dt
         return -1;
     if (data_length != need)
         return loc_fail(l, EIO, "%" PRIu64 " bytes stored, the chunk needs %" PRIu64, data_length, need);
+    /* C order, torch's (a size of 0 counted as 1). They fit when the chunk has
+     * elements (its byte count did); an empty chunk's address nothing and
+     * stop at INT64_MAX where they would not fit ([0, 2^62, 2^62]). */
     int64_t st[DCPI_MAX_NDIM], s = 1;
-    for (int d = e->ndim - 1; d >= 0; d--) {   /* cannot overflow: the byte count did not */
+    for (int d = e->ndim - 1; d >= 0; d--) {
         st[d] = s;
-        s *= l->c->sizes[d] ? l->c->sizes[d] : 1;
+        if (__builtin_mul_overflow(s, l->c->sizes[d] ? l->c->sizes[d] : 1, &s))
+            s = INT64_MAX;
     }
     memset(rec, 0, sizeof *rec);
     rec->data_offset = data_offset;

@@ -118,3 +118,19 @@ for n in 1 3; do
     mpirun "$n" "$DCPLOAD" --help >"$SCRATCH/help" 2>"$SCRATCH/err" || fail "--help on $n ranks: $(cat "$SCRATCH/err")"
     [ "$(grep -c '^usage: ' "$SCRATCH/help")" -eq 1 ] || fail "--help on $n ranks: $(cat "$SCRATCH/help")"
 done
+
+# An empty tensor with a huge dimension (torch.empty(2**62, 0)): each rank's share is 0 bytes,
+# whatever its other counts ("its share on this rank exceeds the address space" when the 2^62
+# rows were multiplied by the element size before the 0), by both strategies and every layout.
+"$DCP" synth "$SCRATCH/huge" --keys 1 --shape 4611686018427387904,0 --dtype float64 >/dev/null || fail "dcp synth"
+for run in 1:rows 1:cols 2:rows 2:blocks 3:replicate; do
+    n=${run%%:*} layout=${run#*:}
+    for strategy in collective independent; do
+        mpirun "$n" "$DCPLOAD" "$SCRATCH/huge" --json --layout "$layout" --strategy "$strategy" >"$SCRATCH/out" \
+            2>"$SCRATCH/err" || fail "an empty tensor, $n ranks, --layout $layout --strategy $strategy: $(cat "$SCRATCH/err")"
+        [ "$(grep -c '"key":"model.layers.0.weight".*,0\],"xxh3"' "$SCRATCH/out")" -eq "$n" ] ||
+            fail "an empty tensor, $n ranks, --layout $layout: $(cat "$SCRATCH/out")"
+    done
+done
+grep -q '"rank":0,"key":"model.layers.0.weight","offsets":\[0,0\],"lengths":\[4611686018427387904,0\]' "$SCRATCH/out" ||
+    fail "an empty tensor replicated: $(cat "$SCRATCH/out")"

@@ -160,12 +160,20 @@ at_metadata INT 130 "$SCRATCH/fin/.c.tmp-*/.metadata.tmp" "$SCRATCH/fin/c" \
     "$DCP" convert -q --no-sync "$SCRATCH/many" "$SCRATCH/fin/c"
 [ -z "$(ls -A "$SCRATCH/fin")" ] || fail "convert: SIGINT while .metadata was written left: $(ls -A "$SCRATCH/fin")"
 rm -rf "$SCRATCH/fin" "$SCRATCH/many" "$SCRATCH/fin.err"
-# A shape the writer refuses (its strides overflow int64, or an element count past 2^59, counted
-# from either end: a 0 does not make it fit) is refused by synth up front, naming DST and the
-# shape, before anything is created: DST's missing parent is not the error, a folder given stays
-# empty. (It failed at the first chunk, naming only the key; a synth that fails part way, a full
-# disk, is in tests/writer-synth-full.sh.)
-for shape in 0,9223372036854775807 4611686018427387904,0 3,4294967296,4294967296; do
+# A shape the writer refuses (its strides overflow int64, torch.empty's own refusal, a 0 in it or
+# not; or more than 2^59 elements) is refused by synth up front, naming DST and the shape, before
+# anything is created: DST's missing parent is not the error, a folder given stays empty. (It
+# failed at the first chunk, naming only the key; a synth that fails part way, a full disk, is in
+# tests/writer-synth-full.sh.) An empty shape whose strides fit is torch's: written, 0 bytes.
+for shape in 0,9223372036854775807 4611686018427387904,0; do
+    $DCP synth "$SCRATCH/nothing" --keys 2 --shape $shape --ranks 4 --shard cols --dtype float64 >/dev/null ||
+        fail "synth --shape $shape (no element) failed"
+    got=$($DCP --no-catalog ls "$SCRATCH/nothing" | awk 'NR > 1 { print $1, $3, $4, $5 }' | tr '\n' ';')
+    [ "$got" = "model.layers.0.weight [$shape] 0 B;model.layers.1.weight [$shape] 0 B;" ] || fail "synth --shape $shape lists as: $got"
+    [ "$($DCP --no-catalog cat "$SCRATCH/nothing" model.layers.1.weight | wc -c)" = 0 ] || fail "synth --shape $shape: cat not empty"
+    rm -rf "$SCRATCH/nothing"
+done
+for shape in 0,9223372036854775807,2 4611686018427387904,2,0 3,4294967296,4294967296; do
     expect_fail "$SCRATCH/nodir/part: shape [$shape]: too large (its strides or element count overflow)" \
         $DCP synth "$SCRATCH/nodir/part" --keys 2 --shape $shape --ranks 4 --shard cols
     expect_fail "$SCRATCH/part: shape [$shape]: too large" $DCP synth "$SCRATCH/part" --total 1M --shape $shape

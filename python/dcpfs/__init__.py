@@ -518,7 +518,10 @@ class Checkpoint(Mapping):
         Returns a new C-contiguous numpy array of the box's shape (0-d for a
         0-d tensor) -- bfloat16, float8 and complex32 as unsigned ints of the
         same size holding the raw bits -- or ``out``. Bytes items raise
-        TypeError (use read_bytes).
+        TypeError (use read_bytes). A shape numpy cannot make raises DcpError
+        (EOVERFLOW) naming the key: numpy refuses an empty array whose other
+        sizes times the itemsize pass 2^63 (``torch.empty(2**62, 0)``), which
+        ``out=torch.empty(...)`` of that shape reads.
         """
         with self._use() as ck:
             e = self._find(ck, key)
@@ -532,7 +535,16 @@ class Checkpoint(Mapping):
             numel = math.prod(lengths)
             nbytes = numel * esz
             if out is None:
-                arr = np.empty(lengths, dtype=_numpy_dtype(dt))
+                try:
+                    arr = np.empty(lengths, dtype=_numpy_dtype(dt))
+                except ValueError:
+                    # numpy bounds the product of the nonzero sizes times the itemsize even
+                    # when a size is 0: torch.empty(2**62, 0) has no numpy twin (torch's reads)
+                    why = ", though it has no element" if numel == 0 else ""
+                    raise DcpError(_errno.EOVERFLOW, f"{where}: numpy cannot make a {_numpy_dtype(dt)} array of "
+                                                     f"shape {tuple(lengths)}: its nonzero sizes times the item "
+                                                     f"size pass numpy's limit{why}; read it with out= a torch "
+                                                     f"tensor of that shape, or read a box of it") from None
                 if nbytes:
                     self._read_into(ck, e, offsets, lengths, _ffi.from_buffer(arr, require_writable=True), nbytes)
                 return arr

@@ -683,6 +683,51 @@ def save_odd_keys(tmp_path):
     return sd, good, bad
 
 
+def test_empty_tensors_with_a_huge_dimension(tmp_path):
+    """torch saves and loads torch.empty(2**62, 0): such a key refused the whole
+    checkpoint ("z: shape too large"). Every key reads; numpy has no array of
+    z's or z2's shape (it bounds the nonzero sizes times the itemsize even with
+    no element), so read() says so for that key alone, and a torch tensor or a
+    box of it reads."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import dcpfs.torch
+    sd = {"z": torch.empty(2**62, 0), "z2": torch.empty(0, 2**62, dtype=torch.float64),
+          "w": torch.tensor([1.0, 2.0, 3.0])}
+    try:
+        dcp.save(dict(sd), checkpoint_id=tmp_path / "dcp", no_dist=True)
+    except TypeError:
+        dcp.save(dict(sd), checkpoint_id=tmp_path / "dcp")
+    torch.save(sd, tmp_path / "t.pt")
+    for path in (tmp_path / "dcp", tmp_path / "t.pt"):
+        for use_catalog in (False, True, True):   # parsed, into the catalog, from it
+            with dcpfs.open(path, catalog=use_catalog) as ck:
+                assert sorted(ck.keys()) == ["w", "z", "z2"]
+                assert (ck.info("z").shape, ck.info("z").nbytes) == ((2**62, 0), 0)
+                assert (ck.info("z2").shape, ck.info("z2").dtype, ck.info("z2").nbytes) == ((0, 2**62), "float64", 0)
+                w = ck.read("w")
+                assert w.dtype == np.float32 and w.tolist() == [1.0, 2.0, 3.0]
+                for key, shape, dt in (("z", (2**62, 0), "float32"), ("z2", (0, 2**62), "float64")):
+                    with pytest.raises(dcpfs.DcpError) as ei:
+                        ck.read(key)
+                    assert ei.value.errno == errno.EOVERFLOW
+                    assert ei.value.strerror == (
+                        f"{ck.path}: {key}: numpy cannot make a {dt} array of shape {shape}: its nonzero sizes "
+                        f"times the item size pass numpy's limit, though it has no element; read it with out= a "
+                        f"torch tensor of that shape, or read a box of it")
+                    out = torch.empty(shape, dtype=getattr(torch, dt))
+                    assert ck.read(key, out=out) is out and tuple(out.shape) == shape
+                assert ck.read("z", [(5, 3), slice(None)]).shape == (3, 0)
+                assert ck.read("z2", [slice(None), (2**62 - 9, 9)]).shape == (0, 9)
+    # PyTorch's dcp.load through dcpfs.torch.Reader: shapes kept, w read.
+    got = {"z": torch.empty(2**62, 0), "z2": torch.empty(0, 2**62, dtype=torch.float64), "w": torch.zeros(3)}
+    try:
+        dcp.load(got, storage_reader=dcpfs.torch.Reader(tmp_path / "dcp"), no_dist=True)
+    except TypeError:
+        dcp.load(got, storage_reader=dcpfs.torch.Reader(tmp_path / "dcp"))
+    assert got["w"].tolist() == [1.0, 2.0, 3.0] and tuple(got["z"].shape) == (2**62, 0)
+
+
 def test_keys_not_utf8(tmp_path):
     """Keys are the str torch loads: a lone surrogate as itself (not its three
     bytes escaped); bytes that are no UTF-8 as U+DC80..DCFF, and found again by it."""

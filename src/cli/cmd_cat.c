@@ -72,10 +72,13 @@ static int stream_box(dcp_checkpoint *ck, const dcp_entry *e, int64_t *off, int6
             return -1;
         }
     /* Slabs along dimension 0 of at most PIECE bytes (at least one row). */
+    int empty = 0;   /* a box of no element: its other counts may be anything up to INT64_MAX */
+    for (int d = 0; d < e->ndim; d++)
+        empty |= len[d] == 0;
     uint64_t row = dcp_dtype_size(e->dtype);
-    for (int d = 1; d < e->ndim; d++)
-        row *= (uint64_t)len[d];
-    if (e->ndim == 0 || row == 0 || len[0] == 0) {
+    for (int d = 1; d < e->ndim && !empty; d++)
+        row *= (uint64_t)len[d];   /* a box of a tensor the model holds: fits */
+    if (e->ndim == 0 || empty) {
         if (dcp_plan_region(ck, e, off, len, plan, err) < 0)
             return -1;
         if (dcp_plan_execute(ck, plan, *buf, err) < 0)

@@ -105,9 +105,8 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_
     uint64_t numel = dcp_entry_numel(e), vol = 0;
     size_t n = e->nchunks;
     for (size_t i = 0; i < n; i++) {
-        uint64_t v = 1;
-        for (int d = 0; d < e->ndim; d++)
-            v *= (uint64_t)chunks[i].sizes[d];
+        uint64_t v = 0;
+        dcpi_shape_numel(e->ndim, chunks[i].sizes, &v);   /* <= numel: chunks lie inside the tensor */
         vol += v;
     }
     if (e->ndim == 0) {
@@ -122,9 +121,8 @@ static int check_tiling(const dcp_checkpoint *ck, const dcp_entry *e, const dcp_
         return -1;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t v = 1;
-        for (int d = 0; d < e->ndim; d++)
-            v *= (uint64_t)chunks[i].sizes[d];
+        uint64_t v = 0;
+        dcpi_shape_numel(e->ndim, chunks[i].sizes, &v);
         if (v)
             idx[m++] = i;
     }

@@ -315,10 +315,8 @@ static int fill_entry(const dcp_checkpoint *ck, uint64_t idx, const void *key, s
     if ((kind != DCP_KIND_TENSOR && kind != DCP_KIND_BYTES) || ndim > DCPI_MAX_NDIM ||
         get_dims(&r, shape, ndim) < 0)
         goto bad;
-    uint64_t numel = 1;
-    for (int d = 0; d < ndim; d++)
-        if (!dcpi_mul_u64(numel, (uint64_t)shape[d], &numel) || numel > (UINT64_MAX >> 5))
-            goto bad;
+    if (!dcpi_shape_ok(ndim, shape))   /* dcpi_model_set_tensor's rule */
+        goto bad;
     dcp_blob blob;
     get_blob(&r, &blob, ck->nfiles);
     uint64_t nchunks = dcpi_get_u64(&r);

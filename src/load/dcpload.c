@@ -431,6 +431,9 @@ static int build_job(dcp_checkpoint *ck, const struct opts *o, int me, int nrank
         share(e, o->layout, me, nranks, off, len);
         uint64_t nb = dcp_dtype_size(e->dtype);
         for (int d = 0; d < e->ndim; d++)
+            if (len[d] == 0)   /* no element: 0 bytes, whatever the other counts (up to INT64_MAX) */
+                nb = 0;
+        for (int d = 0; d < e->ndim && nb; d++)
             if (__builtin_mul_overflow(nb, (uint64_t)len[d], &nb) || nb > SIZE_MAX) {
                 snprintf(err->msg, sizeof err->msg, "%s: its share on this rank exceeds the address space",
                          e->key);

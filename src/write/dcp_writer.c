@@ -268,14 +268,14 @@ int dcp_ckpt_add_chunk(dcp_ckpt_writer *w, const char *key, int rank, const int6
     if (!dcpi_strmap_get(&w->index, key, strlen(key), &idx) || w->keys[idx].kind != DCP_KIND_TENSOR)
         return dcpi_err(err, EINVAL, "%s: %s: chunk of an undeclared tensor", w->dir, key);
     wkey *k = &w->keys[idx];
-    uint64_t numel = 1;
+    uint64_t numel = 0;
     for (int d = 0; d < k->ndim; d++) {
         uint64_t end;
         if (offsets[d] < 0 || sizes[d] < 0 || !dcpi_add_u64((uint64_t)offsets[d], (uint64_t)sizes[d], &end) ||
             end > (uint64_t)k->shape[d])
             return dcpi_err(err, EINVAL, "%s: %s: chunk outside the tensor's shape in dimension %d", w->dir, key, d);
-        numel *= (uint64_t)sizes[d];
     }
+    dcpi_shape_numel(k->ndim, sizes, &numel);   /* a box of a shape that fits: fits (0 with a 0 anywhere) */
     /* (key, offsets) identifies a chunk: a second one is a replica. */
     size_t kl = strlen(key), sl = kl + 1 + (size_t)k->ndim * sizeof(int64_t);
     char *sk = dcpi_arena_alloc(&w->arena, sl);
@@ -372,15 +372,13 @@ static int check_coverage(dcp_ckpt_writer *w, dcp_error *err)
         const wkey *k = &w->keys[i];
         if (k->kind != DCP_KIND_TENSOR)
             continue;
-        uint64_t numel = 1, sum = 0;
-        for (int d = 0; d < k->ndim; d++)
-            numel *= (uint64_t)k->shape[d];
+        uint64_t numel = 0, sum = 0;
+        dcpi_shape_numel(k->ndim, k->shape, &numel);   /* fits: pw_tensor_shape_fits */
         if (k->n == 0)
             return dcpi_err(err, EINVAL, "%s: %s: a tensor without chunks", w->dir, k->key);
         for (size_t c = 0; c < k->n; c++) {
-            uint64_t v = 1;
-            for (int d = 0; d < k->ndim; d++)
-                v *= (uint64_t)k->chunks[c].sizes[d];
+            uint64_t v = 0;
+            dcpi_shape_numel(k->ndim, k->chunks[c].sizes, &v);
             sum += v;
         }
         /* Boxes lie inside the shape and are distinct; volumes adding up to

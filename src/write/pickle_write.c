@@ -525,21 +525,23 @@ static void int_tuple(pw *w, const int64_t *v, int n)
 
 int pw_tensor_shape_fits(int ndim, const int64_t *shape)
 {
-    /* Contiguous strides, with torch's max(size, 1) for empty dimensions;
-     * the element count of every leading and every trailing block (a size
-     * of 0 does not make a huge block before or after it fit). */
+    /* Contiguous strides, with torch's max(size, 1) for empty dimensions,
+     * fit int64 (torch's own rule: torch.save writes torch.empty(2**62, 0)
+     * and torch.empty(0, 2**62), not torch.empty(0, 2**62, 2**62)); a shape
+     * with a 0 holds no element, so that is all it needs. Else its element
+     * count is at most INT64_MAX / 16 (its bytes fit int64 for every dtype;
+     * so does every leading or trailing block of it). */
     int64_t s = 1;
-    uint64_t tail = 1, head = 1;
+    uint64_t numel;
+    int empty = 0;
     if (ndim < 0 || ndim > DCPI_MAX_NDIM)
         return 0;
-    for (int d = ndim - 1; d >= 0; d--)
-        if (shape[d] < 0 || __builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s) ||
-            !dcpi_mul_u64(tail, (uint64_t)shape[d], &tail) || tail > INT64_MAX / 16)
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] < 0 || __builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s))
             return 0;
-    for (int d = 0; d < ndim; d++)
-        if (!dcpi_mul_u64(head, (uint64_t)shape[d], &head) || head > INT64_MAX / 16)
-            return 0;
-    return 1;
+        empty |= shape[d] == 0;
+    }
+    return empty || (dcpi_shape_numel(ndim, shape, &numel) && numel <= INT64_MAX / 16);
 }
 
 int pw_tensor_shape_check(const char *dir, const char *key, int ndim, const int64_t *shape, dcp_error *err)
@@ -578,8 +580,8 @@ void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const 
     for (int d = ndim - 1; d >= 0; d--) {
         stride[d] = s;
         s *= shape[d] > 1 ? shape[d] : 1;
-        numel *= (uint64_t)shape[d];
     }
+    dcpi_shape_numel(ndim, shape, &numel);   /* fits: 0 with a 0 anywhere */
     pw_global(w, "torch._utils", storage ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     size_t nargs = storage ? 6 : 7;
     pw_tuple_begin(w, nargs);

@@ -95,9 +95,10 @@ void pw_get(pw *w, uint64_t idx);
 void pw_torch_tensor(pw *w, dcp_dtype dt, int ndim, const int64_t *shape, const char *storage_key);
 /* The writers' rule for a tensor's shape: 1 when it has 0 to DCPI_MAX_NDIM
  * dimensions, no size negative, contiguous strides (torch's, an empty
- * dimension counted as 1) that fit int64, and an element count at most
- * INT64_MAX / 16 (its bytes fit int64 for every dtype) counted from either
- * end. A box inside a shape that fits fits too. pw_torch_tensor fails on
+ * dimension counted as 1) that fit int64, and, unless a size is 0 (no
+ * element, whatever the others: torch.save writes torch.empty(2**62, 0)),
+ * an element count at most INT64_MAX / 16 (its bytes fit int64 for every
+ * dtype). A box inside a shape that fits fits too. pw_torch_tensor fails on
  * a shape that does not fit, dcp_ckpt_add_tensor refuses it. */
 int pw_tensor_shape_fits(int ndim, const int64_t *shape);
 /* 0 when the shape fits, else -1 with err: "DIR: KEY: shape [a,b]: too

@@ -76,6 +76,12 @@ static void box_init(box *b)
     size_t esz = dcp_dtype_size(b->dt);
     uint64_t run = esz;
     int d = b->nd - 1;
+    for (int i = 0; i < b->nd; i++)
+        if (b->size[i] == 0) {   /* no byte (its other sizes may be up to INT64_MAX): nothing to step */
+            b->split = 0;
+            b->run = 0;
+            return;
+        }
     for (; d >= 0; d--) {
         run *= (uint64_t)b->size[d];
         if (b->size[d] != b->shape[d])
@@ -261,9 +267,8 @@ int dcp_synth_checkpoint(const char *dir, const dcp_synth_options *caller, dcp_e
      * every chunk is a box inside the shape, so none is refused later. */
     if (pw_tensor_shape_check(dir, NULL, o->ndim, o->shape, err) < 0)
         return -1;
-    uint64_t numel = 1, kbytes, total;
-    for (int d = 0; d < o->ndim; d++)
-        numel *= (uint64_t)o->shape[d];   /* no overflow: pw_tensor_shape_fits */
+    uint64_t numel = 0, kbytes, total;
+    dcpi_shape_numel(o->ndim, o->shape, &numel);   /* fits: pw_tensor_shape_fits (0 with a 0 anywhere) */
     if (!dcpi_mul_u64(numel, dcp_dtype_size(o->dtype), &kbytes) || !dcpi_mul_u64(kbytes, o->nkeys, &total))
         return dcpi_err(err, EINVAL, "%s: checkpoint too large", dir);
 

@@ -306,6 +306,13 @@ int dcpw_write_torch_save(const char *path, const char *archive_name, const dcp_
     for (size_t i = 0; i < n && rc == 0; i++) {
         if (items[i].kind != DCP_KIND_TENSOR)
             continue;
+        /* A shape torch.save cannot write either (its strides overflow int64:
+         * [0, 2^62, 2^62]) is refused before anything is created, naming
+         * the key; the pickle's own failure would name only the file. */
+        if (pw_tensor_shape_check(path, items[i].key, items[i].ndim, items[i].shape, err) < 0) {
+            rc = -1;
+            break;
+        }
         char k[24];
         snprintf(k, sizeof k, "%zu", ntensors++);
         if (!(keys[i] = strdup(k)))

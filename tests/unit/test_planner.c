@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dcp_gplan.h"
 #include "planner_ck.h"
 
 /* ------------------------------------------------------------ random */
@@ -548,6 +549,91 @@ START_TEST(test_region_errors)
 }
 END_TEST
 
+/* A shape with a 0 anywhere holds no element whatever its other sizes (torch
+ * saves and loads torch.empty(2**62, 0)): the model takes it, its element and
+ * byte counts are 0, a chunk of it passes the bounds checks, and its regions,
+ * byte ranges and load requests are 0 bytes, nothing multiplied past 64 bits.
+ * A negative size and a nonzero shape past the limit are refused as before. */
+START_TEST(test_empty_huge_shapes)
+{
+    dcp_checkpoint *ck = tck_new();
+    uint32_t f = tck_file(ck, "d", "x", 1);
+    const int64_t H = INT64_C(1) << 62;
+    const int64_t shapes[][3] = {{H, 0, 0}, {0, H, 0}, {0, H, H}, {H, H, 0}, {INT64_MAX, 0, INT64_MAX}};
+    const int nds[] = {2, 2, 3, 3, 3};
+    size_t idx[5];
+    dcp_error err;
+    for (int i = 0; i < 5; i++) {
+        char key[8];
+        snprintf(key, sizeof key, "z%d", i);
+        idx[i] = tck_tensor(ck, key, DCP_FLOAT64, nds[i], shapes[i]);
+        const int64_t zero[3] = {0, 0, 0};
+        tck_chunk(ck, idx[i], zero, shapes[i], f, 0, 1);   /* as dcp.save writes it: one chunk, the whole */
+    }
+    /* a chunk past the end of the huge dimension is still refused, no sum wrapping */
+    const int64_t off1[2] = {1, 0};
+    size_t ci;
+    ck_assert_int_eq(dcpi_model_add_chunk(ck, idx[0], off1, shapes[0], &ci, &err), -1);
+    char want[600];
+    snprintf(want, sizeof want,
+             "%s: z0: chunk at offset 1 size 4611686018427387904 lies outside dimension 0 of size 4611686018427387904",
+             ck->path);
+    ck_assert_str_eq(err.msg, want);
+    tck_finish(ck);
+
+    dcp_plan p;
+    dcp_plan_init(&p);
+    for (int i = 0; i < 5; i++) {
+        const dcp_entry *e = &ck->entries[idx[i]];
+        uint64_t nb = 7;
+        ck_assert_uint_eq(dcp_entry_numel(e), 0);
+        ck_assert_int_eq(dcp_entry_nbytes(ck, e, &nb, &err), 0);
+        ck_assert_uint_eq(nb, 0);
+        /* the whole, and a box inside it */
+        const int64_t zero[3] = {0, 0, 0};
+        ck_assert_msg(dcp_plan_region(ck, e, zero, e->shape, &p, &err) == 0, "%s", err.msg);
+        ck_assert_uint_eq(p.nbytes, 0);
+        ck_assert_uint_eq(p.nops, 0);
+        int64_t o[3], l[3];
+        for (int d = 0; d < e->ndim; d++)
+            o[d] = e->shape[d] ? e->shape[d] - 3 : 0, l[d] = e->shape[d] ? 3 : 0;
+        ck_assert_msg(dcp_plan_region(ck, e, o, l, &p, &err) == 0, "%s", err.msg);
+        ck_assert_uint_eq(p.nbytes, 0);
+        ck_assert_uint_eq(p.nops, 0);
+        ck_assert_int_eq(dcp_plan_bytes(ck, e, 0, UINT64_MAX, &p, &err), 0);
+        ck_assert_uint_eq(p.nbytes, 0);
+        /* a load request of the whole: 0 bytes (it said "region too large") */
+        const dcp_entry *got;
+        nb = 7;
+        ck_assert_msg(dcp_greq_check(ck, e->key, DCP_FLOAT64, e->ndim, zero, e->shape, &got, &nb, &err) == 0,
+                      "%s", err.msg);
+        ck_assert_ptr_eq(got, e);
+        ck_assert_uint_eq(nb, 0);
+    }
+    dcp_plan_free(&p);
+
+    /* Refused as before: elements past the limit, a negative size (even beside a 0). */
+    const int64_t big[2] = {H, 4}, big3[3] = {INT64_C(1) << 31, INT64_C(1) << 31, INT64_C(1) << 31};
+    const int64_t neg[2] = {0, -1}, neg2[3] = {H, H, -2};
+    size_t b;
+    ck_assert_int_eq(dcpi_model_entry(ck, "big", 3, DCP_KIND_TENSOR, &b, &err), 0);
+    snprintf(want, sizeof want, "%s: big: shape too large", ck->path);
+    ck_assert_int_eq(dcpi_model_set_tensor(ck, b, DCP_FLOAT32, 2, big, &err), -1);
+    ck_assert_int_eq(err.code, EOVERFLOW);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(dcpi_model_set_tensor(ck, b, DCP_UINT8, 3, big3, &err), -1);
+    ck_assert_str_eq(err.msg, want);
+    snprintf(want, sizeof want, "%s: big: negative dimension -1", ck->path);
+    ck_assert_int_eq(dcpi_model_set_tensor(ck, b, DCP_FLOAT32, 2, neg, &err), -1);
+    ck_assert_int_eq(err.code, EINVAL);
+    ck_assert_str_eq(err.msg, want);
+    snprintf(want, sizeof want, "%s: big: negative dimension -2", ck->path);
+    ck_assert_int_eq(dcpi_model_set_tensor(ck, b, DCP_FLOAT32, 3, neg2, &err), -1);
+    ck_assert_str_eq(err.msg, want);
+    tck_free(ck);
+}
+END_TEST
+
 /* Hostile records: strides or offsets reaching outside the storage record. */
 START_TEST(test_hostile_record)
 {
@@ -683,6 +769,7 @@ static Suite *suite(void)
     tcase_add_test(t, test_transposed);
     tcase_add_test(t, test_zero_fill);
     tcase_add_test(t, test_region_errors);
+    tcase_add_test(t, test_empty_huge_shapes);
     tcase_add_test(t, test_hostile_record);
     tcase_add_test(t, test_scalar_and_big_offsets);
     tcase_add_test(t, test_bytes_item_and_decoded);

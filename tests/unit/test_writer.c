@@ -596,10 +596,13 @@ START_TEST(dcp_writer_errors)
     ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) == 0);
     ck_assert(dcp_ckpt_add_tensor(w, "t", DCP_FLOAT32, 1, shape, &err) < 0);
     ck_assert(strstr(err.msg, "declared twice"));
-    /* A shape its chunks' pickles could not hold is refused when declared, named. */
-    const int64_t wide[] = {0, INT64_MAX};
-    ck_assert(dcp_ckpt_add_tensor(w, "wide", DCP_INT8, 2, wide, &err) < 0);
-    ck_assert_msg(strstr(err.msg, "/bad: wide: shape [0,9223372036854775807]: too large"), "%s", err.msg);
+    /* A shape its chunks' pickles could not hold is refused when declared,
+     * named: contiguous strides past int64 (torch.empty refuses it too), a 0
+     * in front or not; [0, INT64_MAX] is torch's (strides fit) and declared. */
+    const int64_t wide[] = {0, INT64_MAX, 2}, empty[] = {0, INT64_MAX};
+    ck_assert(dcp_ckpt_add_tensor(w, "wide", DCP_INT8, 3, wide, &err) < 0);
+    ck_assert_msg(strstr(err.msg, "/bad: wide: shape [0,9223372036854775807,2]: too large"), "%s", err.msg);
+    ck_assert_msg(dcp_ckpt_add_tensor(w, "empty", DCP_FLOAT64, 2, empty, &err) == 0, "%s", err.msg);
     ck_assert(dcp_ckpt_add_chunk(w, "t", 0, out, sz, &s, 0, NULL, &err) < 0);
     ck_assert(strstr(err.msg, "outside"));
     ck_assert(dcp_ckpt_add_chunk(w, "t", 0, off, sz, &s, 0, NULL, &err) == 0);
@@ -771,20 +774,22 @@ START_TEST(synth_failures)
      * shape: nothing is created, not even a missing parent's error comes
      * first. (It failed at the first chunk's pickle, naming the key.) */
     stop = 0;
-    o.ndim = 2;
+    o.ndim = 3;
     o.shape[0] = 0;
     o.shape[1] = INT64_MAX;
+    o.shape[2] = 2;
     o.shard = DCP_SHARD_COLS;
     char nodir[420], want[520];
     snprintf(nodir, sizeof nodir, "%s/nodir/s", tmpdir);
-    snprintf(want, sizeof want, "%s: shape [0,9223372036854775807]: too large (its strides or element count overflow)",
+    snprintf(want, sizeof want, "%s: shape [0,9223372036854775807,2]: too large (its strides or element count overflow)",
              nodir);
     ck_assert(dcp_synth_checkpoint(nodir, &o, &err) < 0);
     ck_assert_int_eq(err.code, EINVAL);
     ck_assert_msg(!strcmp(err.msg, want), "%s", err.msg);
     ck_assert(dcp_synth_checkpoint(given, &o, &err) < 0);
-    ck_assert_msg(strstr(err.msg, "shape [0,9223372036854775807]: too large"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "shape [0,9223372036854775807,2]: too large"), "%s", err.msg);
     ck_assert(empty_folder(given));
+    o.ndim = 2;
 
     /* Stopped part way, after __0_0.distcp was created (the flag set once
      * the first key is written): nothing is left. */
