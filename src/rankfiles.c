@@ -539,8 +539,13 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
     if (dt == DCP_DTYPE_INVALID)
         return fail(R, key, "the DTensor's dtype is not a torch dtype");
     /* The model bounds the element count, but not a dimension beside an
-     * empty one; the pieces' arithmetic needs room. */
+     * empty one; the pieces' arithmetic needs room. A DTensor with no element
+     * (torch.empty(2**62, 0) distributed) has none to place: its pieces are
+     * not computed, every rank's is empty, and it is one empty chunk. */
+    int empty = 0;
     for (int d = 0; d < nd; d++)
+        empty |= shape[d] == 0;
+    for (int d = 0; d < nd && !empty; d++)
         if (shape[d] > (INT64_MAX >> 4))
             return fail(R, key, "dimension %d of the global shape (%" PRId64 ") is too large", d, shape[d]);
 
@@ -558,7 +563,8 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
     size_t idx;
     if (tensor_entry(R, key, klen, 1, dt, nd, shape, &idx) < 0)
         return -1;
-    /* The shape is the model's now, each dimension under 2^59 elements. */
+    /* The shape is the model's now, each dimension under 2^59 elements
+     * unless it is empty. */
     rf_runs *runs = malloc((size_t)(nd ? nd : 1) * sizeof *runs), tmp;
     if (!runs)
         return oom(R);
@@ -601,7 +607,7 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
             fail(R, key, "placement %zu (_StridedShard) has no split_factor from 1 to %u", i, RF_MAX_RANKS);
             goto out;
         }
-        if (r == 1)
+        if (r == 1 || empty)
             continue;
         if (strided) {
             if (strided_piece(&runs[dim], sf, mshape[i], coord[i], &tmp) < 0) {
@@ -622,9 +628,15 @@ static int dtensor(rf *R, const char *key, size_t klen, const pk_node *call)
         goto out;
     }
     int64_t lsize[DCPI_MAX_NDIM] = {0};
-    uint64_t nboxes = 1;
+    uint64_t nboxes = 1, lnumel = 1;
+    /* An empty DTensor's local tensor must be empty too (of whatever shape:
+     * its pieces were not computed); its one box is the whole. */
+    if (empty && (rb.ndim != nd || !dcpi_shape_numel(nd, rb.size, &lnumel) || lnumel)) {
+        fail(R, key, "the DTensor has no element, its local tensor has");
+        goto out;
+    }
     for (int d = 0; d < nd; d++) {
-        lsize[d] = runs_total(&runs[d]);
+        lsize[d] = empty ? rb.size[d] : runs_total(&runs[d]);
         nboxes *= (uint64_t)(runs[d].n ? runs[d].n : 1);
         if (nboxes > RF_MAX_BOXES) {
             fail(R, key, "the placements cut this rank's piece in more than %d boxes", RF_MAX_BOXES);
