@@ -1,8 +1,9 @@
 # dcpfs -o view=hf:RECIPE: a mount holds the folder `dcp convert --to hf --recipe RECIPE` writes,
 # file for file and byte for byte (cmp), for a rename, a split, a fused QKV split with its q/k rows
 # permuted, a permutation back, transposes (after merge_qkv and split too), with and without
-# casts, in one shard and in many, with --config's copy and with the recipe's template; random
-# (offset, length) reads equal the export's bytes, elements cut by a read's ends included;
+# casts, in one shard and in many, of empty tensors with a dimension of 2^62, with --config's
+# copy and with the recipe's template; random (offset, length) reads equal the export's bytes,
+# elements cut by a read's ends included;
 # folder mode shows every checkpoint as its export; recipe errors fail the mount with the
 # export's message; the daemon's peak RSS stays bounded while 64 MiB are cast through it. With
 # torch and transformers installed, AutoModelForCausalLM.from_pretrained of a mount gives
@@ -108,6 +109,34 @@ unmount_dcpfs "$S/m-tr"
 same_as_export trodd "$S/odd" "--recipe $S/rt.json --dtype float32 --max-shard-size 3000" \
     "no_catalog,view=hf:$S/rt.json,hf_dtype=float32,hf_max_shard_size=3000"
 unmount_dcpfs "$S/m-trodd"
+# Empty tensors with a huge dimension ([2^62, 0], which torch saves and loads): every op, with
+# and without a transpose, gives the empty outputs torch would, cast, in the mount as in the export.
+$D synth "$S/empty" --keys 5 --shape 4611686018427387904,0 --dtype float32 --ranks 2 --shard cols --seed 3 >/dev/null
+cat >"$S/re.json" <<'J'
+{"recipe": "empties",
+ "rules": [
+  {"from": "model.layers.0.weight", "op": "rope_permute", "heads": 8, "to": "p"},
+  {"from": "model.layers.1.weight", "op": "split_qkv", "heads": 4, "kv_heads": 2, "rope": "to_hf", "to": ["q", "k", "v"]},
+  {"from": "model.layers.2.weight", "op": "merge_qkv", "heads": 4, "kv_heads": 2, "to": "qkv", "transpose": true},
+  {"from": "model.layers.3.weight", "op": "split_gate_up", "to": ["g", "u"], "transpose": true},
+  {"from": "model.layers.4.weight", "to": "t"}],
+ "config": {"model_type": "test", "rows": {"$shape": ["qkv", 1]}}}
+J
+same_as_export empty "$S/empty" "--recipe $S/re.json --dtype bfloat16" "no_catalog,view=hf:$S/re.json,hf_dtype=bfloat16"
+python3 - "$S/m-empty/model.safetensors" <<'PY' || fail "empty: the export's header"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+    rest = f.read()
+got = {k: (v["dtype"], v["shape"], v["data_offsets"]) for k, v in h.items() if k != "__metadata__"}
+r = 2**62
+want = {"p": [r, 0], "q": [r // 2, 0], "k": [r // 4, 0], "v": [r // 4, 0], "qkv": [0, r],
+        "g": [0, r // 2], "u": [0, r // 2], "t": [r, 0]}
+assert got == {k: ("BF16", s, [0, 0]) for k, s in want.items()} and rest == b"", got
+PY
+grep -q '"rows": 4611686018427387904' "$S/m-empty/config.json" || fail "empty: config.json: $(cat "$S/m-empty/config.json")"
+unmount_dcpfs "$S/m-empty"
 
 # Folder mode: each checkpoint of a run is its export.
 mkdir -p "$S/run"

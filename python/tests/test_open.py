@@ -726,6 +726,12 @@ def test_empty_tensors_with_a_huge_dimension(tmp_path):
     except TypeError:
         dcp.load(got, storage_reader=dcpfs.torch.Reader(tmp_path / "dcp"))
     assert got["w"].tolist() == [1.0, 2.0, 3.0] and tuple(got["z"].shape) == (2**62, 0)
+    # dcpfs.torch.load (the collective loader, one process): the same, nothing read for z, z2.
+    for path in (tmp_path / "dcp", tmp_path / "t.pt"):
+        got = {"z": torch.empty(2**62, 0), "z2": torch.empty(0, 2**62, dtype=torch.float64), "w": torch.zeros(3)}
+        stats = dcpfs.torch.load(got, path)
+        assert got["w"].tolist() == [1.0, 2.0, 3.0] and stats.bytes_loaded == 12
+        assert [tuple(got[k].shape) for k in ("z", "z2")] == [(2**62, 0), (0, 2**62)]
 
 
 def test_keys_not_utf8(tmp_path):
