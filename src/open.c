@@ -214,8 +214,14 @@ static void checkpoints_inside(int folder_fd, const char *path, char *buf, size_
         else if (gap)
             put(buf, cap, &at, " (%zu in all)", nhit);
         if (nhit == 1) {
+            /* a path too long to repeat within the message is not cut short: "that folder" */
+            size_t before = at;
             dcp_key_text(names[hit[0]], shown, sizeof shown);
             put(buf, cap, &at, ": open %s%s%s", path, sep, shown);
+            if (at == cap - 1) {
+                at = before;
+                put(buf, cap, &at, ": open that folder");
+            }
         } else {
             put(buf, cap, &at, ": open one of them");
         }
@@ -273,10 +279,14 @@ static int detect_and_load(dcp_checkpoint *ck, dcp_error *err)
         return dcpi_err(err, ENOENT, "%s: a partial checkpoint: %s", ck->path, probe.reason);
     if (rank_files)
         return dcpi_load_rank_files(ck, err);
+    /* the hint gets the room the message leaves it */
+    static const char what[] = ": not a checkpoint: no .metadata, __R.metadata or .safetensors files";
     char inside[DCP_ERRMSG_MAX];
-    checkpoints_inside(ck->dirfd, ck->path, inside, sizeof inside);
-    return dcpi_err(err, ENOENT, "%s: not a checkpoint: no .metadata, __R.metadata or .safetensors files%s",
-                   ck->path, inside);
+    size_t used = strlen(ck->path) + sizeof what - 1;
+    inside[0] = '\0';
+    if (used + 2 < sizeof inside)
+        checkpoints_inside(ck->dirfd, ck->path, inside, sizeof inside - used);
+    return dcpi_err(err, ENOENT, "%s%s%s", ck->path, what, inside);
 }
 
 int dcp_open(const char *path, unsigned flags, dcp_checkpoint **out, dcp_error *err)

@@ -23,6 +23,13 @@ done
 rc=0; "$DCP" ls "$SCRATCH/one/" 2>"$SCRATCH/err" || rc=$?
 [ $rc = 1 ] && echo "dcp: $SCRATCH/one/: not a checkpoint: $nc; it holds the checkpoint folder ckpt/: open $SCRATCH/one/ckpt" |
     diff - "$SCRATCH/err" || fail "one checkpoint folder inside: exit $rc"
+# A path too long to repeat within libdcp's 1024-byte message: "that folder", not a cut path.
+long="$SCRATCH/$(printf 'a%.0s' $(seq 250))/$(printf 'b%.0s' $(seq 250))"
+mkdir -p "$long"; cp -r "$src" "$long/ckpt"
+rc=0; "$DCP" ls "$long" 2>"$SCRATCH/err" || rc=$?
+[ $rc = 1 ] && echo "dcp: $long: not a checkpoint: $nc; it holds the checkpoint folder ckpt/: open that folder" |
+    diff - "$SCRATCH/err" || fail "a long path: exit $rc"
+rm -r "$SCRATCH/aaa"*
 mkdir "$SCRATCH/several"
 for d in step-3 step-10 step-1 step-2 step-4 "$(printf 'x\nb\377')"; do cp -r "$src" "$SCRATCH/several/$d"; done
 mkdir "$SCRATCH/several/notes"; : >"$SCRATCH/several/README"
