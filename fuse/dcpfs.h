@@ -2,7 +2,10 @@
  *
  * The mount is a tree of nodes. Those of a checkpoint are freed with it when
  * it was saved again (retired: another node took its name) and nothing refers
- * to it any more (Lifetime, below); all others live until unmount.
+ * to it any more (Lifetime, below); so is a .partial folder's node of a
+ * partial subfolder, which has a checkpoint object of its own (never opened),
+ * once that subfolder left .partial (complete, or gone); all others live
+ * until unmount.
  * Three kinds of directory exist (and, in folder mode, the .partial folder
  * of a scan folder, listing its step folders whose save did not finish):
  *   - scan directories: real folders of SOURCE in folder mode, rescanned
@@ -29,13 +32,14 @@
  * (found in the inode map by their path hash).
  *
  * Lifetime: a checkpoint's refs count what may still use its nodes: its
- * name (until it is saved again: retired), the kernel's lookup counts of its
- * nodes (a LOOKUP or READDIRPLUS entry adds one, FORGET takes its count
- * back), open files and directory handles, and each request while it runs.
- * References are found under fs->lock (read) in the inode map or a scan
- * folder's children, and never taken once the count reached 0: whoever drops
- * the last one takes the nodes out of the map under fs->lock (write) and
- * frees them. A node pointer obtained with a reference stays valid until that
+ * name (until it is saved again: retired; a partial folder's node's until
+ * it leaves .partial, scan.c), the kernel's lookup counts of its nodes (a
+ * LOOKUP or READDIRPLUS entry adds one, FORGET takes its count back), open
+ * files and directory handles, and each request while it runs. References
+ * are found under fs->lock (read) in the inode map or the children of a
+ * scan folder (or of its .partial), and never taken once the count reached
+ * 0: whoever drops the last one takes the nodes out of the map under
+ * fs->lock (write) and frees them. A node pointer obtained with a reference stays valid until that
  * reference is dropped, so reads need no lock at all. The kernel is told to
  * drop its entries of a retired checkpoint (notify.c), so that their FORGETs
  * come without memory pressure.
@@ -214,6 +218,8 @@ struct dfs_ckpt {
     _Atomic long refs;         /* what may use its nodes (dfs.h, Lifetime); it is freed when this
                                 * drops to 0 once retired */
     _Atomic int retired;       /* saved again: no longer reachable by name */
+    int partial;               /* only holds a DFS_N_PARTIAL node (root): never opened, not counted
+                                * in nckpts, retired when its folder leaves .partial */
     struct dfs_ckpt *retire_next;  /* scan.c: retired while fs->lock was held */
     struct dfs_node *nodes;    /* its nodes (all_next), root included */
     struct dfs_ckpt *next;
@@ -259,6 +265,11 @@ struct dfs_node *dfs_node_new(struct dfs *fs, struct dfs_node *parent, const cha
                               size_t namelen, enum dfs_ntype type);
 /* The root node of checkpoint ck (its parent a scan folder, or NULL). */
 struct dfs_node *dfs_ckpt_root_new(struct dfs *fs, struct dfs_node *parent, const char *name, struct dfs_ckpt *ck);
+/* A node of .partial (partdir) for the partial subfolder name, at path (for
+ * log lines), in its own checkpoint object (ck->partial) with its name's
+ * reference: dfs_ckpt_retire once it left partdir's children frees it when
+ * nothing refers to it any more. NULL on ENOMEM. */
+struct dfs_node *dfs_partial_new(struct dfs *fs, struct dfs_node *partdir, const char *name, const char *path);
 /* Checkpoint references (dfs.h, Lifetime); ck may be NULL (a node of no
  * checkpoint: never freed). dfs_ckpt_get: a reference to ck found in the
  * inode map or a listing under fs->lock (either way), 0 when ck is being

@@ -8,7 +8,8 @@
  * nothing below it is in use: the dentries of a file open then, and of its
  * folders, stay hashed after the file is closed, until memory runs short.
  * So dcpfs invalidates them (FUSE_NOTIFY_INVAL_ENTRY): when a checkpoint is
- * retired, its name in its folder (its root's in single-checkpoint mode),
+ * retired, its name in its folder (its root's in single-checkpoint mode; a
+ * partial folder's node, retired when it leaves .partial: its name there),
  * unless a lookup of that name retired it (the reply replaces the entry);
  * when a file or directory handle of a retired one is released, the path
  * from it up to its checkpoint's root. An invalidated dentry is unhashed

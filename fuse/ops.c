@@ -597,11 +597,15 @@ static void unref_tmp(struct dfs *fs, struct dfs_dh *d)
 
 /* Does a readdirplus entry for n give the kernel its node (a lookup)? Without
  * attributes (and e.ino 0) the kernel looks the file up when it is used:
- * listing a checkpoint does not lay out its virtual file, and a scan folder
- * is rescanned by its lookup. */
+ * listing a checkpoint does not lay out its virtual file, a scan folder is
+ * rescanned by its lookup, and a node retired since the listing was taken
+ * (an opendir handle's: a checkpoint saved again, a folder that left
+ * .partial) is not given: its name was invalidated already (notify.c), so
+ * the kernel would keep that entry, and the node, until memory runs short. */
 static int plus_entry(const struct dfs_node *n)
 {
-    return n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR && n->type != DFS_N_PARTDIR;
+    return n->type != DFS_N_VIRTUAL && n->type != DFS_N_SCANDIR && n->type != DFS_N_PARTDIR &&
+           !(n->ck && atomic_load(&n->ck->retired));
 }
 
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi,
@@ -617,8 +621,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         }
         d = &tmp;
     }
+    /* The nodes given (plus_entry, decided once: a node may be retired
+     * meanwhile), each with the kernel's reference; an entry takes >= 24 bytes. */
+    size_t most = size / 24 + 1, ngiven = 0;
     char *buf = malloc(size ? size : 1);
-    if (!buf) {
+    struct dfs_node **given = plus ? malloc(most * sizeof *given) : NULL;
+    if (!buf || (plus && !given)) {
+        free(buf);
         if (d == &tmp)
             unref_tmp(fs, &tmp);
         fuse_reply_err(req, ENOMEM);
@@ -629,6 +638,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         struct dfs_node *n;
         const char *name;
         struct fuse_entry_param e;
+        int give = 0;
         memset(&e, 0, sizeof e);
         if (i < 2) {
             n = i == 0 || !d->node->parent ? d->node : d->node->parent;
@@ -638,7 +648,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         } else {
             n = d->kids[i - 2 - d->base];
             name = n->name;
-            if (plus && plus_entry(n))
+            give = plus && ngiven < most && plus_entry(n);
+            if (give)
                 fill_entry(fs, d->node, n, &e);
             else {
                 e.attr.st_ino = n->ino;
@@ -650,13 +661,15 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         if (need > size - used)
             break;
         used += need;
-        if (i >= 2 && plus && plus_entry(n))
+        if (give) {
             dfs_ckpt_ref(n->ck, 1);   /* the kernel's, as a lookup's */
+            given[ngiven++] = n;
+        }
     }
-    if (fuse_reply_buf(req, buf, used) != 0 && plus)   /* interrupted: the kernel took none */
-        for (size_t j = first < 2 ? 2 : first; j < i; j++)
-            if (plus_entry(d->kids[j - 2 - d->base]))
-                dfs_ckpt_unref(fs, d->kids[j - 2 - d->base]->ck, 1);
+    if (fuse_reply_buf(req, buf, used) != 0)   /* interrupted: the kernel took none */
+        for (size_t j = 0; j < ngiven; j++)
+            dfs_ckpt_unref(fs, given[j]->ck, 1);
+    free(given);
     free(buf);
     if (d == &tmp)
         unref_tmp(fs, &tmp);

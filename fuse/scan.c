@@ -38,7 +38,12 @@
  * checkpoint: it stays pending (probed again, and shown once complete) and is
  * listed in the scan folder's ".partial" folder (hidden from a plain `ls`)
  * as a directory that answers EIO, with a log line and the
- * user.dcp.partial attribute giving the reason.
+ * user.dcp.partial attribute giving the reason. Each such node has a
+ * checkpoint object of its own (never opened), retired when its folder
+ * leaves .partial (complete, removed, or its scan folder gone): the kernel is
+ * told to drop the name, and the node is freed once nothing refers to it
+ * (dcpfs.h, Lifetime), so a mount beside a long run does not grow a node a
+ * save.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -462,7 +467,10 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
 
 /* The .partial folder's children from s->pnames/pwhy (nodes of the last
  * listing reused when name and reason are the same), published under
- * fs->lock; the folder itself goes into *kids when there is any. */
+ * fs->lock; the folder itself goes into *kids when there is any. Each child
+ * has a checkpoint object of its own (dfs_partial_new): one that left the
+ * listing is retired once fs->lock is released (the kernel told to drop its
+ * name), and freed when nothing refers to it any more (dcpfs.h, Lifetime). */
 static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node ***kids, size_t *n, size_t *cap)
 {
     struct dfs_scan *s = dir->scan;
@@ -475,56 +483,89 @@ static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node **
     if (!pk)
         return -ENOMEM;
     size_t m = 0;
-    for (size_t i = 0; i < s->npartial; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < s->npartial && rc == 0; i++) {
         struct dfs_node *old = dfs_child(pd, s->pnames[i]);   /* pd's kids change only under scan_lock */
         if (old && old->why && strcmp(old->why, s->pwhy[i]) == 0) {
             pk[m++] = old;
             continue;
         }
-        struct dfs_node *k = dfs_node_new(fs, pd, s->pnames[i], strlen(s->pnames[i]), DFS_N_PARTIAL);
-        char *rel = k ? join(s->rel, s->pnames[i]) : NULL;
-        struct stat *st = rel ? calloc(1, sizeof *st) : NULL;
-        if (!st) {
-            free(rel);
-            free(pk);
-            return -ENOMEM;
+        char *rel = join(s->rel, s->pnames[i]), *path = rel ? abs_path(fs, rel) : NULL;
+        struct stat *st = path ? calloc(1, sizeof *st) : NULL;
+        struct dfs_node *k = st ? dfs_partial_new(fs, pd, s->pnames[i], path) : NULL;
+        if (k) {
+            if (fstatat(fs->srcfd, rel, st, AT_SYMLINK_NOFOLLOW) < 0)
+                *st = s->st;
+            k->pst = st;
+            k->why = s->pwhy[i];   /* the node owns it now */
+            s->pwhy[i] = NULL;
+            pk[m++] = k;
+        } else {
+            free(st);
+            rc = -ENOMEM;
         }
-        if (fstatat(fs->srcfd, rel, st, AT_SYMLINK_NOFOLLOW) < 0)
-            *st = s->st;
         free(rel);
-        k->pst = st;
-        k->why = s->pwhy[i];   /* the node owns it now */
-        s->pwhy[i] = NULL;
-        pk[m++] = k;
+        free(path);
+    }
+    /* New nodes (not in the map yet) that are not published: nothing else
+     * knows them, they go at once (unshown); those that left: gone */
+    struct dfs_ckpt *unshown = NULL, *gone = NULL;
+    if (rc < 0) {
+        for (size_t i = 0; i < m; i++)
+            if (pk[i]->ino == 0)
+                dfs_ckpt_unref(fs, pk[i]->ck, 1);
+        free(pk);
+        return rc;
     }
     struct dfs_node tmp = {0};
     tmp.kids = pk;
     tmp.nkids = m;
     dfs_sort_kids(&tmp);
-    int rc = 0;
     pthread_rwlock_wrlock(&fs->lock);
     if (pd->ino == 0)
         rc = dfs_map_insert(fs, pd);
-    for (size_t i = 0; i < m && rc == 0; i++)
-        if (pk[i]->ino == 0)
-            rc = dfs_map_insert(fs, pk[i]);
-    if (m != pd->nkids || (m && memcmp(pk, pd->kids, m * sizeof *pk)))
+    size_t kept = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (pk[i]->ino == 0 && (rc < 0 || (rc = dfs_map_insert(fs, pk[i])) < 0)) {
+            pk[i]->ck->retire_next = unshown;
+            unshown = pk[i]->ck;
+            continue;
+        }
+        pk[kept++] = pk[i];
+    }
+    tmp.nkids = kept;
+    if (kept != pd->nkids || (kept && memcmp(pk, pd->kids, kept * sizeof *pk)))
         __atomic_add_fetch(&s->version, 1, __ATOMIC_RELAXED);   /* .partial's mtime moves with its parent's */
     struct dfs_node **old = pd->kids;
+    for (size_t i = 0; i < pd->nkids; i++)
+        if (dfs_child(&tmp, old[i]->name) != old[i]) {   /* tmp: the new children */
+            old[i]->ck->retire_next = gone;
+            gone = old[i]->ck;
+        }
     pd->kids = pk;
-    pd->nkids = m;
+    pd->nkids = kept;
     pd->kcap = m;
-    pd->nsubdirs = m;
+    pd->nsubdirs = kept;
     pthread_rwlock_unlock(&fs->lock);
     free(old);
-    if (rc < 0 || !m)
+    while (unshown) {
+        struct dfs_ckpt *next = unshown->retire_next;
+        dfs_ckpt_unref(fs, unshown, 1);
+        unshown = next;
+    }
+    while (gone) {
+        struct dfs_ckpt *next = gone->retire_next;
+        dfs_ckpt_retire(fs, gone);
+        gone = next;
+    }
+    if (rc < 0 || !kept)
         return rc;
     if (*n == *cap) {
-        struct dfs_node **g = realloc(*kids, 2 * *cap * sizeof *g);
+        struct dfs_node **g = realloc(*kids, (2 * *cap + 4) * sizeof *g);
         if (!g)
             return -ENOMEM;
         *kids = g;
-        *cap *= 2;
+        *cap = 2 * *cap + 4;
     }
     (*kids)[(*n)++] = pd;
     return 0;
@@ -541,7 +582,14 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
     int gone = strcmp(s->rel, ".") == 0 ? fstat(fs->srcfd, &st) < 0
                                         : fstatat(fs->srcfd, s->rel, &st, AT_SYMLINK_NOFOLLOW) < 0;
     if (gone || !S_ISDIR(st.st_mode)) {
-        rc = publish(fs, dir, NULL, 0, 0);
+        struct dfs_node **none = NULL;   /* its partial subfolders leave .partial too */
+        size_t nn = 0, nc = 0;
+        clear_partial(s);
+        rc = partial_kids(fs, dir, &none, &nn, &nc);
+        free(none);
+        int prc = publish(fs, dir, NULL, 0, 0);
+        if (rc == 0)
+            rc = prc;
         goto out;
     }
     int unchanged = s->scanned && !s->racy && same_time(&st.st_mtim, &s->st.st_mtim) &&

@@ -768,7 +768,7 @@ static int list_files(struct dfs *fs, struct dfs_node *dir,
 
 /* ------------------------------------------------------------ checkpoints */
 
-struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st)
+static struct dfs_ckpt *ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st, int partial)
 {
     struct dfs_ckpt *ck = calloc(1, sizeof *ck);
     if (!ck || !(ck->path = strdup(path))) {
@@ -777,15 +777,32 @@ struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct sta
     }
     if (meta_st)
         ck->meta_st = *meta_st;
+    ck->partial = partial;
     pthread_mutex_init(&ck->lock, NULL);
     atomic_init(&ck->state, 0);
     atomic_init(&ck->refs, 1);   /* its name's */
     pthread_mutex_lock(&fs->alloc_lock);
     ck->next = fs->ckpts;
     fs->ckpts = ck;
-    fs->nckpts++;
+    fs->nckpts += !partial;
     pthread_mutex_unlock(&fs->alloc_lock);
     return ck;
+}
+
+struct dfs_ckpt *dfs_ckpt_new(struct dfs *fs, const char *path, const struct stat *meta_st)
+{
+    return ckpt_new(fs, path, meta_st, 0);
+}
+
+struct dfs_node *dfs_partial_new(struct dfs *fs, struct dfs_node *partdir, const char *name, const char *path)
+{
+    struct dfs_ckpt *ck = ckpt_new(fs, path, NULL, 1);
+    struct dfs_node *n = ck ? node_new(fs, partdir, name, strlen(name), DFS_N_PARTIAL, ck) : NULL;
+    if (n)
+        ck->root = n;
+    else if (ck)
+        dfs_ckpt_unref(fs, ck, 1);   /* nothing else knows it */
+    return n;
 }
 
 const struct stat *dfs_ckpt_built(struct dfs_ckpt *ck)
@@ -976,10 +993,14 @@ void dfs_ckpt_unref(struct dfs *fs, struct dfs_ckpt *ck, long n)
     for (struct dfs_node *k = ck->nodes; k; k = k->all_next)
         count++;
     fs->nnodes -= count;
-    size_t left = --fs->nckpts;
+    size_t left = ck->partial ? fs->nckpts : --fs->nckpts;
     pthread_mutex_unlock(&fs->alloc_lock);
-    dfs_log(LOG_INFO, "%s: the checkpoint saved there before is closed: nothing refers to it any more "
-            "(%zu checkpoints open)", ck->path, left);
+    if (ck->partial)
+        dfs_log(LOG_DEBUG, "%s: no longer listed in %s, and nothing refers to it any more: its node is freed",
+                ck->path, DFS_PARTIAL_NAME);
+    else
+        dfs_log(LOG_INFO, "%s: the checkpoint saved there before is closed: nothing refers to it any more "
+                "(%zu checkpoints open)", ck->path, left);
     ckpt_free(ck);
 }
 
