@@ -394,8 +394,12 @@ void dfs_notify_stop(struct dfs *fs);
 /* This thread answers a lookup of parent/name (0, NULL: done): a checkpoint
  * retired meanwhile keeps that entry (the reply replaces it). */
 void dfs_notify_lookup(fuse_ino_t parent, const char *name);
-/* ck was retired (with a reference still held): its name's entry. */
+/* ck was retired (with a reference still held): its folders' entries and
+ * its name's. */
 void dfs_notify_retired(struct dfs *fs, struct dfs_ckpt *ck);
+/* A lookup of name in dir, a retired checkpoint's folder, was answered:
+ * that entry, once the kernel installed it. */
+void dfs_notify_looked_up(struct dfs *fs, const struct dfs_node *dir, const char *name);
 /* An open file or directory of node n was released (its reference still
  * held): if its checkpoint is retired, the entries from n up to its root. */
 void dfs_notify_released(struct dfs *fs, const struct dfs_node *n);

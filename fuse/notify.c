@@ -8,12 +8,15 @@
  * nothing below it is in use: the dentries of a file open then, and of its
  * folders, stay hashed after the file is closed, until memory runs short.
  * So dcpfs invalidates them (FUSE_NOTIFY_INVAL_ENTRY): when a checkpoint is
- * retired, its name in its folder (its root's in single-checkpoint mode; a
- * partial folder's node, retired when it leaves .partial: its name there),
- * unless a lookup of that name retired it (the reply replaces the entry);
- * when a file or directory handle of a retired one is released, the path
- * from it up to its checkpoint's root. An invalidated dentry is unhashed
- * even while in use, and freed at its last use, its inode with it (FORGET).
+ * retired, the names of its folders, innermost first, then its name in its
+ * folder (its root's in single-checkpoint mode; a partial folder's node,
+ * retired when it leaves .partial: its name there), unless a lookup of that
+ * name retired it (the reply replaces the entry); when a file or directory
+ * handle of a retired one is released, the path from it up to its
+ * checkpoint's root. An invalidated dentry is unhashed even while in use
+ * (a process's working directory), and freed at its last use, its inode
+ * with it (FORGET); so is an entry looked up in a retired checkpoint's
+ * folder afterwards (from such a working directory), once given.
  *
  * The kernel takes the parent directory's inode lock to invalidate, which a
  * LOOKUP or READDIR in that directory holds while it waits for dcpfs: so the
@@ -36,7 +39,7 @@
 
 /* Queued notifications; more are dropped (the kernel then frees those
  * entries under memory pressure, as without notifications). */
-#define NOTIFY_QUEUE_MAX 4096
+#define NOTIFY_QUEUE_MAX 65536   /* a retired checkpoint's folders (notes of some 64 bytes) */
 /* dfs_notify_stop reads requests into this (libfuse's own buffer: 256 pages
  * and a header page; the kernel refuses a buffer smaller than a request). */
 #define DRAIN_BUF ((size_t)(2u << 20))
@@ -127,10 +130,10 @@ void dfs_notify_lookup(fuse_ino_t parent, const char *name)
 }
 
 /* Queue parent/name; never blocks on the kernel. */
-static void queue_entry(struct dfs *fs, fuse_ino_t parent, const char *name)
+static void queue_note(struct dfs *fs, fuse_ino_t parent, const char *name)
 {
     struct dfs_notifier *q = fs->notifier;
-    if (!q || !parent || (answering.name && answering.parent == parent && !strcmp(answering.name, name)))
+    if (!q || !parent)
         return;
     size_t len = strlen(name);
     struct note *n = malloc(sizeof *n + len + 1);
@@ -162,11 +165,30 @@ static void queue_entry(struct dfs *fs, fuse_ino_t parent, const char *name)
     pthread_mutex_unlock(&q->lock);
 }
 
+/* The same, unless this thread answers a lookup of that name. */
+static void queue_entry(struct dfs *fs, fuse_ino_t parent, const char *name)
+{
+    if (answering.name && answering.parent == parent && !strcmp(answering.name, name))
+        return;
+    queue_note(fs, parent, name);
+}
+
 void dfs_notify_retired(struct dfs *fs, struct dfs_ckpt *ck)
 {
     struct dfs_node *root = ck->root;
     if (!fs->notifier || !root)
         return;
+    /* Its folders first, innermost first (ck->nodes is newest first, and a
+     * node is made after its parent): one that is in use (a working
+     * directory, or above one) is unhashed and freed at its last use, which
+     * no release tells dcpfs of; unused ones go with their folder's name. */
+    pthread_rwlock_rdlock(&fs->lock);   /* inode numbers are given under it */
+    pthread_mutex_lock(&fs->alloc_lock);
+    for (const struct dfs_node *m = ck->nodes; m; m = m->all_next)
+        if (m->type == DFS_N_DIR && m != root && m->ino && m->parent->ino && (root->parent || m->parent != root))
+            queue_entry(fs, m->parent->ino, m->name);
+    pthread_mutex_unlock(&fs->alloc_lock);
+    pthread_rwlock_unlock(&fs->lock);
     if (root->parent) {   /* its name in its scan folder (now maybe the new save's: looked up again) */
         queue_entry(fs, root->parent->ino, root->name);
         return;
@@ -176,6 +198,18 @@ void dfs_notify_retired(struct dfs *fs, struct dfs_ckpt *ck)
     for (size_t i = 0; i < root->nkids; i++)
         queue_entry(fs, FUSE_ROOT_ID, root->kids[i]->name);
     pthread_rwlock_unlock(&fs->lock);
+}
+
+/* Entries a working directory in a retired checkpoint looks up would be
+ * cached for the life of the mount (a zero timeout does not make the kernel
+ * drop them), each keeping its folder's dentry, and so the checkpoint: each
+ * is invalidated once given (positive or negative). The kernel holds dir's
+ * lock from before the lookup until the entry is in place, and the notifier
+ * takes it: so the notification finds the entry. */
+void dfs_notify_looked_up(struct dfs *fs, const struct dfs_node *dir, const char *name)
+{
+    if (fs->notifier && dir->ck && atomic_load(&dir->ck->retired))
+        queue_note(fs, dir->ino, name);
 }
 
 void dfs_notify_released(struct dfs *fs, const struct dfs_node *n)

@@ -284,6 +284,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
     struct dfs_node *dir = ready_dir(req, fs, parent, 0);
     if (dir) {
         lookup_in(req, fs, dir, name);
+        dfs_notify_looked_up(fs, dir, name);   /* in a retired checkpoint (a working directory there) */
         put_node(fs, dir);
     }
     dfs_notify_lookup(0, NULL);

@@ -422,9 +422,13 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     return changed;
 }
 
+static void empty_scandir(struct dfs *fs, struct dfs_node *dir);
+static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node ***kids, size_t *n, size_t *cap);
+
 /* Replace dir's children with kids[0..n) (sorted here); new nodes go into the
  * map, and the checkpoints whose roots are no longer among them are retired
- * (their names' references dropped once fs->lock is released). */
+ * (their names' references dropped once fs->lock is released); a scan folder
+ * no longer among them is emptied (empty_scandir). */
 static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids, size_t n, size_t cap)
 {
     struct dfs_node tmp = {0};
@@ -442,12 +446,17 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     if (dir->scan && (n != dir->nkids || (n && memcmp(kids, dir->kids, n * sizeof *kids))))
         __atomic_add_fetch(&dir->scan->version, 1, __ATOMIC_RELAXED);
     struct dfs_node **old = dir->kids;
+    size_t nold = dir->nkids, nleft = 0;
     struct dfs_ckpt *gone = NULL;
-    for (size_t i = 0; i < dir->nkids; i++) {
+    for (size_t i = 0; i < nold; i++) {
         struct dfs_node *k = old[i];
-        if (k->type == DFS_N_CKPT && dfs_child(&tmp, k->name) != k) {   /* tmp: the new children */
+        if (dfs_child(&tmp, k->name) == k)   /* tmp: the new children */
+            continue;
+        if (k->type == DFS_N_CKPT) {
             k->ck->retire_next = gone;
             gone = k->ck;
+        } else if (k->type == DFS_N_SCANDIR && old != kids) {
+            old[nleft++] = k;   /* emptied below; old is this function's now */
         }
     }
     dir->kids = kids;
@@ -455,14 +464,40 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     dir->kcap = cap;
     dir->nsubdirs = nsub;
     pthread_rwlock_unlock(&fs->lock);
-    if (old != kids)
-        free(old);
     while (gone) {
         struct dfs_ckpt *next = gone->retire_next;
         dfs_ckpt_retire(fs, gone);
         gone = next;
     }
+    for (size_t i = 0; i < nleft; i++)
+        empty_scandir(fs, old[i]);
+    if (old != kids)
+        free(old);
     return rc;
+}
+
+/* A scan folder that left its parent's listing (removed, renamed, or now a
+ * plain file) keeps its node until unmount, like every scan folder (the
+ * kernel may still hold it), but not what lies below it: its checkpoints
+ * are retired, its .partial nodes too, and its scan folders emptied in turn
+ * (at most -o depth levels), so that a run deleting old step folders
+ * (Hugging Face's save_total_limit: checkpoint-N/ holding DCP folders) does
+ * not keep their models open until unmount. A lookup through an entry the
+ * kernel still has lists the folder afresh. Called with scan_lock held. */
+static void empty_scandir(struct dfs *fs, struct dfs_node *dir)
+{
+    struct dfs_scan *s = dir->scan;
+    struct dfs_node **none = NULL;
+    size_t nn = 0, nc = 0;
+    for (size_t i = 0; i < s->npending; i++)
+        free(s->pending[i]);
+    s->npending = 0;
+    clear_partial(s);
+    if (partial_kids(fs, dir, &none, &nn, &nc) < 0)
+        dfs_log(LOG_WARNING, "%s: out of memory: its .partial listing is kept", s->rel);
+    free(none);
+    publish(fs, dir, NULL, 0, 0);   /* cannot fail: nothing to insert */
+    s->scanned = 0;
 }
 
 /* The .partial folder's children from s->pnames/pwhy (nodes of the last

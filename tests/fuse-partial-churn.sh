@@ -20,16 +20,9 @@ S=$SCRATCH src="$S/runs" mnt="$S/mnt"
 mkdir -p "$src/run"
 cp -r "$S/full" "$src/run/step_0"
 
-nodes() { stat -f -c %c "$mnt"; }
+nodes() { mount_nodes "$mnt"; }
 # wait_nodes N WHAT: the count comes back to N once the kernel's FORGETs are in
-wait_nodes() {
-    local t
-    for t in $(seq 100); do
-        [ "$(nodes)" = "$1" ] && return 0
-        sleep 0.1
-    done
-    fail "$2 ($mode): $(nodes) nodes, $1 expected"
-}
+wait_nodes() { wait_mount_nodes "$mnt" "$1" "$2 ($mode)"; }
 # Without -o opendir the kernel keeps a listing until the folder's attributes
 # (at most a second old) say it changed: wait that second after a change.
 settle() { [ "$mode" = opendir ] || sleep 1.1; }

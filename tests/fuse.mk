@@ -10,12 +10,12 @@ TESTS += \
 	tests/fuse-verify.sh \
 	tests/fuse-safetensors.sh \
 	tests/fuse-faults.sh tests/fuse-walk.sh tests/fuse-partial.sh \
-	tests/fuse-partial-churn.sh
+	tests/fuse-partial-churn.sh tests/fuse-folder-rotation.sh
 EXTRA_DIST += \
 	tests/fuse-fixtures.sh tests/fuse-npy.sh tests/fuse-concurrent.sh tests/fuse-folder.sh \
 	tests/fuse-errors.sh tests/fuse-names.sh tests/fuse-interop.sh tests/fuse-verify.sh \
 	tests/fuse-safetensors.sh tests/fuse-faults.sh tests/fuse-walk.sh tests/fuse-partial.sh \
-	tests/fuse-partial-churn.sh tests/fuse_lib.sh tests/fuse_check.py tests/fuse_readers.py tests/fuse_torch_save.py
+	tests/fuse-partial-churn.sh tests/fuse-folder-rotation.sh tests/fuse_lib.sh tests/fuse_check.py tests/fuse_readers.py tests/fuse_torch_save.py
 # A checkpoint saved again under the same folder name while mounted (torch's dcp.save).
 TESTS += tests/fuse-resave.sh
 EXTRA_DIST += tests/fuse-resave.sh tests/fuse_resave.py

@@ -54,6 +54,19 @@ mount_dcpfs() {
     fi
 }
 
+# mount_nodes MOUNTPOINT: how many nodes dcpfs holds (statfs f_files).
+mount_nodes() { stat -f -c %c "$1"; }
+# wait_mount_nodes MOUNTPOINT N WHAT: the count comes back to N within 10 s
+# (once the kernel's FORGETs are in), else fail naming WHAT.
+wait_mount_nodes() {
+    local t
+    for t in $(seq 100); do
+        [ "$(mount_nodes "$1")" = "$2" ] && return 0
+        sleep 0.1
+    done
+    fail "$3: $(mount_nodes "$1") nodes, $2 expected"
+}
+
 # unmount_dcpfs MOUNTPOINT: unmount and check the daemon is gone.
 unmount_dcpfs() {
     local mnt=$1 pid=${2:-$DCPFS_PID}
