@@ -422,7 +422,7 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     return changed;
 }
 
-static void empty_scandir(struct dfs *fs, struct dfs_node *dir);
+static int empty_scandir(struct dfs *fs, struct dfs_node *dir);
 static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node ***kids, size_t *n, size_t *cap);
 
 /* Replace dir's children with kids[0..n) (sorted here); new nodes go into the
@@ -470,7 +470,8 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
         gone = next;
     }
     for (size_t i = 0; i < nleft; i++)
-        empty_scandir(fs, old[i]);
+        if (empty_scandir(fs, old[i]) < 0)
+            dfs_log(LOG_WARNING, "%s: out of memory: its .partial listing is kept", old[i]->scan->rel);
     if (old != kids)
         free(old);
     return rc;
@@ -482,9 +483,11 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
  * are retired, its .partial nodes too, and its scan folders emptied in turn
  * (at most -o depth levels), so that a run deleting old step folders
  * (Hugging Face's save_total_limit: checkpoint-N/ holding DCP folders) does
- * not keep their models open until unmount. A lookup through an entry the
- * kernel still has lists the folder afresh. Called with scan_lock held. */
-static void empty_scandir(struct dfs *fs, struct dfs_node *dir)
+ * not keep their models open until unmount. So is a scan folder found gone
+ * by its own refresh. A lookup through an entry the kernel still has lists
+ * the folder afresh. Called with scan_lock held; -ENOMEM when its .partial
+ * nodes could not be retired. */
+static int empty_scandir(struct dfs *fs, struct dfs_node *dir)
 {
     struct dfs_scan *s = dir->scan;
     struct dfs_node **none = NULL;
@@ -493,11 +496,11 @@ static void empty_scandir(struct dfs *fs, struct dfs_node *dir)
         free(s->pending[i]);
     s->npending = 0;
     clear_partial(s);
-    if (partial_kids(fs, dir, &none, &nn, &nc) < 0)
-        dfs_log(LOG_WARNING, "%s: out of memory: its .partial listing is kept", s->rel);
+    int rc = partial_kids(fs, dir, &none, &nn, &nc);
     free(none);
     publish(fs, dir, NULL, 0, 0);   /* cannot fail: nothing to insert */
     s->scanned = 0;
+    return rc;
 }
 
 /* The .partial folder's children from s->pnames/pwhy (nodes of the last
@@ -617,14 +620,7 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
     int gone = strcmp(s->rel, ".") == 0 ? fstat(fs->srcfd, &st) < 0
                                         : fstatat(fs->srcfd, s->rel, &st, AT_SYMLINK_NOFOLLOW) < 0;
     if (gone || !S_ISDIR(st.st_mode)) {
-        struct dfs_node **none = NULL;   /* its partial subfolders leave .partial too */
-        size_t nn = 0, nc = 0;
-        clear_partial(s);
-        rc = partial_kids(fs, dir, &none, &nn, &nc);
-        free(none);
-        int prc = publish(fs, dir, NULL, 0, 0);
-        if (rc == 0)
-            rc = prc;
+        rc = empty_scandir(fs, dir);   /* its partial subfolders leave .partial too */
         goto out;
     }
     int unchanged = s->scanned && !s->racy && same_time(&st.st_mtim, &s->st.st_mtim) &&
