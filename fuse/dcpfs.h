@@ -1,10 +1,12 @@
 /* dcpfs: the read-only FUSE filesystem over libdcp. Shared types of the daemon.
  *
  * The mount is a tree of nodes. Those of a checkpoint are freed with it when
- * it was saved again (retired: another node took its name) and nothing refers
- * to it any more (Lifetime, below); so is a .partial folder's node of a
- * partial subfolder, which has a checkpoint object of its own (never opened),
- * once that subfolder left .partial (complete, or gone); all others live
+ * it is retired (saved again: another node took its name; removed; or the
+ * scan folder holding it left its parent's listing, scan.c empty_scandir)
+ * and nothing refers to it any more (Lifetime, below); so is a .partial
+ * folder's node of a partial subfolder, which has a checkpoint object of its
+ * own (never opened), once that subfolder left .partial (complete, or gone);
+ * all others (scan folders, their .partial folders and plain files) live
  * until unmount.
  * Three kinds of directory exist (and, in folder mode, the .partial folder
  * of a scan folder, listing its step folders whose save did not finish):
@@ -32,8 +34,8 @@
  * (found in the inode map by their path hash).
  *
  * Lifetime: a checkpoint's refs count what may still use its nodes: its
- * name (until it is saved again: retired; a partial folder's node's until
- * it leaves .partial, scan.c), the kernel's lookup counts of its nodes (a
+ * name (until it is retired: saved again, removed, or its scan folder gone;
+ * a partial folder's node's until it leaves .partial, scan.c), the kernel's lookup counts of its nodes (a
  * LOOKUP or READDIRPLUS entry adds one, FORGET takes its count back), open
  * files and directory handles, and each request while it runs. References
  * are found under fs->lock (read) in the inode map or the children of a
@@ -41,8 +43,8 @@
  * 0: whoever drops the last one takes the nodes out of the map under
  * fs->lock (write) and frees them. A node pointer obtained with a reference stays valid until that
  * reference is dropped, so reads need no lock at all. The kernel is told to
- * drop its entries of a retired checkpoint (notify.c), so that their FORGETs
- * come without memory pressure.
+ * drop its entries of a retired checkpoint, its folders' too (notify.c), so
+ * that their FORGETs come without memory pressure.
  */
 #ifndef DCPFS_H
 #define DCPFS_H
@@ -217,7 +219,8 @@ struct dfs_ckpt {
     unsigned gen;              /* bumped when a checkpoint whose listing failed is opened again */
     _Atomic long refs;         /* what may use its nodes (dfs.h, Lifetime); it is freed when this
                                 * drops to 0 once retired */
-    _Atomic int retired;       /* saved again: no longer reachable by name */
+    _Atomic int retired;       /* saved again, removed or its scan folder gone: no longer reachable
+                                * by name */
     int partial;               /* only holds a DFS_N_PARTIAL node (root): never opened, not counted
                                 * in nckpts, retired when its folder leaves .partial */
     struct dfs_ckpt *retire_next;  /* scan.c: retired while fs->lock was held */
