@@ -422,6 +422,20 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     return changed;
 }
 
+/* Retire (or, shown: 0, drop unshown) each checkpoint of a list linked
+ * through retire_next, made under fs->lock; called once it is released. */
+static void retire_list(struct dfs *fs, struct dfs_ckpt *ck, int shown)
+{
+    while (ck) {
+        struct dfs_ckpt *next = ck->retire_next;
+        if (shown)
+            dfs_ckpt_retire(fs, ck);
+        else
+            dfs_ckpt_unref(fs, ck, 1);   /* nothing else knows it */
+        ck = next;
+    }
+}
+
 static int empty_scandir(struct dfs *fs, struct dfs_node *dir);
 static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node ***kids, size_t *n, size_t *cap);
 
@@ -464,11 +478,7 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
     dir->kcap = cap;
     dir->nsubdirs = nsub;
     pthread_rwlock_unlock(&fs->lock);
-    while (gone) {
-        struct dfs_ckpt *next = gone->retire_next;
-        dfs_ckpt_retire(fs, gone);
-        gone = next;
-    }
+    retire_list(fs, gone, 1);
     for (size_t i = 0; i < nleft; i++)
         if (empty_scandir(fs, old[i]) < 0)
             dfs_log(LOG_WARNING, "%s: out of memory: its .partial listing is kept", old[i]->scan->rel);
@@ -586,16 +596,8 @@ static int partial_kids(struct dfs *fs, struct dfs_node *dir, struct dfs_node **
     pd->nsubdirs = kept;
     pthread_rwlock_unlock(&fs->lock);
     free(old);
-    while (unshown) {
-        struct dfs_ckpt *next = unshown->retire_next;
-        dfs_ckpt_unref(fs, unshown, 1);
-        unshown = next;
-    }
-    while (gone) {
-        struct dfs_ckpt *next = gone->retire_next;
-        dfs_ckpt_retire(fs, gone);
-        gone = next;
-    }
+    retire_list(fs, unshown, 0);
+    retire_list(fs, gone, 1);
     if (rc < 0 || !kept)
         return rc;
     if (*n == *cap) {

@@ -6,7 +6,8 @@
 # checkpoint saved while mounted appears and one removed goes; saved again 30
 # times, the daemon keeps the last save's model only, and a file held open
 # across 3 saves reads its own until it is closed, its model freed then (dcpfs
-# tells the kernel to drop the old entries: no drop_caches, no memory pressure);
+# tells the kernel to drop the old entries: no drop_caches, no memory pressure),
+# and so is one a process worked in (a folder of its key tree) once it leaves;
 # SOURCE one checkpoint saved again is seen too; the session ended (SIGTERM,
 # unmount, lazy unmount) while such a notification waits for a lookup. With and
 # without the catalog, splicing and reading through a buffer, listings cached
@@ -34,6 +35,8 @@ for mode in no_catalog catalog; do
     # saved again N times, a file held open across 3 saves: old models freed
     n=30; [ $mode = catalog ] && n=8
     $PY churn "$src" "$mnt" "$mnt.log" $n || fail "($mode, $n saves) see above; dcpfs's log: $(tail -20 "$mnt.log")"
+    # a process working in a folder of a save made again in place: its model freed once it leaves
+    $PY cwd "$src" "$mnt" "$mnt.log" || fail "($mode, working directory) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     unmount_dcpfs "$mnt"
 done
 # SOURCE one checkpoint, saved again in place, then removed and saved again

@@ -4,6 +4,7 @@
 usage: fuse_resave.py SOURCE MOUNTPOINT
        fuse_resave.py churn SOURCE MOUNTPOINT LOG N
        fuse_resave.py single CHECKPOINT MOUNTPOINT LOG
+       fuse_resave.py cwd SOURCE MOUNTPOINT LOG
        fuse_resave.py shutdown CHECKPOINT MOUNTPOINT LOG CATALOG PID term|lazy|umount
 
 SOURCE is the folder dcpfs mounts at MOUNTPOINT (folder mode), holding SOURCE/latest saved
@@ -18,7 +19,7 @@ a save elsewhere renamed into place; a file held open across a save in place rea
 bytes or fails (EIO), never the new ones; a save while the folder is listed over and
 over; a checkpoint that appears (shards first, .metadata last) and one removed.
 """
-import errno, os, shutil, sys, time, warnings
+import errno, os, shutil, subprocess, sys, time, warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -177,6 +178,62 @@ def single(src, mnt, log):
         fail("%d models of the one checkpoint are open after 8 saves (1 expected)" % models(log, name))
 
 
+def held_cwd(src, mnt, log):
+    """A process working in a folder of a checkpoint (its key tree: layer/0/w) while the
+    checkpoint is saved again in place: the folder answers lookups (its files fail with EIO,
+    their shard files rewritten), the new save reads whole through the mount, and the old
+    save's model is freed once the process leaves (dcpfs tells the kernel to drop the old
+    save's folders' names, and each name looked up there after the save)."""
+    nested, mnested = os.path.join(src, "nested"), os.path.join(mnt, "nested")
+
+    def layer(v):
+        return {"layer.0.w": torch.full((length(v),), float(v), dtype=torch.float32),
+                "layer.0.v%d" % v: torch.tensor([v], dtype=torch.int32)}
+
+    def check(folder, v, what):
+        try:
+            with open(os.path.join(folder, "w"), "rb") as f:
+                data = f.read()
+            names = sorted(os.listdir(folder))
+        except OSError as e:
+            fail("%s: reading %s: %s" % (what, folder, e))
+        if len(data) != 4 * length(v) or values(data) != [float(v)] or names != ["v%d" % v, "w"]:
+            fail("%s: %s lists %s, its w has %d bytes of values %s; version %d's has %d of %.1f"
+                 % (what, folder, names, len(data), values(data)[:6], v, 4 * length(v), v))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(layer(1), checkpoint_id=nested)
+    time.sleep(SCAN_TIMEOUT)
+    held = subprocess.Popen(["sleep", "120"], cwd=os.path.join(mnested, "layer", "0"))
+    try:
+        cwd = "/proc/%d/cwd" % held.pid
+        check(cwd, 1, "a working directory in a checkpoint")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(layer(2), checkpoint_id=nested)
+        time.sleep(SCAN_TIMEOUT)
+        check(os.path.join(mnested, "layer", "0"), 2, "saved again in place, a process working in the old save")
+        try:
+            os.stat(os.path.join(cwd, "v1"))
+        except OSError as e:
+            fail("a working directory in an old save: looking up v1 there fails: %s" % e)
+        if os.path.exists(os.path.join(cwd, "v2")):
+            fail("a working directory in an old save has the new save's v2")
+        if settle(log, "nested", 2) != 2:
+            fail("%d models of nested are open while a process works in the old save (2 expected)"
+                 % models(log, "nested"))
+    finally:
+        held.kill()
+        held.wait()
+    # No drop_caches: the kernel drops the old save's folders once the process has left
+    if settle(log, "nested", 1) != 1:
+        fail("%d models of nested are open after the process working in the old save left (1 expected)"
+             % models(log, "nested"))
+    check(os.path.join(mnested, "layer", "0"), 2, "the process working in the old save gone")
+    shutil.rmtree(nested)
+
+
 def ended(pid):
     """Has process pid exited (gone, or a zombie its parent has not waited for yet)?"""
     try:
@@ -249,6 +306,9 @@ def main():
         return
     if sys.argv[1] == "shutdown":
         shutdown(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7])
+        return
+    if sys.argv[1] == "cwd":
+        held_cwd(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     if sys.argv[1] == "single":
         single(sys.argv[2], sys.argv[3], sys.argv[4])
