@@ -24,7 +24,9 @@
  * stay for the handles open on them and the kernel's entries of them, and
  * are freed after the last (publish retires it: dcpfs.h, Lifetime); libdcp
  * fails their reads of shards written to since (EIO). A single checkpoint
- * (SOURCE) saved again gets a new root the same way (dfs_single_recheck).
+ * (SOURCE) saved again gets a new root the same way (dfs_single_recheck),
+ * and so does a scan folder a checkpoint was saved straight into
+ * (became_ckpt): the folder is that checkpoint now, as a new mount shows it.
  *
  * The plain files of a scan folder (Megatron-LM's
  * latest_checkpointed_iteration.txt, a run's config) appear as they are,
@@ -422,6 +424,20 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     return changed;
 }
 
+/* Was a checkpoint saved straight into scan folder k (a .metadata there
+ * now)? A fresh mount would show the folder as that checkpoint (classify
+ * looks for .metadata before subfolders), so it is probed again and the
+ * checkpoints below it are no longer shown. Checked where ckpt_changed is. */
+static int became_ckpt(struct dfs *fs, const struct dfs_node *k)
+{
+    struct stat st;
+    if (!dfs_has_metadata(fs->srcfd, k->scan->rel, &st))
+        return 0;
+    dfs_log(LOG_INFO, "%s/%s: a checkpoint was saved into the folder: it is read as one", fs->source,
+            k->scan->rel);
+    return 1;
+}
+
 /* Retire (or, shown: 0, drop unshown) each checkpoint of a list linked
  * through retire_next, made under fs->lock; called once it is released. */
 static void retire_list(struct dfs *fs, struct dfs_ckpt *ck, int shown)
@@ -676,7 +692,8 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
             struct stat fst;
             struct dfs_node *k = dfs_child(dir, de->d_name);
             if (is_subdir(d, de)) {
-                if (!k || k->type == DFS_N_PASSTHRU || (k->type == DFS_N_CKPT && ckpt_changed(fs, dir, k)))
+                if (!k || k->type == DFS_N_PASSTHRU || (k->type == DFS_N_CKPT && ckpt_changed(fs, dir, k)) ||
+                    (k->type == DFS_N_SCANDIR && became_ckpt(fs, k)))
                     k = probe(fs, dir, de->d_name, &rc);
             } else if (is_plain_file(d, de, &fst)) {
                 if (!k || k->type != DFS_N_PASSTHRU)
@@ -732,13 +749,17 @@ int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name)
     }
     for (size_t i = 0; i < dir->nkids; i++) {
         struct dfs_node *k = dir->kids[i];
-        if (rc < 0 || k->type != DFS_N_CKPT || (name && strcmp(k->name, name)) || !ckpt_changed(fs, dir, k)) {
+        if (rc < 0 || (name && strcmp(k->name, name)) ||
+            !(k->type == DFS_N_CKPT     ? ckpt_changed(fs, dir, k)
+              : k->type == DFS_N_SCANDIR ? became_ckpt(fs, k)
+                                         : 0)) {
             kids[n++] = k;
             continue;
         }
-        /* The new node takes the old one's place; none while the new save
-         * is partial (pending: probed again by the next refresh); a probe
-         * that failed keeps the old one. */
+        /* The new node takes the old one's place (a scan folder that left
+         * is emptied by publish); none while the new save is partial
+         * (pending: probed again by the next refresh); a probe that failed
+         * keeps the old one. */
         struct dfs_node *nk = probe(fs, dir, k->name, &rc);
         if (nk || rc < 0)
             kids[n++] = nk ? nk : k;

@@ -2,7 +2,8 @@
 # paths (every layout dcp reads), a folder without checkpoint files is not shown, a checkpoint copied in while
 # mounted appears without a remount, a run folder's plain files (Megatron-LM's
 # latest_checkpointed_iteration.txt) appear as they are and follow rewrites in
-# place, and SIGTERM unmounts cleanly.
+# place, a checkpoint saved straight into a folder of them makes it that checkpoint,
+# and SIGTERM unmounts cleanly.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need python3
@@ -81,6 +82,22 @@ done
 printf 400 >"$src/run_a/latest_checkpointed_iteration.txt"
 touch "$mnt/run_a/x" 2>/dev/null && fail "a file could be created in a scan folder"
 echo x 2>/dev/null >>"$tracker" && fail "a scan folder's file could be written"
+
+# A checkpoint saved straight into a folder of checkpoints (shards first, .metadata last) makes
+# the folder that checkpoint, as a new mount shows it: its own checkpoint below is not shown;
+[ -d "$mnt/run_b/nested/final" ] || fail "run_b/nested/final is not shown"
+cp "$FIXTURES/01_single_plain/ckpt/"*.distcp "$src/run_b/nested/"
+ls "$mnt/run_b/nested" >/dev/null
+cp "$FIXTURES/01_single_plain/ckpt/.metadata" "$src/run_b/nested/"
+sleep 1.2
+[ -e "$mnt/run_b/nested/final" ] && fail "a folder a checkpoint was saved into still shows its subfolder: $(ls "$mnt/run_b/nested")"
+python3 "$FUSE_CHECK" tree "$mnt/run_b/nested" "$FIXTURES/01_single_plain/expected/manifest.json"
+grep -q "run_b/nested: a checkpoint was saved into the folder: it is read as one" "$mnt.log" ||
+    fail "the log does not say run_b/nested is read as a checkpoint: $(tail -5 "$mnt.log")"
+# and removed again (.metadata first), the folder of checkpoints it was
+rm "$src/run_b/nested/.metadata" "$src/run_b/nested/"*.distcp
+sleep 1.2
+python3 "$FUSE_CHECK" tree "$mnt/run_b/nested/final" "$FIXTURES/08_single_file_per_rank/expected/manifest.json"
 
 # A whole new run folder, nested two levels.
 mkdir -p "$src/run_c/x"
