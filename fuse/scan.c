@@ -62,6 +62,7 @@ struct dfs_scan {
     char *rel;               /* path relative to SOURCE ("." for SOURCE itself) */
     int depth;               /* 0 for SOURCE */
     int scanned, racy;
+    int gone;                /* emptied (empty_scandir): its folder left, it lists nothing more */
     struct stat st;          /* of the folder at the last scan (getattr uses it) */
     char **pending;          /* subfolders with no checkpoint below yet */
     size_t npending;
@@ -510,9 +511,11 @@ static int publish(struct dfs *fs, struct dfs_node *dir, struct dfs_node **kids,
  * (at most -o depth levels), so that a run deleting old step folders
  * (Hugging Face's save_total_limit: checkpoint-N/ holding DCP folders) does
  * not keep their models open until unmount. So is a scan folder found gone
- * by its own refresh. A lookup through an entry the kernel still has lists
- * the folder afresh. Called with scan_lock held; -ENOMEM when its .partial
- * nodes could not be retired. */
+ * by its own refresh. From then on it lists nothing, as a removed folder
+ * does, even when a folder of its name comes back (that one gets a node of
+ * its own): a process working in it would otherwise open the new folder's
+ * checkpoints under a node no listing retires again. Called with scan_lock
+ * held; -ENOMEM when its .partial nodes could not be retired. */
 static int empty_scandir(struct dfs *fs, struct dfs_node *dir)
 {
     struct dfs_scan *s = dir->scan;
@@ -525,7 +528,7 @@ static int empty_scandir(struct dfs *fs, struct dfs_node *dir)
     int rc = partial_kids(fs, dir, &none, &nn, &nc);
     free(none);
     publish(fs, dir, NULL, 0, 0);   /* cannot fail: nothing to insert */
-    s->scanned = 0;
+    s->gone = strcmp(s->rel, ".") != 0;   /* SOURCE's is refreshed as long as the mount lasts */
     return rc;
 }
 
@@ -635,6 +638,8 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
     pthread_mutex_lock(&fs->scan_lock);
     struct stat st;
     int rc = 0;
+    if (s->gone)
+        goto out;
     int gone = strcmp(s->rel, ".") == 0 ? fstat(fs->srcfd, &st) < 0
                                         : fstatat(fs->srcfd, s->rel, &st, AT_SYMLINK_NOFOLLOW) < 0;
     if (gone || !S_ISDIR(st.st_mode)) {
@@ -693,7 +698,7 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
             struct dfs_node *k = dfs_child(dir, de->d_name);
             if (is_subdir(d, de)) {
                 if (!k || k->type == DFS_N_PASSTHRU || (k->type == DFS_N_CKPT && ckpt_changed(fs, dir, k)) ||
-                    (k->type == DFS_N_SCANDIR && became_ckpt(fs, k)))
+                    (k->type == DFS_N_SCANDIR && (k->scan->gone || became_ckpt(fs, k))))
                     k = probe(fs, dir, de->d_name, &rc);
             } else if (is_plain_file(d, de, &fst)) {
                 if (!k || k->type != DFS_N_PASSTHRU)
@@ -751,7 +756,7 @@ int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name)
         struct dfs_node *k = dir->kids[i];
         if (rc < 0 || (name && strcmp(k->name, name)) ||
             !(k->type == DFS_N_CKPT     ? ckpt_changed(fs, dir, k)
-              : k->type == DFS_N_SCANDIR ? became_ckpt(fs, k)
+              : k->type == DFS_N_SCANDIR ? k->scan->gone || became_ckpt(fs, k)
                                          : 0)) {
             kids[n++] = k;
             continue;

@@ -17,7 +17,8 @@
 # lets go; then it is freed: dcpfs tells the kernel to drop the names of a
 # retired checkpoint's folders, and each name looked up in one (it used to
 # drop only the checkpoint's own name, and the kernel kept such folders, and
-# the model, until memory ran short).
+# the model, until memory ran short). A process working in a removed save
+# folder finds it empty, even once a save is made again under its name.
 . "$top_srcdir/tests/lib.sh"
 . "$top_srcdir/tests/fuse_lib.sh"
 need_fuse
@@ -116,5 +117,31 @@ sleep 0.5
 [ "$(nodes)" -gt $((base + 3 * gone)) ] || fail "the folder held open was freed while open"
 kill "$opid"; wait "$opid" 2>/dev/null || true
 wait_nodes $((base + 3 * gone)) "once the held checkpoints were let go"
+
+# a process working in a save folder that is removed, then saved again under its name: the
+# folder it works in lists nothing from then on (as a removed folder does; it used to list
+# the new save and open its checkpoints under a node nothing retires), the new save reads
+# its own bytes under the name, and once it is removed too only the six nodes of the two
+# removed folders stay
+save 5
+sleep 1.1
+read_save 5
+(cd "$mnt/run/checkpoint-5" && exec sleep 120) &
+spid=$!
+DAEMONS+=("$spid")
+for t in $(seq 50); do
+    [ -n "$(readlink "/proc/$spid/cwd" 2>/dev/null | grep checkpoint-5)" ] && break
+    sleep 0.1
+done
+removed 5; gone=$((gone + 1))
+save 5 b
+sleep 1.1
+read_save 5 b
+stale=$(ls -A "/proc/$spid/cwd" 2>&1) || fail "a removed save folder a process works in: ls fails: $stale"
+[ -z "$stale" ] || fail "a removed save folder a process works in lists the new save's: $(echo $stale)"
+[ -e "/proc/$spid/cwd/pytorch_model_fsdp_0" ] && fail "a removed save folder a process works in has the new save's checkpoint"
+kill "$spid"; wait "$spid" 2>/dev/null || true
+removed 5; gone=$((gone + 1))
+wait_nodes $((base + 3 * gone)) "a save folder removed while a process worked in it, saved again and removed"
 unmount_dcpfs "$mnt"
 echo "ok"
