@@ -220,6 +220,18 @@ def held_cwd(src, mnt, log):
             fail("a working directory in an old save: looking up v1 there fails: %s" % e)
         if os.path.exists(os.path.join(cwd, "v2")):
             fail("a working directory in an old save has the new save's v2")
+        # Its files name shard files saved over: an error, never the new save's bytes
+        try:
+            fd = os.open(os.path.join(cwd, "w"), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                late = os.pread(fd, 4096, 0)
+            finally:
+                os.close(fd)
+            fail("w in a working directory in an old save reads values %s" % values(late))
+        except OSError as e:
+            if e.errno != errno.EIO:
+                fail("w in a working directory in an old save fails with %s, not EIO" % e)
         if settle(log, "nested", 2) != 2:
             fail("%d models of nested are open while a process works in the old save (2 expected)"
                  % models(log, "nested"))
