@@ -25,8 +25,9 @@
  * are freed after the last (publish retires it: dcpfs.h, Lifetime); libdcp
  * fails their reads of shards written to since (EIO). A single checkpoint
  * (SOURCE) saved again gets a new root the same way (dfs_single_recheck),
- * and so does a scan folder a checkpoint was saved straight into
- * (became_ckpt): the folder is that checkpoint now, as a new mount shows it.
+ * and so does a scan folder a checkpoint was saved straight into, or whose
+ * own files are one once the checkpoints below it are gone (became_ckpt):
+ * the folder is that checkpoint now, as a new mount shows it.
  *
  * The plain files of a scan folder (Megatron-LM's
  * latest_checkpointed_iteration.txt, a run's config) appear as they are,
@@ -425,17 +426,36 @@ static int ckpt_changed(struct dfs *fs, const struct dfs_node *dir, const struct
     return changed;
 }
 
-/* Was a checkpoint saved straight into scan folder k (a .metadata there
- * now)? A fresh mount would show the folder as that checkpoint (classify
- * looks for .metadata before subfolders), so it is probed again and the
- * checkpoints below it are no longer shown. Checked where ckpt_changed is. */
+/* Does scan folder k show a checkpoint below it (its last listing)? */
+static int shows_ckpt(const struct dfs_node *k)
+{
+    for (size_t i = 0; i < k->nkids; i++)
+        if (k->kids[i]->type == DFS_N_CKPT || k->kids[i]->type == DFS_N_SCANDIR)
+            return 1;
+    return k->scan->npartial != 0;   /* a save below still being written */
+}
+
+/* Is scan folder k a checkpoint now, as a new mount would show it? Either a
+ * checkpoint was saved straight into it (a .metadata there: classify looks
+ * for it before subfolders), or its last listing showed nothing below it and
+ * its own files are another layout dcp_open reads (a run folder's final
+ * model.safetensors once its step folders are removed). Then it is probed
+ * again and the checkpoints below it are no longer shown. Checked where
+ * ckpt_changed is, with scan_lock held (k's kids change only under it); the
+ * second case costs a folder listing, so only a folder listed since its
+ * checkpoints left is looked at. */
 static int became_ckpt(struct dfs *fs, const struct dfs_node *k)
 {
     struct stat st;
-    if (!dfs_has_metadata(fs->srcfd, k->scan->rel, &st))
+    const char *why = NULL;
+    if (dfs_has_metadata(fs->srcfd, k->scan->rel, &st))
+        why = "a checkpoint was saved into the folder";
+    else if (k->scan->scanned && !shows_ckpt(k) && folder_kind(fs, k->scan->rel, NULL) == DCP_FOLDER_CHECKPOINT &&
+             classify(fs, k->scan->rel, k->scan->depth, &st, NULL) == FOUND_CKPT)
+        why = "no checkpoint below the folder any more, and its own files are one";
+    if (!why)
         return 0;
-    dfs_log(LOG_INFO, "%s/%s: a checkpoint was saved into the folder: it is read as one", fs->source,
-            k->scan->rel);
+    dfs_log(LOG_INFO, "%s/%s: %s: it is read as one", fs->source, k->scan->rel, why);
     return 1;
 }
 

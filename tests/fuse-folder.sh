@@ -139,6 +139,21 @@ mount_dcpfs "$lay" "$SCRATCH/mlay" -o no_catalog
 [ "$(ls "$SCRATCH/mlay/run" | tr '\n' ' ')" = "model.safetensors step_1 " ] ||
     fail "a folder with a model.safetensors beside its steps lists: $(ls "$SCRATCH/mlay/run")"
 cmp -s "$lay/run/model.safetensors" "$SCRATCH/mlay/run/model.safetensors" || fail "run/model.safetensors is not its plain file"
+# Its step folders removed (listed since), it is the checkpoint its own files are, as a new mount
+# shows it; a step saved into it again makes it a folder again.
+mv "$lay/run/step_1" "$lay/step_1.aside"
+sleep 1.1   # past the kernel's cached listing
+ls "$SCRATCH/mlay/run" >/dev/null
+sleep 1.1   # and its cached entry of run
+k=$("$DCP" --no-catalog ls --json "$lay/run" | python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["key"])')
+cmp -s <("$DCP" --no-catalog cat "$lay/run" "$k") "$SCRATCH/mlay/run/${k//.//}" ||
+    fail "a folder with a model.safetensors and its step folders removed is not that checkpoint: $(ls "$SCRATCH/mlay/run")"
+grep -q "$lay/run: no checkpoint below the folder any more, and its own files are one: it is read as one" "$SCRATCH/mlay.log" ||
+    fail "the folder that became a checkpoint is not logged: $(cat "$SCRATCH/mlay.log")"
+mv "$lay/step_1.aside" "$lay/run/step_1"
+sleep 1.1
+[ "$(ls "$SCRATCH/mlay/run" | tr '\n' ' ')" = "model.safetensors step_1 " ] ||
+    fail "a step saved again into a folder with a model.safetensors: it lists $(ls "$SCRATCH/mlay/run")"
 for c in local hf tc; do
     "$DCP" --no-catalog ls --json "$lay/$c" | python3 -c 'import json, sys
 for l in sys.stdin: print(json.loads(l)["key"])' >"$SCRATCH/keys.$c"
