@@ -381,8 +381,9 @@ void dfs_close_dirs(struct dfs *fs);
 void dfs_stat(struct dfs *fs, const struct dfs_node *n, struct stat *st);
 
 /* loop.c: receive requests until unmount, answering names and attributes on
- * this thread and the rest (reads) on up to max_threads workers, with the
- * notifier (below) running meanwhile. 0, or -errno when receiving failed. */
+ * this thread and the rest (reads) on up to max_threads workers (none: all
+ * on this thread, -s), with the notifier (below) running meanwhile. 0, or
+ * -errno when receiving failed. */
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads);
 
 /* notify.c: the kernel told to drop its entries of retired checkpoints, by

@@ -14,6 +14,7 @@
  * wait for storage and are what many readers do at once, and any request on
  * a folder that may have to be scanned or a checkpoint not opened yet (the
  * first open parses .metadata: seconds), so those never hold up the others.
+ * With -s (no workers) it answers every request itself.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -227,8 +228,8 @@ static void ending_signals(sigset_t *set)
 
 int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)
 {
-    struct pool p = {.se = se, .max = max_threads ? max_threads : 1};
-    p.tids = calloc(p.max, sizeof *p.tids);
+    struct pool p = {.se = se, .max = max_threads};
+    p.tids = calloc(p.max ? p.max : 1, sizeof *p.tids);
     if (!p.tids)
         return -ENOMEM;
     /* The signals that end the session are taken only while this thread
@@ -278,7 +279,7 @@ int dfs_loop(struct dfs *fs, struct fuse_session *se, unsigned max_threads)
         }
         if (res <= 0)
             break;
-        if (answer_here(fs, &buf) || hand_off(&p, &buf) < 0)
+        if (!p.max || answer_here(fs, &buf) || hand_off(&p, &buf) < 0)
             fuse_session_process_buf(se, &buf);
     }
     free(buf.mem);

@@ -499,11 +499,10 @@ int main(int argc, char *argv[])
     if (!cmd.foreground) {
         dfs_log_to_syslog();
     }
-    if (cmd.singlethread) {
-        ret = fuse_session_loop(se);
-    } else if (!cmd.clone_fd) {
-        /* loop.c: names and attributes answered by the receiving thread */
-        ret = dfs_loop(&fs, se, cmd.max_threads > 0 && cmd.max_threads <= 100000 ? cmd.max_threads : 10);
+    if (!cmd.clone_fd) {
+        /* loop.c: names and attributes answered by the receiving thread; with -s, everything */
+        unsigned workers = cmd.max_threads > 0 && cmd.max_threads <= 100000 ? (unsigned)cmd.max_threads : 10;
+        ret = dfs_loop(&fs, se, cmd.singlethread ? 0 : workers);
     } else {
         cfg = fuse_loop_cfg_create();
         if (!cfg)

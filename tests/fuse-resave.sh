@@ -8,7 +8,7 @@
 # across 3 saves reads its own until it is closed, its model freed then (dcpfs
 # tells the kernel to drop the old entries: no drop_caches, no memory pressure),
 # and so is one a process worked in (a folder of its key tree) once it leaves;
-# SOURCE one checkpoint saved again is seen too; the session ended (SIGTERM,
+# SOURCE one checkpoint saved again is seen too (with -s as well); the session ended (SIGTERM,
 # unmount, lazy unmount) while such a notification waits for a lookup. With and
 # without the catalog, splicing and reading through a buffer, listings cached
 # by the kernel and answered by dcpfs
@@ -39,23 +39,25 @@ for mode in no_catalog catalog; do
     $PY cwd "$src" "$mnt" "$mnt.log" || fail "($mode, working directory) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     unmount_dcpfs "$mnt"
 done
-# SOURCE one checkpoint, saved again in place, then removed and saved again
+# SOURCE one checkpoint, saved again in place, then removed and saved again; -s: one thread
+# answers every request, the old saves' names are dropped all the same
 ck="$SCRATCH/single/ckpt" mnt="$SCRATCH/single/mnt"
 mkdir -p "$SCRATCH/single"
 $PY save "$ck" 1
-mount_dcpfs "$ck" "$mnt" -d -o no_catalog
+mount_dcpfs "$ck" "$mnt" -d -s -o no_catalog
 $PY single "$ck" "$mnt" "$mnt.log" || fail "(one checkpoint) see above; dcpfs's log: $(tail -20 "$mnt.log")"
 unmount_dcpfs "$mnt"
 # The session ended while dcpfs tells the kernel to drop an old save's names: SIGTERM and a
 # lazy unmount while the invalidation waits for a lookup that waits for the catalog, with
-# more lookups behind it; an unmount with the names just queued. The daemon exits (status 0)
-# and the mount is gone.
-for how in term lazy umount; do
+# more lookups behind it (term-s: SIGTERM with -s, the one thread waiting in that lookup); an
+# unmount with the names just queued. The daemon exits (status 0) and the mount is gone.
+for how in term lazy umount term-s; do
     dir="$SCRATCH/end-$how" ck="$SCRATCH/end-$how/ckpt" mnt="$SCRATCH/end-$how/mnt"
     mkdir -p "$dir"
     $PY save "$ck" 1
-    mount_dcpfs "$ck" "$mnt" -o catalog="$dir/catalog.sqlite"
-    $PY shutdown "$ck" "$mnt" "$mnt.log" "$dir/catalog.sqlite" "$DCPFS_PID" $how ||
+    s=; [ $how = term-s ] && s=-s
+    mount_dcpfs "$ck" "$mnt" $s -o catalog="$dir/catalog.sqlite"
+    $PY shutdown "$ck" "$mnt" "$mnt.log" "$dir/catalog.sqlite" "$DCPFS_PID" "${how%-s}" ||
         fail "(session ended: $how) see above; dcpfs's log: $(tail -20 "$mnt.log")"
     rc=0
     wait "$DCPFS_PID" || rc=$?
