@@ -103,9 +103,11 @@ digests "$SCRATCH/o-grouped"
 cmp -s "$SCRATCH/o-mixtral-td.digest" "$SCRATCH/o-grouped.digest" || fail "the TEGroupedMLP names' export differs"
 # After the saves and dcpload: in a sanitizer build the package's runtimes are preloaded from here on.
 use_python_package torch
+mpy pyload "$SCRATCH" llama llama-tp2 mixtral >"$SCRATCH/pyload.log" 2>&1 ||
+    { tail -5 "$SCRATCH/pyload.log"; fail "dcpfs.torch.load or dcpfs.torch.Reader differs from dcp.load"; }
 for kind in llama llama-tp2 mixtral; do
-    mpy pyload "$SCRATCH" $kind >"$SCRATCH/pyload.log" 2>&1 ||
-        { tail -5 "$SCRATCH/pyload.log"; fail "$kind: dcpfs.torch.load or dcpfs.torch.Reader differs from dcp.load"; }
-    grep "^$kind: " "$SCRATCH/pyload.log"
+    [ "$(grep -c "^$kind: .*, dcp.load's bytes$" "$SCRATCH/pyload.log")" = 2 ] ||
+        fail "$kind: dcpfs.torch.load and dcpfs.torch.Reader were not both checked: $(tail -5 "$SCRATCH/pyload.log")"
 done
+grep "dcp.load's bytes$" "$SCRATCH/pyload.log"
 echo ok

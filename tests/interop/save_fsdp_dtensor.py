@@ -28,7 +28,7 @@ typing.override (megatron.training imports it; Python 3.12). Megatron-FSDP needs
 truth OUT KIND: torch's own dcp.load of OUT/KIND-fsdp/iter_0000010 (every key, plain tensors on
 one process, bytes items as stored) as OUT/KIND.truth and OUT/KIND.truth.json. files OUT KIND ST
 PT: dcp convert's safetensors and --nested .pt outputs against torch (dcp.load; its
-dcp_to_torch_save). pyload OUT KIND: dcpfs.torch.load and dcpfs.torch.Reader against dcp.load.
+dcp_to_torch_save). pyload OUT KIND...: dcpfs.torch.load and dcpfs.torch.Reader against dcp.load.
 grouped OUT: the MoE save's model keys renamed as TEGroupedMLP's (OUT/mixtral-grouped)."""
 import contextlib
 import os
@@ -325,7 +325,8 @@ if __name__ == "__main__":
         truth(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "files":
         files(*sys.argv[2:6])
-    elif sys.argv[1] == "pyload":
-        pyload(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "pyload":   # one process for every kind: torch's import is the cost
+        for kind in sys.argv[3:]:
+            pyload(sys.argv[2], kind)
     elif sys.argv[1] == "grouped":
         grouped(sys.argv[2])
