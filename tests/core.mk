@@ -27,6 +27,9 @@ dist_check_SCRIPTS += tests/interop-torch-releases.sh
 EXTRA_DIST += tests/data/torch-releases tests/interop/save_torch_release.py tests/interop/check_releases.py
 EXTRA_DIST += tests/core_layers.py tests/check_fixture.py tests/interop/save_dtensor.py tests/interop/check_truth.py tests/interop/make_megatron.py tests/interop/save_integrity.py
 
+# Every unit test includes check_quiet.h for <check.h>: no write() per passing assertion.
+noinst_HEADERS += tests/unit/check_quiet.h
+
 # Pickle VM, metadata model and record locator (Check).
 check_PROGRAMS += tests/unit/test_core
 TESTS += tests/unit/test_core

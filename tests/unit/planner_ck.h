@@ -4,7 +4,7 @@
 #ifndef PLANNER_CK_H
 #define PLANNER_CK_H
 
-#include <check.h>
+#include "check_quiet.h"
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,7 +2,7 @@
  * coverage against a brute-force reference, a large grid, digests recorded,
  * checked, exported and imported, hostile sidecars and catalog files, and the
  * model cache's round trip. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <sqlite3.h>

@@ -5,7 +5,7 @@
  * keys are walked in order with dcp_seek; a model removed from the catalog
  * under an open checkpoint falls back to parsing; a changed checkpoint is
  * catalogued afresh, one model per folder. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>

@@ -1,7 +1,7 @@
 /* Unit tests of the core's readers: the pickle VM, the metadata model and the
  * record locator, on hand-made bytes, on the bundled PyTorch fixtures (against
  * their manifests) and on corrupted copies of them (never a crash). */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>

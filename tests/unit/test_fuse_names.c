@@ -1,6 +1,6 @@
 /* dcpfs name encoding (fuse/names.c): every key component has one name and
  * every name decodes back; names never contain '.' or '/'. */
-#include <check.h>
+#include "check_quiet.h"
 #include <stdlib.h>
 #include <string.h>
 

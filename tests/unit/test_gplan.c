@@ -14,7 +14,7 @@
  * On fixtures 02 (overlapping, irregular requests of 1..4 ranks) and 05
  * (dtypes, 0-d tensors, bytes items), every option combination and several
  * staging sizes. Public API only: it links libdcp.la. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

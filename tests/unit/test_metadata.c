@@ -3,7 +3,7 @@
  * a Megatron-style subclass) against expected.json written by
  * tests/data/gen_metadata.py, synthetic variants of the schema, and the
  * errors the CLI reports (each naming the file). */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <dirent.h>
 #include <jansson.h>

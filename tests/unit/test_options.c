@@ -5,7 +5,7 @@
  * dlvsym as the dynamic linker would bind an old binary) with the old
  * layouts and the old DCP_CKPT_* flag values. Also dcp_parse_size_ex. */
 
-#include <check.h>
+#include "check_quiet.h"
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

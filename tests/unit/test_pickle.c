@@ -4,7 +4,7 @@
  * truncated, flipped and random bytes never crash (run under ASan too);
  * streams: batches handed over in order and freed, memo references back
  * across them, hostile files. */
-#include <check.h>
+#include "check_quiet.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

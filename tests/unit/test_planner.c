@@ -2,7 +2,7 @@
  * naive element-by-element reference on random tensors, chunk grids, stored
  * strides and regions; plus the op shapes promised for common layouts
  * (coalescing), zero fill and region errors. DCP_TEST_SEED overrides the seed. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* Unit tests of dcp_probe_folder (src/probe.c): each kind of save that did
  * not finish, complete layouts, folders that are no checkpoint, hostile
  * names, and dcp_open's message for a partial folder. Public API only. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>

@@ -4,7 +4,7 @@
  * plans on one checkpoint at once, and the cached read and prefetch advice
  * of the loader, its reads bypassing the page cache, reads in pieces on
  * several threads. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>

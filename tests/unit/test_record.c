@@ -3,7 +3,7 @@
  * manifest, archives with hand-made data.pkl (v2, v3, wrappers, flags, and
  * hostile contents), SAFETENSORS-format shards, raw safetensors chunks, zstd
  * blobs and Hugging Face folders, good and corrupt. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>

@@ -2,7 +2,7 @@
  * (src/integrity/sha256.c): the FIPS 180-2 known answers, from memory and
  * from a file read in pieces of several sizes (one that ends exactly at the
  * end of a piece among them). */
-#include <check.h>
+#include "check_quiet.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

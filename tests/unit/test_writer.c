@@ -3,7 +3,7 @@
  * frames past 64 KiB, big integers, bytes), the zip writer read back by the
  * record locator's zip reader (alignment, sizes, empty records), and the DCP
  * writer's output read back by dcp_open / dcp_read_entry. */
-#include <check.h>
+#include "check_quiet.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

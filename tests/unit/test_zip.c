@@ -2,7 +2,7 @@
  * (src/blob.c): the fixtures' real archives against their manifests, archives
  * built byte by byte (zip64, zero-length records, other roots), zstd blobs,
  * and corrupt archives, each of which must give a clear error, never a crash. */
-#include <check.h>
+#include "check_quiet.h"
 #include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
