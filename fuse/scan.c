@@ -236,12 +236,14 @@ static int is_partial(const struct dfs *fs, const char *rel, char **why)
     return kind < 0 ? -1 : kind == DCP_FOLDER_PARTIAL;
 }
 
-/* What the folder rel (depth levels below SOURCE) holds; a partial
- * checkpoint below counts for its folders (they are shown, with .partial).
- * *meta: what tells a new save of a checkpoint (ckpt_mark). */
-static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta, char **why)
+static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta, char **why);
+
+/* What the folder rel (depth levels below SOURCE), whose folder_kind is
+ * kind, holds; a partial checkpoint below counts for its folders (they are
+ * shown, with .partial). *meta: what tells a new save of a checkpoint
+ * (ckpt_mark). */
+static int classify_kind(struct dfs *fs, const char *rel, int depth, int kind, struct stat *meta)
 {
-    int kind = folder_kind(fs, rel, why);
     if (kind < 0)
         return -ENOMEM;
     if (kind == DCP_FOLDER_PARTIAL)
@@ -271,6 +273,12 @@ static int classify(struct dfs *fs, const char *rel, int depth, struct stat *met
     if (found == FOUND_NONE && kind == DCP_FOLDER_CHECKPOINT && ckpt_mark(fs->srcfd, rel, meta))
         return FOUND_CKPT;
     return found;
+}
+
+/* classify_kind of the folder rel; *why as folder_kind gives it. */
+static int classify(struct dfs *fs, const char *rel, int depth, struct stat *meta, char **why)
+{
+    return classify_kind(fs, rel, depth, folder_kind(fs, rel, why), meta);
 }
 
 static struct dfs_node *make_scandir(struct dfs *fs, struct dfs_node *parent, const char *name,
@@ -451,12 +459,22 @@ static int became_ckpt(struct dfs *fs, const struct dfs_node *k)
     if (dfs_has_metadata(fs->srcfd, k->scan->rel, &st))
         why = "a checkpoint was saved into the folder";
     else if (k->scan->scanned && !shows_ckpt(k) && folder_kind(fs, k->scan->rel, NULL) == DCP_FOLDER_CHECKPOINT &&
-             classify(fs, k->scan->rel, k->scan->depth, &st, NULL) == FOUND_CKPT)
+             classify_kind(fs, k->scan->rel, k->scan->depth, DCP_FOLDER_CHECKPOINT, &st) == FOUND_CKPT)
         why = "no checkpoint below the folder any more, and its own files are one";
     if (!why)
         return 0;
     dfs_log(LOG_INFO, "%s/%s: %s: it is read as one", fs->source, k->scan->rel, why);
     return 1;
+}
+
+/* Does node k of scan folder dir no longer show what its folder holds (a
+ * checkpoint saved again or gone, a scan folder gone or now a checkpoint)?
+ * Then it is probed again. With scan_lock held. */
+static int stale(struct dfs *fs, const struct dfs_node *dir, const struct dfs_node *k)
+{
+    return k->type == DFS_N_CKPT      ? ckpt_changed(fs, dir, k)
+           : k->type == DFS_N_SCANDIR ? k->scan->gone || became_ckpt(fs, k)
+                                      : 0;
 }
 
 /* Retire (or, shown: 0, drop unshown) each checkpoint of a list linked
@@ -717,8 +735,7 @@ int dfs_scan_refresh(struct dfs *fs, struct dfs_node *dir)
             struct stat fst;
             struct dfs_node *k = dfs_child(dir, de->d_name);
             if (is_subdir(d, de)) {
-                if (!k || k->type == DFS_N_PASSTHRU || (k->type == DFS_N_CKPT && ckpt_changed(fs, dir, k)) ||
-                    (k->type == DFS_N_SCANDIR && (k->scan->gone || became_ckpt(fs, k))))
+                if (!k || k->type == DFS_N_PASSTHRU || stale(fs, dir, k))
                     k = probe(fs, dir, de->d_name, &rc);
             } else if (is_plain_file(d, de, &fst)) {
                 if (!k || k->type != DFS_N_PASSTHRU)
@@ -774,10 +791,7 @@ int dfs_scan_recheck(struct dfs *fs, struct dfs_node *dir, const char *name)
     }
     for (size_t i = 0; i < dir->nkids; i++) {
         struct dfs_node *k = dir->kids[i];
-        if (rc < 0 || (name && strcmp(k->name, name)) ||
-            !(k->type == DFS_N_CKPT     ? ckpt_changed(fs, dir, k)
-              : k->type == DFS_N_SCANDIR ? k->scan->gone || became_ckpt(fs, k)
-                                         : 0)) {
+        if (rc < 0 || (name && strcmp(k->name, name)) || !stale(fs, dir, k)) {
             kids[n++] = k;
             continue;
         }

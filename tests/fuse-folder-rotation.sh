@@ -91,7 +91,7 @@ read_save 1 b
 # until they let go: one working in a folder of one (and looking up names
 # there after the removal), one holding a folder of the other open (no
 # -o opendir: the kernel tells dcpfs of no open or close of it)
-(cd "$mnt/run/checkpoint-1/pytorch_model_fsdp_0/model/layers" && exec sleep 120) &
+(cd "$mnt/run/checkpoint-1/pytorch_model_fsdp_0/model/layers" 2>"$S/cd.err" && exec sleep 120) &
 spid=$!
 DAEMONS+=("$spid")
 python3 -c 'import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY); print(flush=True); time.sleep(120)' \
@@ -102,6 +102,8 @@ for t in $(seq 50); do
     [ -n "$(readlink "/proc/$spid/cwd" 2>/dev/null | grep layers)" ] && [ -s "$S/held" ] && break
     sleep 0.1
 done
+readlink "/proc/$spid/cwd" 2>/dev/null | grep -q layers ||
+    fail "a shell did not cd into checkpoint-1/pytorch_model_fsdp_0/model/layers: $(cat "$S/cd.err")"
 [ -s "$S/held" ] || fail "python did not open optimizer_0/model/layers"
 removed 1; gone=$((gone + 1))
 [ -e "$mnt/run/checkpoint-1" ] && fail "the removed checkpoint-1 is still shown"
@@ -126,13 +128,15 @@ wait_nodes $((base + 3 * gone)) "once the held checkpoints were let go"
 save 5
 sleep 1.1
 read_save 5
-(cd "$mnt/run/checkpoint-5" && exec sleep 120) &
+(cd "$mnt/run/checkpoint-5" 2>"$S/cd.err" && exec sleep 120) &
 spid=$!
 DAEMONS+=("$spid")
 for t in $(seq 50); do
     [ -n "$(readlink "/proc/$spid/cwd" 2>/dev/null | grep checkpoint-5)" ] && break
     sleep 0.1
 done
+readlink "/proc/$spid/cwd" 2>/dev/null | grep -q checkpoint-5 ||
+    fail "a shell did not cd into checkpoint-5: $(cat "$S/cd.err")"
 removed 5; gone=$((gone + 1))
 save 5 b
 sleep 1.1
