@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Checkpoints saved again under the same folder name while dcpfs mounts their run folder.
 
-usage: fuse_resave.py SOURCE MOUNTPOINT
-       fuse_resave.py churn SOURCE MOUNTPOINT LOG N
+usage: fuse_resave.py save DIR... VERSION
+       fuse_resave.py all SOURCE MOUNTPOINT LOG N   (steps, then churn N, then cwd)
        fuse_resave.py single CHECKPOINT MOUNTPOINT LOG
-       fuse_resave.py cwd SOURCE MOUNTPOINT LOG
        fuse_resave.py shutdown CHECKPOINT MOUNTPOINT LOG CATALOG PID term|lazy|umount
 
+One process a mount: importing torch is most of a call's cost.
 SOURCE is the folder dcpfs mounts at MOUNTPOINT (folder mode), holding SOURCE/latest saved
 with version 1 by `fuse_resave.py save DIR 1` before the mount. Each step saves a new
 version with torch.distributed.checkpoint.save (one process, no process group), waits out
@@ -309,23 +309,8 @@ def shutdown(src, mnt, log, catalog, pid, how):
         fail("(%s) dcpfs is still running 60 s after the session was ended" % how)
 
 
-def main():
-    if sys.argv[1] == "save":
-        save(sys.argv[2], int(sys.argv[3]))
-        return
-    if sys.argv[1] == "churn":
-        churn(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
-        return
-    if sys.argv[1] == "shutdown":
-        shutdown(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7])
-        return
-    if sys.argv[1] == "cwd":
-        held_cwd(sys.argv[2], sys.argv[3], sys.argv[4])
-        return
-    if sys.argv[1] == "single":
-        single(sys.argv[2], sys.argv[3], sys.argv[4])
-        return
-    src, mnt = sys.argv[1], sys.argv[2]
+def steps(src, mnt):
+    """The steps of the module's docstring, under a folder-mode mount."""
     latest, mlatest = os.path.join(src, "latest"), os.path.join(mnt, "latest")
     expect(mlatest, 1, "before any save")
 
@@ -405,6 +390,23 @@ def main():
     if os.path.exists(os.path.join(mnt, "step_9")) or sorted(os.listdir(mnt)) != ["latest"]:
         fail("a removed checkpoint is still shown: the mount lists %s" % sorted(os.listdir(mnt)))
     expect(mlatest, 10, "another checkpoint removed")
+
+
+def main():
+    if sys.argv[1] == "save":
+        for path in sys.argv[2:-1]:
+            save(path, int(sys.argv[-1]))
+    elif sys.argv[1] == "all":
+        src, mnt, log = sys.argv[2:5]
+        steps(src, mnt)
+        churn(src, mnt, log, int(sys.argv[5]))
+        held_cwd(src, mnt, log)
+    elif sys.argv[1] == "shutdown":
+        shutdown(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7])
+    elif sys.argv[1] == "single":
+        single(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        fail("unknown command %r" % sys.argv[1])
 
 
 if __name__ == "__main__":
