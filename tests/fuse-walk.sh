@@ -5,7 +5,7 @@
 # directories itself). A second walk sends no LOOKUP, GETATTR or OPENDIR for
 # anything below the root (entries and attributes are cached for the life of
 # the mount), and lists again only directories whose cached listing the kernel
-# dropped (its pages are reclaimable: this VM's DAMON pageout takes cold ones
+# dropped (its pages are reclaimable: DAMON pageout on CI's VMs takes cold ones
 # at random), fewer than half. The root of a single checkpoint is asked again
 # each second (it may be saved again).
 # With -o opendir the walk gives the same names and sizes. Directories say

@@ -176,7 +176,7 @@ for n in 1 2 4; do
         [ "$evicts" = 0 ] || [ "$REAL" = 1 ] || [ "$MAPPED" -lt "$units" ] ||
             fail "--map -n $n $layout evicted: all $units units mapped, as if cached"
         # the shard files read whole first; a page the kernel reclaims between that and the
-        # run (memory pressure; this VM's DAMON pageout takes cold file pages at random)
+        # run (memory pressure; DAMON pageout on CI's VMs takes cold file pages at random)
         # leaves its unit unmapped: three tries
         for try in 1 2 3; do
             cat "$MAPCK"/*.distcp >/dev/null
